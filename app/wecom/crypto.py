@@ -1,0 +1,164 @@
+"""The WXBizMsgCrypt callback protocol, byte-compatible with WeCom's own sample.
+
+* signature = sha1 of the lexically sorted concatenation of token, timestamp, nonce, encrypt;
+* AES key = base64decode(EncodingAESKey + "="), 32 bytes; AES-256-CBC with IV = key[:16];
+* PKCS#7 padding to a multiple of 32 bytes (not AES's 16: WeCom's choice);
+* plaintext = 16 random bytes + 4-byte big-endian length + message + receive id.
+
+The receive id is the CorpID for a self-built app and "" for the AI-bot channel. This module does
+crypto and nothing else: parsing the decrypted message is ``messages.py``'s job.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import struct
+
+from Crypto.Cipher import AES
+from defusedxml import ElementTree
+from defusedxml.common import DefusedXmlException
+
+from app.wecom.exceptions import (
+    ComputeSignatureError,
+    DecodeBase64Error,
+    DecryptAesError,
+    IllegalAesKeyError,
+    IllegalBufferError,
+    ParseXmlError,
+    ValidateCorpIdError,
+    ValidateSignatureError,
+)
+
+BLOCK_SIZE = 32
+_REPLY_TEMPLATE = (
+    "<xml>\n<Encrypt><![CDATA[{encrypt}]]></Encrypt>\n"
+    "<MsgSignature><![CDATA[{signature}]]></MsgSignature>\n"
+    "<TimeStamp>{timestamp}</TimeStamp>\n<Nonce><![CDATA[{nonce}]]></Nonce>\n</xml>"
+)
+
+
+def decode_aes_key(encoding_aes_key: str) -> bytes:
+    """Turn the 43-character EncodingAESKey into the 32-byte AES key, or raise -40004."""
+    if not isinstance(encoding_aes_key, str) or len(encoding_aes_key) != 43:
+        raise IllegalAesKeyError("EncodingAESKey must be 43 characters")
+    try:
+        key = base64.b64decode(encoding_aes_key + "=", validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise IllegalAesKeyError("EncodingAESKey is not base64") from exc
+    if len(key) != 32:
+        raise IllegalAesKeyError("EncodingAESKey must decode to 32 bytes")
+    return key
+
+
+def pkcs7_pad(data: bytes) -> bytes:
+    pad = BLOCK_SIZE - len(data) % BLOCK_SIZE
+    return data + bytes([pad]) * pad
+
+
+def pkcs7_unpad(data: bytes) -> bytes:
+    """Strip WeCom's padding; reject anything but 1..32 identical pad bytes."""
+    if not data:
+        raise IllegalBufferError("empty plaintext")
+    pad = data[-1]
+    if not 1 <= pad <= BLOCK_SIZE or data[-pad:] != bytes([pad]) * pad:
+        raise IllegalBufferError("bad padding")
+    return data[:-pad]
+
+
+def sign(token: str, timestamp: str, nonce: str, encrypt: str) -> str:
+    """WeCom's msg_signature."""
+    try:
+        parts = sorted([str(token), str(timestamp), str(nonce), str(encrypt)])
+        return hashlib.sha1("".join(parts).encode()).hexdigest()  # noqa: S324 - protocol-mandated
+    except Exception as exc:  # pragma: no cover - str() of str cannot fail in practice
+        raise ComputeSignatureError(str(exc)) from exc
+
+
+class WeComCrypto:
+    """Sign, verify, encrypt and decrypt for one (token, EncodingAESKey, receive id) triple."""
+
+    def __init__(self, token: str, encoding_aes_key: str, receive_id: str):
+        self.token = token
+        self.key = decode_aes_key(encoding_aes_key)
+        self.receive_id = receive_id
+
+    # -- signatures ---------------------------------------------------------------------------
+    def signature(self, timestamp: str, nonce: str, encrypt: str) -> str:
+        return sign(self.token, timestamp, nonce, encrypt)
+
+    def check_signature(self, msg_signature: str, timestamp: str, nonce: str, encrypt: str) -> None:
+        """Constant-time comparison, so the signature cannot be found byte by byte."""
+        expected = self.signature(timestamp, nonce, encrypt)
+        if not hmac.compare_digest(expected.encode(), str(msg_signature or "").lower().encode()):
+            raise ValidateSignatureError()
+
+    # -- AES ----------------------------------------------------------------------------------
+    def encrypt(self, message: str | bytes, random16: bytes | None = None) -> str:
+        """Encrypt a message for WeCom; ``random16`` is fixed only in tests (the sample's vector)."""
+        body = message.encode() if isinstance(message, str) else message
+        random16 = os.urandom(16) if random16 is None else random16
+        if len(random16) != 16:
+            raise ValueError("random16 must be 16 bytes")
+        plain = random16 + struct.pack(">I", len(body)) + body + self.receive_id.encode()
+        cipher = AES.new(self.key, AES.MODE_CBC, iv=self.key[:16])
+        return base64.b64encode(cipher.encrypt(pkcs7_pad(plain))).decode()
+
+    def decrypt(self, encrypt: str, receive_id: str | None = None) -> bytes:
+        """Decrypt ``Encrypt`` and check the trailing receive id (CorpID); return the message."""
+        try:
+            raw = base64.b64decode(encrypt, validate=True)
+        except (binascii.Error, ValueError, TypeError) as exc:
+            raise DecodeBase64Error() from exc
+        if not raw or len(raw) % 16:
+            raise DecryptAesError("ciphertext is not a whole number of AES blocks")
+        plain = AES.new(self.key, AES.MODE_CBC, iv=self.key[:16]).decrypt(raw)
+        plain = pkcs7_unpad(plain)
+        if len(plain) < 20:
+            raise IllegalBufferError("plaintext too short")
+        (length,) = struct.unpack(">I", plain[16:20])
+        if 20 + length > len(plain):
+            raise IllegalBufferError("message length exceeds plaintext")
+        message, tail = plain[20 : 20 + length], plain[20 + length :]
+        expected = self.receive_id if receive_id is None else receive_id
+        if not hmac.compare_digest(tail, expected.encode()):
+            raise ValidateCorpIdError()
+        return message
+
+    # -- the two callback operations ----------------------------------------------------------
+    def verify_url(self, msg_signature: str, timestamp: str, nonce: str, echostr: str) -> str:
+        """URL verification (GET): check the signature over echostr, return its plaintext."""
+        self.check_signature(msg_signature, timestamp, nonce, echostr)
+        return self.decrypt(echostr).decode("utf-8", errors="strict")
+
+    def decrypt_message(self, post_body: bytes | str, msg_signature: str, timestamp: str,
+                        nonce: str) -> str:
+        """A POSTed ``<xml><Encrypt/>...</xml>`` envelope to the decrypted message XML."""
+        encrypt = extract_encrypt(post_body)
+        self.check_signature(msg_signature, timestamp, nonce, encrypt)
+        try:
+            return self.decrypt(encrypt).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IllegalBufferError("message is not UTF-8") from exc
+
+    def encrypt_reply(self, reply: str, timestamp: str, nonce: str,
+                      random16: bytes | None = None) -> str:
+        """A passive reply (or an outbound callback) as WeCom's encrypted XML envelope."""
+        encrypt = self.encrypt(reply, random16)
+        return _REPLY_TEMPLATE.format(encrypt=encrypt, signature=self.signature(timestamp, nonce, encrypt),
+                                      timestamp=timestamp, nonce=nonce)
+
+
+def extract_encrypt(post_body: bytes | str) -> str:
+    """The ``Encrypt`` text of a callback envelope, parsed safely (no entities, no DTDs)."""
+    try:
+        root = ElementTree.fromstring(post_body, forbid_dtd=True)
+    except (ElementTree.ParseError, DefusedXmlException, ValueError) as exc:
+        raise ParseXmlError(type(exc).__name__) from exc
+    node = root.find("Encrypt")
+    if node is None or not (node.text or "").strip():
+        raise ParseXmlError("no Encrypt element")
+    return node.text.strip()
