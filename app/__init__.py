@@ -1,0 +1,61 @@
+"""The Flask service: WeCom callback URL (and, in later areas, admin and API).
+
+``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
+the environment, so a missing or malformed secret stops start-up with a message naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from app.config import Settings, get_settings
+from app.services import Services
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
+    settings = settings or (services.settings if services else get_settings())
+    services = services or Services(settings)
+
+    app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY=settings.secret_key.get_secret_value(),
+        # Werkzeug refuses larger bodies itself, chunked ones included.
+        MAX_CONTENT_LENGTH=settings.callback_max_bytes,
+        JSON_AS_ASCII=False,
+    )
+    app.extensions["services"] = services
+    app.extensions["accept_hooks"] = []
+
+    from app import callback
+
+    app.register_blueprint(callback.bp)
+
+    @app.before_request
+    def _request_id():
+        incoming = request.headers.get("X-Request-Id", "")
+        g.request_id = incoming if incoming.isalnum() and len(incoming) <= 32 else callback.new_request_id()
+
+    @app.after_request
+    def _echo_request_id(response):
+        response.headers["X-Request-Id"] = g.get("request_id", "")
+        return response
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(status="ok")
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        return jsonify(error=exc.description if exc.code != 413 else "body too large"), exc.code
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error request_id=%s", g.get("request_id"))
+        return jsonify(error="internal error"), 500
+
+    return app

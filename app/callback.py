@@ -1,0 +1,140 @@
+"""The WeCom callback URL: ``GET`` verifies it, ``POST`` accepts a message.
+
+A POST is checked (size, signature in constant time, timestamp window, receive id, agent id),
+decrypted, parsed, de-duplicated and written to the outbox in one transaction; only then is the
+task enqueued and WeCom answered with an empty 200, well inside its 5-second limit. Anything
+malformed gets 400/403/413 with a short JSON reason. If the database is down the answer is 503
+(WeCom retries); if Redis is down the row stays queued and the sweeper enqueues it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+from sqlalchemy.exc import SQLAlchemyError
+
+from app import outbox
+from app.wecom.exceptions import (
+    ParseXmlError,
+    ValidateCorpIdError,
+    ValidateSignatureError,
+    WeComCryptoError,
+)
+from app.wecom.messages import MessageParseError, parse_message
+from worker.celery_app import HANDLE_MESSAGE
+
+log = logging.getLogger(__name__)
+bp = Blueprint("wecom", __name__)
+
+
+class CallbackRejected(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@bp.errorhandler(CallbackRejected)
+def _rejected(exc: CallbackRejected):
+    log.info("callback rejected status=%s reason=%s request_id=%s", exc.status, exc.reason,
+             g.get("request_id"))
+    return jsonify(error=exc.reason), exc.status
+
+
+def _services():
+    return current_app.extensions["services"]
+
+
+def _query(*names: str) -> list[str]:
+    values = [request.args.get(name, "") for name in names]
+    missing = [name for name, value in zip(names, values, strict=True) if not value]
+    if missing:
+        raise CallbackRejected(400, f"missing query parameter: {', '.join(missing)}")
+    return values
+
+
+def _check_timestamp(timestamp: str) -> None:
+    """Refuse replays: WeCom signs the current time, so an old (or future) one is not WeCom."""
+    try:
+        sent = int(timestamp)
+    except ValueError:
+        raise CallbackRejected(400, "timestamp is not an integer") from None
+    window = _services().settings.callback_timestamp_window_s
+    if abs(time.time() - sent) > window:
+        raise CallbackRejected(403, "timestamp outside the accepted window")
+
+
+def _crypto_rejection(exc: WeComCryptoError) -> CallbackRejected:
+    if isinstance(exc, ValidateSignatureError):
+        return CallbackRejected(403, "signature mismatch")
+    if isinstance(exc, ValidateCorpIdError):
+        return CallbackRejected(403, "receive id (CorpID) mismatch")
+    if isinstance(exc, ParseXmlError):
+        return CallbackRejected(400, "malformed xml")
+    return CallbackRejected(400, f"cannot decrypt message ({exc.code})")
+
+
+@bp.get("/wecom/callback")
+def verify_url():
+    signature, timestamp, nonce, echostr = _query("msg_signature", "timestamp", "nonce", "echostr")
+    try:
+        plain = _services().wecom_crypto.verify_url(signature, timestamp, nonce, echostr)
+    except WeComCryptoError as exc:
+        raise _crypto_rejection(exc) from None
+    return Response(plain, mimetype="text/plain")
+
+
+@bp.post("/wecom/callback")
+def receive():
+    services = _services()
+    limit = services.settings.callback_max_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise CallbackRejected(413, "body too large")
+    signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
+    _check_timestamp(timestamp)
+    body = request.get_data(cache=False)
+    if len(body) > limit:
+        raise CallbackRejected(413, "body too large")
+    try:
+        xml = services.wecom_crypto.decrypt_message(body, signature, timestamp, nonce)
+    except WeComCryptoError as exc:
+        raise _crypto_rejection(exc) from None
+    try:
+        message = parse_message(xml)
+    except MessageParseError as exc:
+        raise CallbackRejected(400, f"malformed message: {exc}") from None
+    if message.agent_id is not None and message.agent_id != services.settings.wecom_agent_id:
+        raise CallbackRejected(403, "message is for another agent")
+
+    try:
+        with services.db.transaction() as session:
+            accepted = outbox.accept(session, services.cipher, services.blind_index, message,
+                                     request_id=g.request_id)
+            for hook in current_app.extensions["accept_hooks"]:
+                hook(session, accepted, message)
+    except SQLAlchemyError:
+        log.exception("outbox write failed request_id=%s", g.request_id)
+        return jsonify(error="storage unavailable, retry later"), 503
+
+    if accepted.created:
+        enqueue(accepted.id)
+    else:
+        log.info("duplicate callback message_id=%s request_id=%s", accepted.id, g.request_id)
+    return Response("", status=200, mimetype="text/plain")
+
+
+def enqueue(message_id: int) -> bool:
+    """Publish the task; on a broker failure keep the row queued for the sweeper."""
+    try:
+        _services().celery.send_task(HANDLE_MESSAGE, args=[message_id])
+        return True
+    except Exception:  # noqa: BLE001 - any broker failure must leave the row to the sweeper
+        log.warning("enqueue failed, left for the sweeper message_id=%s", message_id)
+        return False
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,159 @@
+"""Settings, read once from the environment (or `.env`, or files in ``SECRETS_DIR``).
+
+A missing or malformed secret must stop start-up with a message that names the variable, so
+``load_settings`` turns pydantic's validation errors into one ``ConfigError`` listing them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(RuntimeError):
+    """The environment does not describe a runnable service."""
+
+
+def _decode_data_key(kid: str, value: str) -> bytes:
+    try:
+        key = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"key {kid!r} is not base64") from exc
+    if len(key) != 32:
+        raise ValueError(f"key {kid!r} must be 32 bytes (AES-256), got {len(key)}")
+    return key
+
+
+def parse_keyring(spec: str) -> dict[str, bytes]:
+    """``"k2:BASE64,k1:BASE64"`` -> ordered {key id: 32-byte key}; the first one is primary."""
+    keys: dict[str, bytes] = {}
+    for item in filter(None, (part.strip() for part in spec.replace("\n", ",").split(","))):
+        kid, sep, value = item.partition(":")
+        if not sep or not kid.isalnum() or len(kid) > 16:
+            raise ValueError("entries must look like 'keyid:base64key' (key id alphanumeric, <= 16)")
+        if kid in keys:
+            raise ValueError(f"key id {kid!r} appears twice")
+        keys[kid] = _decode_data_key(kid, value.strip())
+    if not keys:
+        raise ValueError("at least one key is required")
+    return keys
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore",
+        secrets_dir=os.environ.get("SECRETS_DIR") or None,
+    )
+
+    # -- WeCom ---------------------------------------------------------------------------------
+    wecom_corp_id: str = Field(min_length=1)
+    wecom_agent_id: int
+    wecom_secret: SecretStr
+    wecom_token: SecretStr
+    wecom_aes_key: SecretStr
+    wecom_api_base: str = "https://qyapi.weixin.qq.com"
+
+    # -- storage and queue ---------------------------------------------------------------------
+    database_url: str = "sqlite:///var/wecom-bot.sqlite3"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    celery_broker_url: str | None = None
+
+    # -- data protection (see app/security) ----------------------------------------------------
+    data_keys: SecretStr = Field(description="keyring: 'kid:base64(32 bytes),...', primary first")
+    blind_index_key: SecretStr = Field(description="HMAC key for searchable/dedup fields")
+    secret_key: SecretStr = Field(description="server secret: Flask sessions, fingerprints")
+
+    # -- callback ------------------------------------------------------------------------------
+    callback_max_bytes: int = 64 * 1024
+    callback_timestamp_window_s: int = 300
+
+    # -- worker --------------------------------------------------------------------------------
+    conversation_ttl_s: int = 24 * 3600
+    conversation_max_messages: int = 20
+    claim_lease_s: float = 30.0
+    sweep_interval_s: float = 30.0
+    sweep_queued_after_s: float = 60.0
+    task_max_retries: int = 5
+    welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
+
+    # -- inference -----------------------------------------------------------------------------
+    inference_backend: Literal["engine", "openai"] = "engine"
+    model_dir: str = "models/demo"
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    openai_api_key: SecretStr = SecretStr("")
+    openai_model: str = "glm-4"
+    openai_timeout_s: float = 120.0
+    max_new_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 0.9
+    system_prompt: str = "你是企业微信里的公司助手，回答简洁、准确、礼貌。"
+
+    @field_validator("wecom_aes_key")
+    @classmethod
+    def _aes_key_is_43_chars(cls, value: SecretStr) -> SecretStr:
+        raw = value.get_secret_value()
+        if len(raw) != 43:
+            raise ValueError(f"must be the 43-character EncodingAESKey (got {len(raw)} characters)")
+        try:
+            if len(base64.b64decode(raw + "=", validate=True)) != 32:
+                raise ValueError
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError("is not a valid EncodingAESKey (base64 of 32 bytes)") from exc
+        return value
+
+    @field_validator("wecom_token", "wecom_secret", "secret_key", "blind_index_key")
+    @classmethod
+    def _not_blank(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("secret_key", "blind_index_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters of random data")
+        return value
+
+    @field_validator("data_keys")
+    @classmethod
+    def _keyring_parses(cls, value: SecretStr) -> SecretStr:
+        parse_keyring(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _broker_defaults_to_redis(self) -> Settings:
+        if not self.celery_broker_url:
+            self.celery_broker_url = self.redis_url
+        return self
+
+    @property
+    def keyring(self) -> dict[str, bytes]:
+        return parse_keyring(self.data_keys.get_secret_value())
+
+
+def load_settings(**overrides) -> Settings:
+    """Build the settings or raise ``ConfigError`` naming every bad variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = "_".join(str(p) for p in err["loc"]).upper() or "SETTINGS"
+            message = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "missing":
+                message = "is not set"
+            problems.append(f"{name} {message}")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (tests build their own with ``load_settings``)."""
+    return load_settings()

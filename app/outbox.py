@@ -1,0 +1,198 @@
+"""The outbox: every accepted WeCom message is a row here until it is answered.
+
+The callback ``accept``s a message (one transaction: the row, encrypted, status ``queued``); the
+worker ``claim``s it with a lease (a compare-and-set on status, so two deliveries of the same task
+never both run it, and a dead worker's lease simply expires), and the sweeper re-enqueues rows that
+nobody is working on. A user's messages are claimed strictly in arrival order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, aliased
+
+from app.db import utcnow
+from app.models import InboundMessage, MessageStatus
+from app.security import BlindIndex, FieldCipher
+
+TABLE = InboundMessage.__tablename__
+
+
+@dataclass(frozen=True)
+class Accepted:
+    id: int
+    created: bool
+
+
+def user_hash(blind_index: BlindIndex, user_id: str) -> str:
+    return blind_index("wecom-user", user_id)
+
+
+def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, message,
+           request_id: str | None = None, channel: str = "app") -> Accepted:
+    """Insert the message as a queued row, or find the row WeCom's retry duplicates.
+
+    The caller owns the transaction; a duplicate is detected by the unique dedup hash, inside a
+    savepoint so the caller's transaction stays usable.
+    """
+    dedup = blind_index("wecom-dedup", f"{channel}:{message.dedup_key}")
+    found = session.scalar(select(InboundMessage.id).where(InboundMessage.dedup_hash == dedup))
+    if found is not None:
+        return Accepted(found, False)
+    row = InboundMessage(
+        dedup_hash=dedup, channel=channel, agent_id=message.agent_id,
+        user_hash=user_hash(blind_index, message.from_user), msg_type=message.msg_type,
+        event=message.event, wecom_create_time=int(message.create_time), request_id=request_id,
+        status=MessageStatus.QUEUED, attempts=0, chunks_sent=0, enqueued_at=utcnow(),
+    )
+    try:
+        with session.begin_nested():
+            session.add(row)
+            session.flush()  # assigns the id the associated data binds to
+    except IntegrityError:
+        found = session.scalar(select(InboundMessage.id).where(InboundMessage.dedup_hash == dedup))
+        if found is None:
+            raise
+        return Accepted(found, False)
+    row.user_enc = cipher.encrypt(message.from_user, TABLE, "user_enc", row.id)
+    payload = json.dumps(_payload_of(message), ensure_ascii=False, default=str)
+    row.payload_enc = cipher.encrypt(payload, TABLE, "payload_enc", row.id)
+    session.flush()
+    return Accepted(row.id, True)
+
+
+def _payload_of(message) -> dict:
+    data = dataclasses.asdict(message) if dataclasses.is_dataclass(message) else dict(vars(message))
+    for public in ("to_user", "from_user"):
+        data.pop(public, None)
+    return data
+
+
+# -- the worker's side ---------------------------------------------------------------------------
+class ClaimResult:
+    CLAIMED = "claimed"
+    DONE = "done"              # already answered/failed/ignored: nothing to do
+    WAIT_EARLIER = "wait"      # an earlier message of the same user is still pending
+    LEASED = "leased"          # another worker holds a live lease
+    MISSING = "missing"
+
+
+@dataclass
+class Claim:
+    result: str
+    row: InboundMessage | None = None
+    retry_after_s: float = 0.0
+
+
+def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
+    """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
+    now = utcnow()
+    earlier = aliased(InboundMessage)
+    pending_before = exists().where(
+        earlier.user_hash == InboundMessage.user_hash,
+        earlier.id < InboundMessage.id,
+        earlier.status.in_(MessageStatus.PENDING),
+    )
+    claimable = or_(
+        InboundMessage.status == MessageStatus.QUEUED,
+        and_(InboundMessage.status == MessageStatus.PROCESSING,
+             or_(InboundMessage.lease_until.is_(None), InboundMessage.lease_until < now)),
+    )
+    result = session.execute(
+        update(InboundMessage)
+        .where(InboundMessage.id == message_id, claimable, ~pending_before)
+        .values(status=MessageStatus.PROCESSING, lease_owner=owner,
+                lease_until=now + timedelta(seconds=lease_s),
+                attempts=InboundMessage.attempts + 1, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    row = session.get(InboundMessage, message_id, populate_existing=True)
+    if row is None:
+        return Claim(ClaimResult.MISSING)
+    if result.rowcount == 1:
+        return Claim(ClaimResult.CLAIMED, row)
+    if row.status in MessageStatus.FINAL:
+        return Claim(ClaimResult.DONE, row)
+    if row.status == MessageStatus.PROCESSING and row.lease_until and row.lease_until >= now:
+        return Claim(ClaimResult.LEASED, row, (row.lease_until - now).total_seconds() + 0.2)
+    return Claim(ClaimResult.WAIT_EARLIER, row, 0.5)
+
+
+def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -> bool:
+    """Extend our lease; False means we lost it (another worker took the row)."""
+    now = utcnow()
+    result = session.execute(
+        update(InboundMessage)
+        .where(InboundMessage.id == message_id, InboundMessage.lease_owner == owner,
+               InboundMessage.status == MessageStatus.PROCESSING)
+        .values(lease_until=now + timedelta(seconds=lease_s))
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def finish(session: Session, message_id: int, owner: str, status: str, **values) -> bool:
+    """Move our claimed row to a final status (or back to ``queued``) and drop the lease."""
+    now = utcnow()
+    if status == MessageStatus.ANSWERED:
+        values.setdefault("answered_at", now)
+    result = session.execute(
+        update(InboundMessage)
+        .where(InboundMessage.id == message_id, InboundMessage.lease_owner == owner,
+               InboundMessage.status == MessageStatus.PROCESSING)
+        .values(status=status, lease_owner=None, lease_until=None, updated_at=now, **values)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def save_progress(session: Session, message_id: int, owner: str, **values) -> bool:
+    """Record part of the work (the reply, a sent chunk) while we hold the lease."""
+    result = session.execute(
+        update(InboundMessage)
+        .where(InboundMessage.id == message_id, InboundMessage.lease_owner == owner,
+               InboundMessage.status == MessageStatus.PROCESSING)
+        .values(updated_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def next_pending_of_user(session: Session, user_hash_value: str, after_id: int) -> int | None:
+    return session.scalar(
+        select(InboundMessage.id)
+        .where(InboundMessage.user_hash == user_hash_value, InboundMessage.id > after_id,
+               InboundMessage.status == MessageStatus.QUEUED)
+        .order_by(InboundMessage.id).limit(1)
+    )
+
+
+def stale_rows(session: Session, queued_before: datetime, limit: int = 500) -> list[int]:
+    """Rows nobody is working on: queued for too long, or processing with an expired lease."""
+    now = utcnow()
+    return list(session.scalars(
+        select(InboundMessage.id)
+        .where(or_(
+            and_(InboundMessage.status == MessageStatus.QUEUED,
+                 or_(InboundMessage.enqueued_at.is_(None), InboundMessage.enqueued_at < queued_before)),
+            and_(InboundMessage.status == MessageStatus.PROCESSING, InboundMessage.lease_until < now),
+        ))
+        .order_by(InboundMessage.id).limit(limit)
+    ))
+
+
+def mark_enqueued(session: Session, ids: list[int]) -> None:
+    if ids:
+        session.execute(update(InboundMessage).where(InboundMessage.id.in_(ids))
+                        .values(enqueued_at=utcnow()).execution_options(synchronize_session=False))
+        session.commit()

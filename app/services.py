@@ -1,0 +1,53 @@
+"""The long-lived objects one process needs, built once from the settings.
+
+Both the Flask app and the Celery worker build a ``Services``; tests build their own from
+their own settings, so nothing here is a module-level global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import redis
+
+from app.config import Settings
+from app.db import Database
+from app.security import BlindIndex, FieldCipher
+from app.wecom.crypto import WeComCrypto
+
+
+@dataclass
+class Services:
+    settings: Settings
+    _db: Database | None = field(default=None, repr=False)
+
+    @cached_property
+    def db(self) -> Database:
+        return self._db or Database(self.settings.database_url)
+
+    @cached_property
+    def cipher(self) -> FieldCipher:
+        return FieldCipher(self.settings.keyring)
+
+    @cached_property
+    def blind_index(self) -> BlindIndex:
+        return BlindIndex(self.settings.blind_index_key.get_secret_value())
+
+    @cached_property
+    def wecom_crypto(self) -> WeComCrypto:
+        s = self.settings
+        return WeComCrypto(s.wecom_token.get_secret_value(), s.wecom_aes_key.get_secret_value(),
+                           s.wecom_corp_id)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        # Short timeouts: a dead Redis must never hold a callback past WeCom's 5 s limit.
+        return redis.Redis.from_url(self.settings.redis_url, socket_timeout=2,
+                                    socket_connect_timeout=1, health_check_interval=30)
+
+    @cached_property
+    def celery(self):
+        from worker.celery_app import make_celery
+
+        return make_celery(self.settings)

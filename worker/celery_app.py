@@ -1,0 +1,60 @@
+"""The Celery application: Redis broker, at-least-once delivery, JSON only.
+
+``acks_late`` + ``task_reject_on_worker_lost`` + prefetch 1 mean a task is acknowledged only after
+it ran, so a worker that dies mid-task loses nothing; the task itself is idempotent (see
+``worker.processor``). The web process uses the same app to publish by task name and never
+imports the task code (or the model).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from app.config import Settings, get_settings
+
+HANDLE_MESSAGE = "worker.tasks.handle_message"
+SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("wecom_bot", include=["worker.tasks"])
+    app.conf.update(
+        broker_url=settings.celery_broker_url,
+        task_ignore_result=True,
+        result_backend=None,
+        task_serializer="json",
+        accept_content=["json"],
+        timezone="Asia/Shanghai",
+        enable_utc=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue="chat",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=2,
+        # A publish must fail fast when Redis is down: the outbox row stays queued and the
+        # sweeper re-enqueues it, so the callback never blocks WeCom's 5-second window.
+        task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.1,
+                                   "interval_max": 0.1},
+        broker_transport_options={
+            "visibility_timeout": 600,
+            "socket_timeout": 2,
+            "socket_connect_timeout": 1,
+        },
+        beat_schedule={
+            "sweep-outbox": {"task": SWEEP_OUTBOX, "schedule": settings.sweep_interval_s},
+        },
+    )
+    return app
+
+
+def __getattr__(name: str):
+    # Built on first use so that importing this module never reads the environment; the
+    # celery CLI (-A worker.celery_app) finds the app as ``celery``.
+    if name in ("celery", "app"):
+        global celery
+        celery = make_celery(get_settings())
+        return celery
+    raise AttributeError(name)

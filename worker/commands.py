@@ -1,0 +1,60 @@
+"""Chat commands an employee can type instead of a question (``/help``, ``/reset``, ...).
+
+A command answers without the model. Handlers take a ``CommandContext`` and return the reply
+text; other areas (usage, budgets) register theirs with ``register``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class CommandContext:
+    user_id: str
+    user_hash: str
+    argument: str
+    runtime: object  # worker.processor.MessageProcessor: conversations, services, ...
+
+
+Handler = Callable[[CommandContext], str]
+_COMMANDS: dict[str, tuple[str, Handler]] = {}
+
+
+def register(name: str, summary: str):
+    def wrap(handler: Handler) -> Handler:
+        _COMMANDS[name] = (summary, handler)
+        return handler
+
+    return wrap
+
+
+def parse(text: str) -> tuple[str, str] | None:
+    """``"/reset now"`` -> ("reset", "now"); None when the text is not a command."""
+    stripped = text.strip()
+    if not stripped.startswith(("/", "／")) or len(stripped) < 2:
+        return None
+    name, _, argument = stripped[1:].partition(" ")
+    return name.lower(), argument.strip()
+
+
+def run(name: str, context: CommandContext) -> str:
+    entry = _COMMANDS.get(name)
+    if entry is None:
+        return f"未知命令 /{name}。输入 /help 查看可用命令。\nUnknown command /{name}; type /help."
+    return entry[1](context)
+
+
+@register("help", "查看可用命令 / list the commands")
+def _help(_: CommandContext) -> str:
+    lines = ["可用命令 / Commands:"]
+    lines += [f"/{name} — {summary}" for name, (summary, _) in sorted(_COMMANDS.items())]
+    lines.append("其他内容会直接交给 AI 助手回答。Anything else goes to the assistant.")
+    return "\n".join(lines)
+
+
+@register("reset", "清空我的对话记录 / forget our conversation")
+def _reset(context: CommandContext) -> str:
+    context.runtime.conversations.reset(context.user_hash)
+    return "好的，我们重新开始吧。Conversation cleared."

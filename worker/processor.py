@@ -1,0 +1,312 @@
+"""What happens to one accepted message: claim, compose, send, finish.
+
+The step order makes a redelivered or retried task safe:
+
+1. claim the outbox row with a lease (nobody else runs it; a dead worker's lease expires);
+2. if no reply is stored yet, compose it (command, welcome or the model) and store it encrypted
+   *before* sending, so a retry sends the same answer instead of generating a new one;
+3. send the chunks not yet sent, recording each one, so a retry resumes where it stopped;
+4. mark the row answered (or failed with a reason, after a polite notice to the user).
+
+Then the next queued message of the same user is taken in order, so a burst is answered in the
+order it was written and each answer sees the previous one in the conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+
+from app import outbox
+from app.models import MessageStatus
+from app.outbox import ClaimResult
+from app.services import Services
+from app.wecom.exceptions import (
+    InvalidUserError,
+    NoValidReceiverError,
+    UntrustedIPError,
+    WeComAPIError,
+    WeComTransientError,
+)
+from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
+from worker import commands
+from worker.conversation import ConversationStore
+from worker.llm import GenerationParams, LLMBackend, LLMError
+
+log = logging.getLogger(__name__)
+TABLE = outbox.TABLE
+FAILURE_NOTICE = ("抱歉，我暂时无法回答这个问题，请稍后再试。\n"
+                  "Sorry, I could not answer this right now. Please try again later.")
+UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
+                      "I can only read text messages for now; please type your question.")
+WELCOME_EVENTS = ("subscribe", "enter_agent")
+MAX_DRAIN = 20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the task should do next: nothing, or run again after ``countdown`` seconds."""
+
+    status: str
+    countdown: float = 0.0
+    reason: str = ""
+
+    @property
+    def retry(self) -> bool:
+        return self.status in ("wait", "retry")
+
+
+DONE = Outcome("done")
+
+
+class LeaseLost(Exception):
+    """Another worker took over the row (our lease expired): stop without sending."""
+
+
+class TransientFailure(Exception):
+    """Worth retrying later: the model or WeCom is briefly unavailable."""
+
+
+class PermanentFailure(Exception):
+    def __init__(self, reason: str, notify: bool = True):
+        super().__init__(reason)
+        self.reason = reason
+        self.notify = notify
+
+
+class LeaseKeeper:
+    """Renews the row's lease in the background while a long generation runs."""
+
+    def __init__(self, services: Services, message_id: int, owner: str, lease_s: float):
+        self.services, self.message_id, self.owner, self.lease_s = services, message_id, owner, lease_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{message_id}")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self):
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                with self.services.db.session() as session:
+                    if not outbox.renew_lease(session, self.message_id, self.owner, self.lease_s):
+                        self.lost.set()
+                        return
+            except Exception:  # noqa: BLE001 - a failed renewal is retried next period
+                log.warning("lease renewal failed message_id=%s", self.message_id)
+
+    def check(self):
+        if self.lost.is_set():
+            raise LeaseLost()
+
+
+class MessageProcessor:
+    def __init__(self, services: Services, llm: LLMBackend | None, wecom, conversations: ConversationStore,
+                 llm_factory=None):
+        self.services = services
+        self.settings = services.settings
+        self._llm = llm
+        self._llm_factory = llm_factory
+        self.wecom = wecom
+        self.conversations = conversations
+        self._llm_lock = threading.Lock()
+
+    @property
+    def llm(self) -> LLMBackend:
+        if self._llm is None:
+            with self._llm_lock:
+                if self._llm is None:
+                    self._llm = self._llm_factory(self.settings)
+        return self._llm
+
+    # -- entry point ---------------------------------------------------------------------------
+    def process(self, message_id: int) -> Outcome:
+        outcome = self._process_one(message_id)
+        if outcome.status != "done" or outcome.reason == "not-ours":
+            return outcome
+        self._drain_after(message_id)
+        return outcome
+
+    def _drain_after(self, message_id: int) -> None:
+        """Answer the user's next queued messages now, in order, while we are here."""
+        with self.services.db.session() as session:
+            row = session.get(outbox.InboundMessage, message_id)
+            user_hash = row.user_hash if row else None
+        current = message_id
+        for _ in range(MAX_DRAIN):
+            with self.services.db.session() as session:
+                nxt = outbox.next_pending_of_user(session, user_hash, current)
+            if nxt is None:
+                return
+            if self._process_one(nxt).status != "done":
+                return  # its own task (or the sweeper) takes it from here
+            current = nxt
+
+    def _process_one(self, message_id: int) -> Outcome:
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        lease_s = self.settings.claim_lease_s
+        with self.services.db.session() as session:
+            claim = outbox.claim(session, message_id, owner, lease_s)
+            if claim.result != ClaimResult.CLAIMED:
+                return self._not_claimed(message_id, claim)
+            row = claim.row
+            session.expunge(row)
+
+        with LeaseKeeper(self.services, message_id, owner, lease_s) as lease:
+            try:
+                self._work(row, owner, lease)
+                return DONE
+            except LeaseLost:
+                log.warning("lease lost, another worker continues message_id=%s", message_id)
+                return Outcome("done", reason="not-ours")
+            except TransientFailure as exc:
+                return self._transient(row, owner, str(exc))
+            except PermanentFailure as exc:
+                self._fail(row, owner, exc.reason, exc.notify)
+                return Outcome("done", reason=exc.reason)
+
+    def _not_claimed(self, message_id: int, claim) -> Outcome:
+        if claim.result in (ClaimResult.DONE, ClaimResult.MISSING):
+            return Outcome("done", reason="not-ours")
+        # Behind an earlier message of the same user, or leased by a worker that may have died:
+        # look again when that can have changed.
+        return Outcome("wait", countdown=max(claim.retry_after_s, 0.2), reason=claim.result)
+
+    # -- the work ------------------------------------------------------------------------------
+    def _work(self, row, owner: str, lease: LeaseKeeper) -> None:
+        cipher = self.services.cipher
+        user_id = cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
+        if row.reply_enc is None:
+            payload = json.loads(cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.id))
+            composed = self._compose(row, user_id, payload, lease)
+            if composed is None:
+                self._finish(row.id, owner, MessageStatus.IGNORED)
+                return
+            reply, kind, usage = composed
+            chunks = split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+            lease.check()
+            with self.services.db.session() as session:
+                stored = outbox.save_progress(
+                    session, row.id, owner,
+                    reply_enc=cipher.encrypt(reply, TABLE, "reply_enc", row.id),
+                    reply_kind=kind, chunks_total=len(chunks), **usage)
+            if not stored:
+                raise LeaseLost()
+            if usage and payload.get("content") is not None:
+                self.conversations.append_exchange(row.user_hash, row.id, payload["content"], reply)
+            row.reply_kind, row.chunks_total = kind, len(chunks)
+        else:
+            reply = cipher.decrypt(row.reply_enc, TABLE, "reply_enc", row.id)
+            kind = row.reply_kind or "text"
+            chunks = split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+
+        self._send_chunks(row, owner, user_id, kind, chunks, lease)
+        self._finish(row.id, owner, MessageStatus.ANSWERED)
+
+    def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper):
+        """The reply to this message as (text, kind, usage columns), or None for no reply."""
+        if row.msg_type == "event":
+            if row.event in WELCOME_EVENTS and self._welcome_due(row):
+                return self.settings.welcome_message, "text", {}
+            return None
+        if row.msg_type != "text":
+            return UNSUPPORTED_NOTICE, "text", {}
+        text = (payload.get("content") or "").strip()
+        if not text:
+            return None
+        command = commands.parse(text)
+        if command is not None:
+            name, argument = command
+            context = commands.CommandContext(user_id, row.user_hash, argument, self)
+            return commands.run(name, context), "text", {}
+        return self._generate(row, text, lease)
+
+    def _welcome_due(self, row) -> bool:
+        """Welcome on subscribe, and on entering the app at most once a day."""
+        if row.event == "subscribe":
+            return True
+        try:
+            return bool(self.services.redis.set(f"welcome:{row.user_hash}", "1", nx=True, ex=86400))
+        except Exception:  # noqa: BLE001 - without Redis, welcoming is harmless
+            return True
+
+    def _generate(self, row, text: str, lease: LeaseKeeper):
+        history = [{"role": t["role"], "content": t["content"]}
+                   for t in self.conversations.history(row.user_hash) if t.get("ref") != row.id]
+        messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
+                    {"role": "user", "content": text}]
+        params = GenerationParams(max_tokens=self.settings.max_new_tokens,
+                                  temperature=self.settings.temperature, top_p=self.settings.top_p)
+        try:
+            generation = self.llm.generate(messages, params)
+        except LLMError as exc:
+            if exc.transient:
+                raise TransientFailure(f"model: {exc}") from exc
+            raise PermanentFailure(f"model: {exc}"[:120]) from exc
+        lease.check()
+        reply = generation.text.strip() or "……"
+        usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
+                 "completion_tokens": generation.completion_tokens}
+        return reply, "text", usage
+
+    def _send_chunks(self, row, owner, user_id, kind, chunks, lease: LeaseKeeper) -> None:
+        # On a retried row the previous attempt may have reached WeCom before failing: ask
+        # WeCom to drop an identical message sent within the last half hour.
+        duplicate_check = 1800 if row.attempts > 1 else None
+        for index in range(row.chunks_sent, len(chunks)):
+            lease.check()
+            try:
+                self.wecom.send(user_id, kind, chunks[index], duplicate_check_interval=duplicate_check)
+            except WeComTransientError as exc:
+                raise TransientFailure(f"wecom: {exc}") from exc
+            except UntrustedIPError as exc:
+                log.error("WeCom refused this server's IP (60020): add it to the app's trusted IPs. %s", exc)
+                raise PermanentFailure("wecom: untrusted ip (60020)", notify=False) from exc
+            except (InvalidUserError, NoValidReceiverError) as exc:
+                raise PermanentFailure("wecom: invalid receiver", notify=False) from exc
+            except WeComAPIError as exc:
+                raise PermanentFailure(f"wecom: errcode {exc.errcode}", notify=False) from exc
+            with self.services.db.session() as session:
+                if not outbox.save_progress(session, row.id, owner, chunks_sent=index + 1):
+                    raise LeaseLost()
+            row.chunks_sent = index + 1
+
+    # -- endings -------------------------------------------------------------------------------
+    def _finish(self, message_id: int, owner: str, status: str, **values) -> None:
+        with self.services.db.session() as session:
+            if not outbox.finish(session, message_id, owner, status, **values):
+                raise LeaseLost()
+
+    def _transient(self, row, owner: str, reason: str) -> Outcome:
+        if row.attempts >= self.settings.task_max_retries:
+            self._fail(row, owner, f"gave up after {row.attempts} attempts: {reason}"[:120], True)
+            return Outcome("done", reason="failed")
+        with self.services.db.session() as session:
+            outbox.finish(session, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
+                          enqueued_at=outbox.utcnow())
+        countdown = min(2.0 ** row.attempts, 60.0)
+        log.info("transient failure, retry in %.0fs message_id=%s attempt=%s", countdown, row.id,
+                 row.attempts)
+        return Outcome("retry", countdown=countdown, reason=reason)
+
+    def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
+        log.warning("message failed message_id=%s reason=%s", row.id, reason)
+        if notify and row.msg_type == "text":
+            try:
+                user_id = self.services.cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
+                self.wecom.send(user_id, "text", FAILURE_NOTICE)
+            except Exception:  # noqa: BLE001 - the failure is recorded either way
+                log.warning("failure notice not delivered message_id=%s", row.id)
+        with self.services.db.session() as session:
+            outbox.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
