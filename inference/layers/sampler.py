@@ -39,7 +39,9 @@ class Sampler(nn.Module):
                 tokens[i] = torch.multinomial(probs[i], 1, generator=gens[i]).squeeze(-1)
         return tokens
 
-    def probs(self, logits: Tensor, params: list[SamplingParams], history: list[list[int]]) -> Tensor:
+    def probs(
+        self, logits: Tensor, params: list[SamplingParams], history: list[list[int]]
+    ) -> Tensor:
         """The processed next-token distribution per row, float32 [B, V]."""
         logits = apply_repetition_penalty(logits.float(), params, history)
         greedy = torch.tensor([p.is_greedy for p in params], device=logits.device)

@@ -45,7 +45,9 @@ def test_top_k_one_matches_greedy(sampler):
     params = [SamplingParams(temperature=0.8, top_k=1)] * 4
     gens = [torch.Generator().manual_seed(i) for i in range(4)]
     assert torch.equal(sampler(logits, params, [[]] * 4, gens), logits.argmax(-1))
-    assert torch.equal(sampler.probs(logits, params, [[]] * 4), sampler.probs(logits, [GREEDY] * 4, [[]] * 4))
+    assert torch.equal(
+        sampler.probs(logits, params, [[]] * 4), sampler.probs(logits, [GREEDY] * 4, [[]] * 4)
+    )
 
 
 def test_top_k_keeps_the_k_largest(sampler):
@@ -110,7 +112,9 @@ def test_batched_rows_match_rows_done_one_at_a_time(sampler):
     gens = [generator_for(p, "cpu") for p in seeds]
     batched_tokens = sampler(logits, seeds, history, gens)
     for i in range(5):
-        alone = sampler(logits[i : i + 1], [seeds[i]], [history[i]], [generator_for(seeds[i], "cpu")])
+        alone = sampler(
+            logits[i : i + 1], [seeds[i]], [history[i]], [generator_for(seeds[i], "cpu")]
+        )
         assert batched_tokens[i] == alone[0], i
 
 
