@@ -76,10 +76,13 @@ def apply_repetition_penalty(
 def apply_top_k(logits: Tensor, top_k: list[int]) -> Tensor:
     """Keep each row's k largest logits (ties with the k-th survive, as in HF)."""
     vocab = logits.shape[-1]
-    k = torch.tensor([vocab if t == 0 else min(t, vocab) for t in top_k], device=logits.device)
-    if bool((k == vocab).all()):
+    if all(t == 0 or t >= vocab for t in top_k):
         return logits
-    kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+    k = [t if 0 < t < vocab else 1 for t in top_k]  # rows with top-k off: any k, masked below
+    top = logits.topk(max(k), dim=-1).values  # topk, not a full sort of a 150k vocabulary
+    kth = top.gather(1, torch.tensor(k, device=logits.device)[:, None] - 1)
+    off = torch.tensor([not 0 < t < vocab for t in top_k], device=logits.device)
+    kth = kth.masked_fill(off[:, None], float("-inf"))
     return logits.masked_fill(logits < kth, float("-inf"))
 
 

@@ -154,3 +154,11 @@ def test_low_temperature_sharpens(sampler):
     warm = sampler.probs(logits, [SamplingParams(temperature=2.0)], [[]])[0]
     assert torch.allclose(cold, (logits[0] / 0.5).softmax(-1))
     assert cold[0] > logits.softmax(-1)[0, 0] > warm[0]
+
+
+def test_top_k_larger_than_vocab_is_off(sampler):
+    logits = random_logits(rows=2, vocab=10)
+    params = [SamplingParams(top_k=50), SamplingParams(top_k=3)]
+    probs = sampler.probs(logits, params, [[], []])
+    assert torch.allclose(probs[0], logits[0].softmax(-1))
+    assert (probs[1] > 0).sum() == 3
