@@ -96,7 +96,7 @@ class ChatTokenizer:
                 raise ValueError(
                     f"unknown chat role {role!r}; expected one of {list(self._role_ids)}"
                 )
-            if not message["content"]:
+            if not message.get("content"):
                 continue
             ids.append(self._role_ids[role])
             ids += self.encode(f"{message.get('metadata', '')}\n{message['content']}")

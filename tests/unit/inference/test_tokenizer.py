@@ -261,6 +261,15 @@ def test_incremental_decode_property(tok, text):
     assert all("\ufffd" not in piece for piece in pieces)
 
 
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, 399), max_size=30), skip=st.booleans())
+def test_incremental_decode_of_arbitrary_ids(tok, ids, skip):
+    # An untrained demo model emits byte soup; the stream must still add up.
+    ids = [i % tok.vocab_size for i in ids]
+    pieces, tail = stream(tok, ids, skip)
+    assert "".join(pieces) + tail == tok.decode(ids, skip_special_tokens=skip)
+
+
 # --- stop strings ------------------------------------------------------------------
 
 
