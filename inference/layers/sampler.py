@@ -44,11 +44,11 @@ class Sampler(nn.Module):
     ) -> Tensor:
         """The processed next-token distribution per row, float32 [B, V]."""
         logits = apply_repetition_penalty(logits.float(), params, history)
-        greedy = torch.tensor([p.is_greedy for p in params], device=logits.device)
         temperature = column([1.0 if p.is_greedy else p.temperature for p in params], logits)
         logits = apply_top_k(logits / temperature, [p.top_k for p in params])
         probs = apply_top_p(logits.softmax(dim=-1), [p.top_p for p in params])
-        if greedy.any():
+        if any(p.is_greedy for p in params):  # decided on the host: no device sync
+            greedy = torch.tensor([p.is_greedy for p in params], device=logits.device)
             one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
             probs = torch.where(greedy[:, None], one_hot, probs)
         return probs
