@@ -1,0 +1,89 @@
+"""Celery tasks: thin wrappers that call the product's code (``worker.processor``).
+
+One ``Runtime`` per worker process holds the services, the WeCom client and the model backend;
+with the threads pool every task thread shares it, so concurrent chats share one engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from celery import shared_task
+from celery.exceptions import Retry
+
+from app import outbox
+from app.config import get_settings
+from app.db import utcnow
+from app.services import Services
+from app.wecom.client import WeComClient
+from worker.celery_app import HANDLE_MESSAGE, SWEEP_OUTBOX
+from worker.conversation import ConversationStore
+from worker.llm import make_backend
+from worker.processor import MessageProcessor
+
+log = logging.getLogger(__name__)
+_runtime: MessageProcessor | None = None
+_runtime_lock = threading.Lock()
+MAX_WAITS = 1200  # behind an earlier message: look again for at most ~10 minutes
+
+
+def build_processor(services: Services) -> MessageProcessor:
+    s = services.settings
+    wecom = WeComClient(s.wecom_corp_id, s.wecom_secret.get_secret_value(), s.wecom_agent_id,
+                        api_base=s.wecom_api_base, redis=services.redis)
+    conversations = ConversationStore(services.redis, services.cipher, s.conversation_ttl_s,
+                                      s.conversation_max_messages)
+    return MessageProcessor(services, None, wecom, conversations, llm_factory=make_backend)
+
+
+def runtime() -> MessageProcessor:
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = build_processor(Services(get_settings()))
+    return _runtime
+
+
+@shared_task(bind=True, name=HANDLE_MESSAGE, max_retries=None, acks_late=True)
+def handle_message(self, message_id: int) -> None:
+    outcome = runtime().process(int(message_id))
+    if not outcome.retry:
+        return
+    waits = self.request.retries
+    if outcome.status == "wait" and waits >= MAX_WAITS:
+        log.warning("still behind an earlier message, leaving it to the sweeper message_id=%s", message_id)
+        return
+    try:
+        raise self.retry(countdown=outcome.countdown)
+    except Retry:
+        raise
+    except Exception:  # noqa: BLE001 - broker down: the row is queued and the sweeper has it
+        log.warning("could not schedule the retry message_id=%s", message_id)
+
+
+@shared_task(name=SWEEP_OUTBOX, acks_late=False)
+def sweep_outbox() -> int:
+    """Re-enqueue rows that nobody works on (lost tasks, dead workers, Redis restarts)."""
+    processor = runtime()
+    services = processor.services
+    lock = services.redis.lock("outbox:sweeper", timeout=60, blocking=False)
+    if not lock.acquire():
+        return 0
+    try:
+        queued_before = utcnow() - timedelta(seconds=services.settings.sweep_queued_after_s)
+        with services.db.session() as session:
+            ids = outbox.stale_rows(session, queued_before)
+            outbox.mark_enqueued(session, ids)
+        for message_id in ids:
+            handle_message.delay(message_id)
+        if ids:
+            log.info("sweeper re-enqueued %d messages", len(ids))
+        return len(ids)
+    finally:
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - the lock expires by itself
+            pass
