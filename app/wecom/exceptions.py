@@ -91,6 +91,8 @@ class WeComTransientError(WeComAPIError):
     def __init__(self, errcode: int | None, errmsg: str = "", response: dict | None = None,
                  retry_after: float | None = None):
         super().__init__(errcode, errmsg, response)  # type: ignore[arg-type]
+        if errcode is None:
+            self.args = (f"WeCom not reachable: {errmsg}",)
         self.retry_after = retry_after
 
 
