@@ -7,6 +7,8 @@ WeCom's HTTP API (positive codes, raised by the API client).
 
 from __future__ import annotations
 
+import re
+
 
 class WeComCryptoError(Exception):
     """A callback failed a WXBizMsgCrypt check; ``code`` is WeCom's sample error code."""
@@ -71,3 +73,92 @@ class WeComAPIError(Exception):
         self.errcode = errcode
         self.errmsg = errmsg
         self.response = response or {}
+
+    #: Set by ``WeComClient.send_text``/``send_markdown`` on the way out: how many chunks of the
+    #: answer were delivered before this error, so a retrying task can resume after them.
+    chunks_sent: int = 0
+
+
+class WeComTransientError(WeComAPIError):
+    """Worth retrying later, with backoff: 5xx, connection errors, timeouts, -1 (system busy),
+    45009 (rate limit). ``errcode`` is None when no WeCom answer was read at all.
+
+    The client itself never retries these: a send whose answer was lost may have been delivered,
+    and only the caller (a Celery task with bounded retries) knows how long it may wait.
+    ``retry_after`` is a hint in seconds, or None.
+    """
+
+    def __init__(self, errcode: int | None, errmsg: str = "", response: dict | None = None,
+                 retry_after: float | None = None):
+        super().__init__(errcode, errmsg, response)  # type: ignore[arg-type]
+        if errcode is None:
+            self.args = (f"WeCom not reachable: {errmsg}",)
+        self.retry_after = retry_after
+
+
+class UntrustedIPError(WeComAPIError):
+    """60020: the server's egress IP is not on the app's trusted IP list (企业可信IP).
+
+    Retrying cannot help; an admin must add ``ip`` (as WeCom saw it, when it says) in the admin
+    console: 应用管理 -> the app -> 企业可信IP.
+    """
+
+    def __init__(self, errcode: int, errmsg: str = "", response: dict | None = None):
+        super().__init__(errcode, errmsg, response)
+        match = re.search(r"from ip:\s*([0-9A-Fa-f.:]+)", errmsg or "")
+        self.ip = match.group(1) if match else None
+        where = f"IP {self.ip}" if self.ip else "this server's public egress IP"
+        self.args = (
+            f"WeCom API error 60020: {where} is not on the app's trusted IP list. An admin must "
+            "add it under WeCom admin console > 应用管理 > this app > 企业可信IP (trusted IPs); "
+            "retrying will not help.",
+        )
+
+
+class NoValidReceiverError(WeComAPIError):
+    """81013: none of the receivers exists or may be reached by this app (visible range/licence)."""
+
+
+class InvalidUserError(WeComAPIError):
+    """The receiver is unknown to WeCom (``invaliduser`` of message/send, 40003, 60111)."""
+
+    def __init__(self, errcode: int, errmsg: str = "", response: dict | None = None,
+                 users: list[str] | None = None):
+        super().__init__(errcode, errmsg, response)
+        self.users = users or []
+
+
+class UnlicensedUserError(InvalidUserError):
+    """The receiver is in the app's visible range but has no basic licence (``unlicenseduser``)."""
+
+
+class InvalidContentError(WeComAPIError):
+    """44004 (empty text content) or 45002 (content over WeCom's size limit): fix the message."""
+
+
+#: Errcodes that mean "this access_token is not (or no longer) valid": refresh once, then retry.
+TOKEN_ERRCODES = frozenset({40001, 40014, 42001, 42007, 42009})
+#: Errcodes that say "later": -1 system busy, 45009 API call frequency limit.
+TRANSIENT_ERRCODES = frozenset({-1, 45009})
+_RATE_LIMIT_RETRY_AFTER = 60.0
+
+_ERRCODE_CLASSES: dict[int, type[WeComAPIError]] = {
+    60020: UntrustedIPError,
+    81013: NoValidReceiverError,
+    40003: InvalidUserError,
+    60111: InvalidUserError,
+    44004: InvalidContentError,
+    45002: InvalidContentError,
+}
+
+
+def api_error(errcode: int, errmsg: str = "", response: dict | None = None) -> WeComAPIError:
+    """The exception for one non-zero WeCom errcode (token codes included: the caller decides)."""
+    if errcode in TRANSIENT_ERRCODES:
+        retry_after = _RATE_LIMIT_RETRY_AFTER if errcode == 45009 else None
+        return WeComTransientError(errcode, errmsg, response, retry_after=retry_after)
+    return _ERRCODE_CLASSES.get(errcode, WeComAPIError)(errcode, errmsg, response)
+
+
+class MessageParseError(ValueError):
+    """A decrypted callback is not a WeCom message we can read: bad XML or a required field missing."""

@@ -1,0 +1,331 @@
+"""Decrypted callback XML of a self-built app -> typed, frozen messages and events.
+
+What WeCom sends (接收消息与事件, docs 90239 message formats and 90240 event formats):
+
+* every callback: ToUserName (the CorpID), FromUserName (the member's UserID), CreateTime (unix
+  seconds), MsgType, AgentID;
+* messages (text, image, voice, video, location, link) also carry MsgId;
+* events (MsgType ``event``) carry Event and, unlike messages, no MsgId. WeCom retries an
+  unanswered callback up to 3 times, so ``dedup_key`` is built from MsgId for messages and from
+  FromUserName + CreateTime + Event for events.
+
+Anything else (a message type or event this module does not model, such as ``file`` sent by some
+clients or the contact/approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
+of its fields in ``raw``: new WeCom features must never break the callback.
+
+Parsing goes through defusedxml with DTDs, entities and external references forbidden, which
+refuses billion-laughs bombs and XXE before any expansion happens.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from xml.etree.ElementTree import Element, ParseError
+
+from defusedxml import ElementTree
+from defusedxml.common import DefusedXmlException
+
+from app.wecom.exceptions import MessageParseError
+
+logger = logging.getLogger(__name__)
+
+#: A decrypted callback is a few hundred bytes; anything this big is not from WeCom.
+MAX_XML_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """Fields every callback has. ``msg_id`` is None for events, ``event`` None for messages."""
+
+    to_user: str
+    from_user: str
+    create_time: int
+    msg_type: str
+    agent_id: int | None
+    msg_id: str | None = None
+    event: str | None = None
+
+    @property
+    def is_event(self) -> bool:
+        return self.msg_type == "event"
+
+    @property
+    def dedup_key(self) -> str:
+        if self.is_event:
+            return f"evt:{self.from_user}:{self.create_time}:{self.event}"
+        return f"msg:{self.msg_id}"
+
+
+# --- messages ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextMessage(Message):
+    content: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ImageMessage(Message):
+    pic_url: str
+    media_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoiceMessage(Message):
+    media_id: str
+    format: str  # amr or speex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VideoMessage(Message):
+    media_id: str
+    thumb_media_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocationMessage(Message):
+    location_x: float  # latitude
+    location_y: float  # longitude
+    scale: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkMessage(Message):
+    title: str
+    description: str
+    url: str
+    pic_url: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownMessage(Message):
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubscribeEvent(Message):
+    """A member started following the app (成员关注)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnsubscribeEvent(Message):
+    """A member stopped following the app (成员取消关注)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnterAgentEvent(Message):
+    """A member opened the app (进入应用); EventKey is documented as empty."""
+
+    event_key: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClickEvent(Message):
+    """A member tapped a menu item that pulls a message; ``event_key`` is the item's key."""
+
+    event_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewEvent(Message):
+    """A member tapped a menu link; ``event_key`` is the URL."""
+
+    event_key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocationEvent(Message):
+    """Location report (上报地理位置), sent when the app has location reporting switched on."""
+
+    latitude: float
+    longitude: float
+    precision: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanCodeEvent(Message):
+    """Menu scan events ``scancode_push`` and ``scancode_waitmsg``."""
+
+    event_key: str
+    scan_type: str
+    scan_result: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TemplateCardEvent(Message):
+    """A member clicked a button of a template card the app sent (template_card_event)."""
+
+    event_key: str
+    task_id: str
+    card_type: str = ""
+    response_code: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnknownEvent(Message):
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+def parse_message(xml: str | bytes) -> Message:
+    """Parse one decrypted callback; raise ``MessageParseError`` when it is not one."""
+    fields = _xml_to_dict(xml)
+    common = _common_fields(fields)
+    if common["msg_type"] == "event":
+        return _parse_event(fields, common)
+    return _parse_user_message(fields, common)
+
+
+def _xml_to_dict(xml: str | bytes) -> dict[str, Any]:
+    if isinstance(xml, str):
+        xml = xml.encode("utf-8")
+    if not isinstance(xml, bytes):
+        raise MessageParseError("callback body must be str or bytes")
+    if len(xml) > MAX_XML_BYTES:
+        raise MessageParseError("callback xml too large")
+    try:
+        root = ElementTree.fromstring(
+            xml, forbid_dtd=True, forbid_entities=True, forbid_external=True
+        )
+    except DefusedXmlException as exc:
+        raise MessageParseError(f"forbidden xml construct: {type(exc).__name__}") from None
+    except (ParseError, ValueError) as exc:
+        raise MessageParseError(f"malformed xml: {exc}") from None
+    if root.tag != "xml":
+        raise MessageParseError("root element is not <xml>")
+    return _children(root)
+
+
+def _children(element: Element) -> dict[str, Any]:
+    """Leaf text for leaves, nested dicts for containers, lists for repeated tags."""
+    result: dict[str, Any] = {}
+    for child in element:
+        value: Any = _children(child) if len(child) else (child.text or "")
+        if child.tag in result:
+            previous = result[child.tag]
+            result[child.tag] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            result[child.tag] = value
+    return result
+
+
+def _required(fields: dict[str, Any], name: str) -> str:
+    value = fields.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise MessageParseError(f"missing {name}")
+    return value.strip()
+
+
+def _optional(fields: dict[str, Any], name: str) -> str:
+    value = fields.get(name, "")
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _number(fields: dict[str, Any], name: str, kind: type[int] | type[float]) -> Any:
+    text = _required(fields, name)
+    try:
+        return kind(text)
+    except ValueError:
+        raise MessageParseError(f"{name} is not a number") from None
+
+
+def _common_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    agent = _optional(fields, "AgentID")
+    try:
+        agent_id = int(agent) if agent else None
+    except ValueError:
+        raise MessageParseError("AgentID is not a number") from None
+    return {
+        "to_user": _required(fields, "ToUserName"),
+        "from_user": _required(fields, "FromUserName"),
+        "create_time": _number(fields, "CreateTime", int),
+        "msg_type": _required(fields, "MsgType").lower(),
+        "agent_id": agent_id,
+    }
+
+
+def _parse_user_message(f: dict[str, Any], common: dict[str, Any]) -> Message:
+    common["msg_id"] = _required(f, "MsgId")
+    msg_type = common["msg_type"]
+    if msg_type == "text":
+        # Kept verbatim (indentation of pasted code matters); blank is odd but not malformed.
+        content = f.get("Content")
+        if not isinstance(content, str):
+            raise MessageParseError("missing Content")
+        return TextMessage(**common, content=content)
+    if msg_type == "image":
+        return ImageMessage(**common, pic_url=_optional(f, "PicUrl"), media_id=_required(f, "MediaId"))
+    if msg_type == "voice":
+        return VoiceMessage(**common, media_id=_required(f, "MediaId"), format=_optional(f, "Format"))
+    if msg_type == "video":
+        return VideoMessage(
+            **common, media_id=_required(f, "MediaId"), thumb_media_id=_optional(f, "ThumbMediaId")
+        )
+    if msg_type == "location":
+        return LocationMessage(
+            **common,
+            location_x=_number(f, "Location_X", float),
+            location_y=_number(f, "Location_Y", float),
+            scale=_number(f, "Scale", int),
+            label=_optional(f, "Label"),
+        )
+    if msg_type == "link":
+        return LinkMessage(
+            **common,
+            title=_optional(f, "Title"),
+            description=_optional(f, "Description"),
+            url=_required(f, "Url"),
+            pic_url=_optional(f, "PicUrl"),
+        )
+    # Type only: the content and the user id stay out of the logs.
+    logger.info("unknown WeCom message type %r kept as UnknownMessage", msg_type[:32])
+    return UnknownMessage(**common, raw=f)
+
+
+def _parse_event(f: dict[str, Any], common: dict[str, Any]) -> Message:
+    event = _required(f, "Event").lower()
+    common["event"] = event
+    if event == "subscribe":
+        return SubscribeEvent(**common)
+    if event == "unsubscribe":
+        return UnsubscribeEvent(**common)
+    if event == "enter_agent":
+        return EnterAgentEvent(**common, event_key=_optional(f, "EventKey"))
+    if event == "click":
+        return ClickEvent(**common, event_key=_optional(f, "EventKey"))
+    if event == "view":
+        return ViewEvent(**common, event_key=_optional(f, "EventKey"))
+    if event == "location":
+        return LocationEvent(
+            **common,
+            latitude=_number(f, "Latitude", float),
+            longitude=_number(f, "Longitude", float),
+            precision=_number(f, "Precision", float),
+        )
+    if event in ("scancode_push", "scancode_waitmsg"):
+        info = f.get("ScanCodeInfo")
+        info = info if isinstance(info, dict) else {}
+        return ScanCodeEvent(
+            **common,
+            event_key=_optional(f, "EventKey"),
+            scan_type=_optional(info, "ScanType"),
+            scan_result=_optional(info, "ScanResult"),
+        )
+    if event == "template_card_event":
+        return TemplateCardEvent(
+            **common,
+            event_key=_optional(f, "EventKey"),
+            task_id=_optional(f, "TaskId"),
+            card_type=_optional(f, "CardType"),
+            response_code=_optional(f, "ResponseCode"),
+        )
+    logger.info("unknown WeCom event %r kept as UnknownEvent", event[:32])
+    return UnknownEvent(**common, raw=f)
