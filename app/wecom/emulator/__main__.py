@@ -8,11 +8,9 @@ import os
 import signal
 import sys
 
-from werkzeug.serving import make_server
-
 from app.wecom.emulator.config import EmulatorConfig
 from app.wecom.emulator.directory import Directory
-from app.wecom.emulator.server import create_emulator
+from app.wecom.emulator.server import create_emulator, serve
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         directory=Directory.load(args.directory) if args.directory else None,
     )
     app, state = create_emulator(config)
-    server = make_server(config.host, config.port, app, threaded=True)
-    server.daemon_threads = True
+    server = serve(app, config.host, config.port)
     log = logging.getLogger("app.wecom.emulator")
     log.info("WeCom emulator on http://%s:%d (callbacks to %s, %d employees)",
              config.host, server.server_port, config.callback_url, len(config.directory.users))

@@ -160,7 +160,7 @@ def inbound():
 
 @bp.get("/_emulator/conversation")
 def conversation():
-    """One user's chat, both directions, in sequence order: ?userid=&since=."""
+    """One user's chat, both directions, in sequence order: ?userid=&since=&limit= (last 500)."""
     st = state()
     userid = (request.args.get("userid") or "").lower()
     if not userid:
@@ -169,6 +169,7 @@ def conversation():
     items = st.select(st.inbound, since=since, from_user=userid) + \
         st.select(st.messages, since=since, touser=userid)
     items.sort(key=lambda i: i["seq"])
+    items = items[-(_int_arg("limit") or 500):]
     deliveries = {}
     with st.lock:
         for item in items:

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from flask import Flask
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 from app.wecom.emulator import admin, api
 from app.wecom.emulator.callbacks import CallbackDeliverer
@@ -15,6 +15,21 @@ from app.wecom.emulator.config import EmulatorConfig
 from app.wecom.emulator.state import EmulatorState
 
 _HERE = Path(__file__).parent
+
+
+class RedactingRequestHandler(WSGIRequestHandler):
+    """An access log without query strings: they carry ``corpsecret`` and ``access_token``."""
+
+    def log_request(self, code="-", size="-") -> None:
+        self.log("info", '"%s %s" %s', self.command, self.path.split("?", 1)[0],
+                 getattr(code, "value", code))
+
+
+def serve(app: Flask, host: str, port: int):
+    """A threaded WSGI server for ``app`` (not yet serving); port 0 picks a free one."""
+    server = make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler)
+    server.daemon_threads = True
+    return server
 
 
 def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, EmulatorState]:
@@ -57,8 +72,7 @@ class EmulatorServer:
         return f"http://{self.host}:{self._server.server_port}"
 
     def start(self) -> str:
-        self._server = make_server(self.host, self.port, self.app, threaded=True)
-        self._server.daemon_threads = True
+        self._server = serve(self.app, self.host, self.port)
         self._thread = threading.Thread(target=self._server.serve_forever, name="wecom-emulator",
                                         kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
