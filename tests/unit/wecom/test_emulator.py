@@ -501,3 +501,16 @@ def test_stored_items_are_capped():
         for i in range(5):
             send(emu, access_token=t, text={"content": f"第{i}条"})
         assert [m["content"] for m in emu.state.messages] == ["第2条", "第3条", "第4条"]
+
+
+def test_logs_carry_no_secrets_tokens_or_contents(receiver_emu, caplog):
+    emu, receiver = receiver_emu
+    caplog.set_level("INFO")
+    t = token(emu)
+    send(emu, access_token=t, text={"content": "机密内容"})
+    admin(emu, "POST", "send", json={"from_user": "zhangwei", "content": "用户的私密问题"})
+    wait_for(lambda: receiver.posts)
+    wait_for(lambda: "outcome=ok" in caplog.text)
+    for secret in (emu.state.config.secret, t, "机密内容", "用户的私密问题", emu.state.config.aes_key):
+        assert secret not in caplog.text
+    assert "GET /cgi-bin/gettoken" in caplog.text  # the access log is still there, minus the query
