@@ -16,7 +16,7 @@ from app.wecom.emulator import EmulatorConfig, EmulatorServer, create_emulator
 from app.wecom.emulator.__main__ import parse_args
 from app.wecom.emulator.callbacks import build_callback_xml
 
-FAST = dict(retry_interval=0.05, callback_timeout=0.5, retries=3)
+FAST = dict(retry_interval=0.05, callback_timeout=2.0, retries=3)
 
 
 class FakeClock:
@@ -391,10 +391,10 @@ def test_unanswered_callback_is_retried_with_the_same_msgid(receiver_emu):
 
 
 def test_slow_answer_counts_as_unanswered():
-    config = EmulatorConfig(retry_interval=0.05, callback_timeout=0.2, retries=3)
+    config = EmulatorConfig(retry_interval=0.05, callback_timeout=0.4, retries=3)
     with Receiver(config) as receiver:
         config.callback_url = receiver.url
-        receiver.script = [(200, 0.4)]
+        receiver.script = [(200, 0.9)]
         with EmulatorServer(config) as emu:
             answer = admin(emu, "POST", "send", json={"from_user": "zhangwei", "content": "慢一点"}).json()
             wait_for(lambda: len(receiver.posts) == 2)
