@@ -1,0 +1,210 @@
+"""The emulator's own controls under ``/_emulator/`` (JSON) and the chat page at ``/``.
+
+Not part of WeCom: this is how a test or a person plays the users (send, verify), breaks WeCom
+(faults, token expiry) and looks at what the bot did (messages, callbacks, stats).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Blueprint, current_app, jsonify, render_template, request
+
+from app.wecom.emulator.callbacks import CallbackDeliverer, CallbackError
+from app.wecom.emulator.state import FAULT_APIS, EmulatorState, Fault
+
+log = logging.getLogger("app.wecom.emulator")
+bp = Blueprint("emulator_admin", __name__)
+
+
+def state() -> EmulatorState:
+    return current_app.extensions["wecom_emulator"]
+
+
+def deliverer() -> CallbackDeliverer:
+    return current_app.extensions["wecom_emulator_deliverer"]
+
+
+def bad_request(message: str, status: int = 400):
+    return jsonify({"error": message}), status
+
+
+def _json_body() -> dict:
+    body = request.get_json(silent=True)
+    return body if isinstance(body, dict) else {}
+
+
+def _int_arg(name: str, default: int = 0) -> int:
+    try:
+        return int(request.args.get(name, default))
+    except (TypeError, ValueError):
+        return default
+
+
+# -- the chat page ----------------------------------------------------------------------------
+@bp.get("/")
+def chat_page():
+    st = state()
+    return render_template("chat.html", users=st.directory.users,
+                           departments={d["id"]: d["name"] for d in st.directory.departments},
+                           corp_name=st.directory.departments[0]["name"] if st.directory.departments else "",
+                           config=st.config.public())
+
+
+# -- status and settings ----------------------------------------------------------------------
+@bp.get("/_emulator/health")
+def health():
+    return jsonify({"ok": True})
+
+
+@bp.route("/_emulator/config", methods=["GET", "POST"])
+def config():
+    """Read the public settings; POST changes where and how callbacks are delivered."""
+    cfg = state().config
+    if request.method == "POST":
+        body = _json_body()
+        try:
+            if "callback_url" in body:
+                cfg.callback_url = str(body["callback_url"])
+            for name in ("retries",):
+                if name in body:
+                    setattr(cfg, name, int(body[name]))
+            for name in ("retry_interval", "callback_timeout", "token_ttl"):
+                if name in body:
+                    setattr(cfg, name, float(body[name]))
+            if "token_reuse" in body:
+                cfg.token_reuse = bool(body["token_reuse"])
+        except (TypeError, ValueError):
+            return bad_request("invalid setting value")
+    return jsonify(cfg.public())
+
+
+@bp.get("/_emulator/directory")
+def directory():
+    return jsonify(state().directory.to_json())
+
+
+# -- playing the users ------------------------------------------------------------------------
+@bp.post("/_emulator/send")
+def send():
+    body = _json_body()
+    try:
+        return jsonify(deliverer().send(body, wait=bool(body.get("wait"))))
+    except CallbackError as exc:
+        return bad_request(str(exc))
+
+
+@bp.post("/_emulator/verify")
+def verify():
+    return jsonify(deliverer().verify())
+
+
+# -- breaking WeCom ---------------------------------------------------------------------------
+@bp.route("/_emulator/faults", methods=["GET", "POST", "DELETE"])
+def faults():
+    """POST {"api", "errcode"?, "errmsg"?, "http_status"?, "delay"|"timeout"?, "count"?}."""
+    st = state()
+    if request.method == "DELETE":
+        st.clear_faults(request.args.get("api") or None)
+    elif request.method == "POST":
+        body = _json_body()
+        api = body.get("api")
+        if api not in FAULT_APIS:
+            return bad_request(f"api must be one of {', '.join(FAULT_APIS)}")
+        try:
+            fault = Fault(
+                errcode=None if body.get("errcode") is None else int(body["errcode"]),
+                errmsg=body.get("errmsg"),
+                http_status=None if body.get("http_status") is None else int(body["http_status"]),
+                delay=float(body.get("delay", body.get("timeout", 0)) or 0),
+            )
+            count = int(body.get("count", 1))
+        except (TypeError, ValueError):
+            return bad_request("errcode, http_status, delay and count must be numbers")
+        if fault.http_status is not None and not 400 <= fault.http_status <= 599:
+            return bad_request("http_status must be 4xx or 5xx")
+        if fault.errcode is None and fault.http_status is None and not fault.delay:
+            return bad_request("a fault needs errcode, http_status or delay")
+        if not 1 <= count <= 1000:
+            return bad_request("count must be 1..1000")
+        st.push_fault(api, fault, count)
+        log.info("fault queued api=%s count=%d", api, count)
+    return jsonify({"faults": st.pending_faults()})
+
+
+@bp.post("/_emulator/tokens/expire")
+def expire_tokens():
+    """Expire every issued access_token now (or one: {"access_token": ...}): next use -> 42001."""
+    return jsonify({"expired": state().expire_tokens(_json_body().get("access_token"))})
+
+
+# -- looking at what happened -----------------------------------------------------------------
+@bp.get("/_emulator/messages")
+def messages():
+    """What the bot sent, oldest first: ?touser=&since=<seq>&limit=."""
+    st = state()
+    touser = (request.args.get("touser") or "").lower() or None
+    found = st.select(st.messages, since=_int_arg("since"), limit=_int_arg("limit") or None,
+                      touser=touser)
+    return jsonify({"messages": found, "last_seq": found[-1]["seq"] if found else _int_arg("since")})
+
+
+@bp.get("/_emulator/inbound")
+def inbound():
+    """What the users sent through the emulator: ?from_user=&since=."""
+    st = state()
+    user = (request.args.get("from_user") or "").lower() or None
+    found = st.select(st.inbound, since=_int_arg("since"), from_user=user)
+    return jsonify({"messages": found})
+
+
+@bp.get("/_emulator/conversation")
+def conversation():
+    """One user's chat, both directions, in sequence order: ?userid=&since=&limit= (last 500)."""
+    st = state()
+    userid = (request.args.get("userid") or "").lower()
+    if not userid:
+        return bad_request("userid is required")
+    since = _int_arg("since")
+    items = st.select(st.inbound, since=since, from_user=userid) + \
+        st.select(st.messages, since=since, touser=userid)
+    items.sort(key=lambda i: i["seq"])
+    items = items[-(_int_arg("limit") or 500):]
+    deliveries = {}
+    with st.lock:
+        for item in items:
+            d = st.deliveries.get(item.get("delivery_id"))
+            if d is not None:
+                deliveries[item["delivery_id"]] = dict(d)
+    return jsonify({"items": items, "deliveries": deliveries,
+                    "last_seq": items[-1]["seq"] if items else since})
+
+
+@bp.get("/_emulator/callbacks")
+def callbacks():
+    """Every delivery attempt: ?msg_id=&delivery_id=&since=."""
+    st = state()
+    msg_id = _int_arg("msg_id") or None
+    delivery_id = _int_arg("delivery_id") or None
+    found = st.select(st.callbacks, since=_int_arg("since"), msg_id=msg_id, delivery_id=delivery_id)
+    with st.lock:
+        deliveries = {i: dict(d) for i, d in st.deliveries.items()
+                      if delivery_id in (None, i) and msg_id in (None, d.get("msg_id"))}
+    return jsonify({"attempts": found, "deliveries": deliveries})
+
+
+@bp.get("/_emulator/stats")
+def stats():
+    st = state()
+    with st.lock:
+        sizes = {"messages": len(st.messages), "inbound": len(st.inbound),
+                 "callbacks": len(st.callbacks)}
+    return jsonify({"apis": st.snapshot_stats(), "stored": sizes, "faults": st.pending_faults()})
+
+
+@bp.post("/_emulator/reset")
+def reset():
+    """Forget messages, callbacks, faults and stats; {"tokens": true} also drops tokens."""
+    state().reset(tokens=bool(_json_body().get("tokens")))
+    log.info("state reset")
+    return jsonify({"ok": True})

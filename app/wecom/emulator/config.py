@@ -1,0 +1,79 @@
+"""The emulator's settings: one dataclass, read from the same environment variables as the app.
+
+The demo defaults below are fictional and public on purpose; a real deployment never talks to the
+emulator. The app and the emulator only have to agree on them (``.env`` or the environment).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from app.wecom.emulator.directory import Directory
+
+DEFAULT_CORP_ID = "ww0e1f2d3c4b5a6978"
+DEFAULT_SECRET = "emulator-demo-secret-not-for-production"  # noqa: S105 - public demo value
+DEFAULT_AGENT_ID = 1000002
+DEFAULT_TOKEN = "emulatordemotoken"  # noqa: S105 - public demo value
+DEFAULT_AES_KEY = "cWluZ2hlLXdlY29tLWVtdWxhdG9yLWRlbW8ta2V5ISE"  # 43 chars, 32 bytes decoded
+DEFAULT_CALLBACK_URL = "http://127.0.0.1:5000/wecom/callback"
+# What WeCom's push servers send; the app must not depend on it, but logs and fingerprints see it.
+DEFAULT_USER_AGENT = "Mozilla/4.0"
+
+
+@dataclass
+class EmulatorConfig:
+    corp_id: str = DEFAULT_CORP_ID
+    secret: str = DEFAULT_SECRET
+    agent_id: int = DEFAULT_AGENT_ID
+    token: str = DEFAULT_TOKEN
+    aes_key: str = DEFAULT_AES_KEY
+    callback_url: str = DEFAULT_CALLBACK_URL
+    host: str = "127.0.0.1"
+    port: int = 8081
+    token_ttl: float = 7200.0
+    # Real WeCom hands out the same token again while it is valid; False mints a new one per call,
+    # so several valid tokens coexist (what a multi-process app sees when it refreshes early).
+    token_reuse: bool = True
+    retries: int = 3
+    retry_interval: float = 5.0
+    callback_timeout: float = 5.0
+    text_limit: int = 2048
+    markdown_limit: int = 4096
+    # "reject" answers 45002 so a splitting bug is visible; "truncate" is what WeCom's text docs
+    # describe ("超过将截断") and drops the excess bytes at a character boundary.
+    oversize: str = "reject"
+    max_items: int = 100_000
+    user_agent: str = DEFAULT_USER_AGENT
+    directory: Directory = field(default_factory=Directory.default)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> EmulatorConfig:
+        env = os.environ if environ is None else environ
+        values = {
+            "corp_id": env.get("WECOM_CORP_ID") or DEFAULT_CORP_ID,
+            "secret": env.get("WECOM_SECRET") or DEFAULT_SECRET,
+            "agent_id": int(env.get("WECOM_AGENT_ID") or DEFAULT_AGENT_ID),
+            "token": env.get("WECOM_TOKEN") or DEFAULT_TOKEN,
+            "aes_key": env.get("WECOM_AES_KEY") or DEFAULT_AES_KEY,
+            "callback_url": env.get("EMULATOR_CALLBACK_URL") or DEFAULT_CALLBACK_URL,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def public(self) -> dict:
+        """What the admin API may show: everything but the secret, the token and the AES key."""
+        return {
+            "corp_id": self.corp_id,
+            "agent_id": self.agent_id,
+            "callback_url": self.callback_url,
+            "token_ttl": self.token_ttl,
+            "token_reuse": self.token_reuse,
+            "retries": self.retries,
+            "retry_interval": self.retry_interval,
+            "callback_timeout": self.callback_timeout,
+            "text_limit": self.text_limit,
+            "markdown_limit": self.markdown_limit,
+            "oversize": self.oversize,
+            "max_items": self.max_items,
+        }

@@ -1,0 +1,105 @@
+"""Building the emulator's Flask app, and serving it on a background thread for tests."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from flask import Flask
+from werkzeug.serving import WSGIRequestHandler, make_server
+
+from app.wecom.emulator import admin, api
+from app.wecom.emulator.callbacks import CallbackDeliverer
+from app.wecom.emulator.config import EmulatorConfig
+from app.wecom.emulator.state import EmulatorState
+
+_HERE = Path(__file__).parent
+
+
+class RedactingRequestHandler(WSGIRequestHandler):
+    """An access log without query strings: they carry ``corpsecret`` and ``access_token``."""
+
+    def log_request(self, code="-", size="-") -> None:
+        self.log("info", '"%s %s" %s', self.command, self.path.split("?", 1)[0],
+                 getattr(code, "value", code))
+
+
+def serve(app: Flask, host: str, port: int):
+    """A threaded WSGI server for ``app`` (not yet serving); port 0 picks a free one."""
+    server = make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler)
+    server.daemon_threads = True
+    return server
+
+
+def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, EmulatorState]:
+    """A fresh emulator: its Flask app and the state behind it (shared by all its threads)."""
+    config = config or EmulatorConfig.from_env()
+    state = EmulatorState(config)
+    app = Flask("app.wecom.emulator", template_folder=str(_HERE / "templates"),
+                static_folder=str(_HERE / "static"), static_url_path="/_emulator/static")
+    app.json.ensure_ascii = False  # WeCom answers UTF-8, not \\u escapes
+    app.json.sort_keys = False
+    app.extensions["wecom_emulator"] = state
+    app.extensions["wecom_emulator_deliverer"] = CallbackDeliverer(state)
+    app.register_blueprint(api.bp)
+    app.register_blueprint(admin.bp)
+    return app, state
+
+
+class EmulatorServer:
+    """The emulator on a thread of this process; ``url`` is known once ``start()`` returns.
+
+        with EmulatorServer(EmulatorConfig(callback_url=..., retry_interval=0.1)) as emu:
+            requests.get(emu.url + "/cgi-bin/gettoken", ...)
+            emu.state.messages ...
+    """
+
+    def __init__(self, config: EmulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0):
+        self.app, self.state = create_emulator(config)
+        self.host, self.port = host, port
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def deliverer(self) -> CallbackDeliverer:
+        return self.app.extensions["wecom_emulator_deliverer"]
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("emulator not started")
+        return f"http://{self.host}:{self._server.server_port}"
+
+    def start(self) -> str:
+        self._server = serve(self.app, self.host, self.port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="wecom-emulator",
+                                        kwargs={"poll_interval": 0.1}, daemon=True)
+        self._thread.start()
+        logging.getLogger("app.wecom.emulator").info("emulator listening on %s", self.url)
+        return self.url
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving, wake sleeping faults and retry waits, and join the callback threads."""
+        self.state.stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.deliverer.join(timeout)
+
+    def __enter__(self) -> EmulatorServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_in_thread(config: EmulatorConfig | None = None, host: str = "127.0.0.1",
+                  port: int = 0) -> EmulatorServer:
+    """Start an emulator on a free port and return it (call ``.stop()`` when done)."""
+    server = EmulatorServer(config, host, port)
+    server.start()
+    return server

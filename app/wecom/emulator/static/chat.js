@@ -1,0 +1,130 @@
+// The emulator's chat page: play one employee, talk to the bot, watch its replies arrive.
+// Everything goes through the emulator's own admin API; text is always set with textContent.
+(function () {
+  "use strict";
+  var select = document.getElementById("user-select");
+  var list = document.getElementById("user-list");
+  var box = document.getElementById("messages");
+  var input = document.getElementById("input");
+  var statusLine = document.getElementById("status");
+  var userid = null, lastSeq = 0, shown = {}, timer = null, generation = 0;
+  var NAMES = {};
+  Array.prototype.forEach.call(select.options, function (o) { NAMES[o.value] = o.textContent; });
+
+  function setStatus(text) { statusLine.textContent = text || ""; }
+
+  function postJSON(url, body) {
+    return fetch(url, { method: "POST", headers: { "Content-Type": "application/json" },
+                        body: JSON.stringify(body || {}) })
+      .then(function (r) { return r.json().then(function (j) { if (!r.ok) throw new Error(j.error || r.status); return j; }); });
+  }
+
+  function describe(item) {
+    if (item.direction === "in") {
+      if (item.msg_type === "event") return "［事件］" + item.event + (item.event_key ? " · " + item.event_key : "");
+      if (item.msg_type === "text") return item.content;
+      return "［" + item.msg_type + "］";
+    }
+    if (item.content) return item.content;
+    var p = item.payload || {};
+    return "［" + item.msgtype + "］" + (p.title || p.description || "");
+  }
+
+  function deliveryText(d) {
+    if (!d) return "";
+    if (d.status === "pending") return "投递中…";
+    if (d.status === "failed") return "投递失败（" + d.attempts + " 次尝试）";
+    return d.attempts > 1 ? "已送达（" + d.attempts + " 次尝试）" : "已送达";
+  }
+
+  function render(item, deliveries) {
+    var key = item.direction + ":" + item.seq;
+    var node = shown[key];
+    if (!node) {
+      node = document.createElement("div");
+      var isEvent = item.direction === "in" && item.msg_type === "event";
+      node.className = "msg " + (isEvent ? "event" : item.direction);
+      var bubble = document.createElement("div");
+      bubble.className = "bubble";
+      bubble.textContent = describe(item);
+      var meta = document.createElement("span");
+      meta.className = "meta";
+      bubble.appendChild(meta);
+      node.appendChild(bubble);
+      box.appendChild(node);
+      shown[key] = node;
+      box.scrollTop = box.scrollHeight;
+    }
+    var metaNode = node.querySelector(".meta");
+    var time = new Date(item.time * 1000).toLocaleTimeString("zh-CN", { hour12: false });
+    var extra = item.direction === "in" ? deliveryText(deliveries[item.delivery_id]) :
+      (item.msgtype === "markdown" ? "markdown" : "") + (item.source === "passive_reply" ? " 被动回复" : "");
+    metaNode.textContent = time + (extra ? " · " + extra : "");
+    metaNode.className = "meta" + (/失败/.test(extra) ? " failed" : "");
+  }
+
+  function poll() {
+    if (!userid) return;
+    var mine = generation;
+    // Re-read from 0 while deliveries are pending so their status updates; cheap for one user.
+    fetch("/_emulator/conversation?userid=" + encodeURIComponent(userid) + "&since=0")
+      .then(function (r) { return r.json(); })
+      .then(function (data) {
+        if (mine !== generation) return;
+        data.items.forEach(function (item) { render(item, data.deliveries || {}); });
+        lastSeq = data.last_seq;
+      })
+      .catch(function () { setStatus("无法连接模拟器"); });
+  }
+
+  function choose(id) {
+    userid = id; lastSeq = 0; shown = {}; generation += 1;
+    box.textContent = "";
+    select.value = id;
+    Array.prototype.forEach.call(list.children, function (li) {
+      li.classList.toggle("active", li.getAttribute("data-userid") === id);
+    });
+    document.getElementById("chat-user").textContent = NAMES[id] || id;
+    try { localStorage.setItem("emulator-user", id); } catch (e) { /* private mode */ }
+    poll();
+  }
+
+  function send(body) {
+    setStatus("");
+    return postJSON("/_emulator/send", body).then(poll).catch(function (e) { setStatus("发送失败：" + e.message); });
+  }
+
+  select.addEventListener("change", function () { choose(select.value); });
+  list.addEventListener("click", function (ev) {
+    var li = ev.target.closest("li[data-userid]");
+    if (li) choose(li.getAttribute("data-userid"));
+  });
+  document.getElementById("composer").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    var text = input.value;
+    if (!text.trim() || !userid) return;
+    input.value = "";
+    send({ from_user: userid, msg_type: "text", content: text });
+  });
+  input.addEventListener("keydown", function (ev) {
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+      ev.preventDefault();
+      document.getElementById("composer").requestSubmit();
+    }
+  });
+  document.getElementById("enter-agent").addEventListener("click", function () {
+    if (userid) send({ from_user: userid, event: "enter_agent", event_key: "" });
+  });
+  document.getElementById("verify").addEventListener("click", function () {
+    setStatus("正在校验回调 URL…");
+    postJSON("/_emulator/verify").then(function (r) {
+      setStatus(r.ok ? "URL 校验通过（" + r.latency_ms + " ms）" :
+        "URL 校验失败：HTTP " + (r.status_code || "-") + (r.error ? " " + r.error : "") + (r.echoed ? "" : "，未回显 echostr"));
+    }).catch(function (e) { setStatus("校验失败：" + e.message); });
+  });
+
+  var saved = null;
+  try { saved = localStorage.getItem("emulator-user"); } catch (e) { /* private mode */ }
+  choose(saved && NAMES[saved] ? saved : select.value);
+  timer = setInterval(poll, 1000);
+})();
