@@ -1,0 +1,62 @@
+"""Training corpus for the bundled demo model (fictional company Xinghe Technology).
+
+Facts live in ``company.md``; ``qa.jsonl`` holds question/answer items with paraphrases
+and held-out paraphrases (for evaluation only); ``dialogues.jsonl`` holds short
+multi-turn exchanges. See ``README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+CORPUS_DIR = Path(__file__).resolve().parent
+QA_PATH = CORPUS_DIR / "qa.jsonl"
+DIALOGUES_PATH = CORPUS_DIR / "dialogues.jsonl"
+COMPANY_PATH = CORPUS_DIR / "company.md"
+
+TOPICS = ("it", "hr", "expense", "travel", "security", "office", "bot", "greeting", "smalltalk")
+LANGS = ("zh", "en")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path.name}:{lineno}: invalid JSON: {e}") from e
+    return rows
+
+
+@lru_cache(maxsize=1)
+def _qa() -> tuple[dict, ...]:
+    return tuple(_read_jsonl(QA_PATH))
+
+
+def load_qa() -> list[dict]:
+    """All Q&A items, in file order (fresh copies; safe to mutate)."""
+    return [json.loads(json.dumps(item)) for item in _qa()]
+
+
+def load_dialogues() -> list[dict]:
+    """Multi-turn dialogues: ``{"id", "messages": [{"role", "content"}, ...]}``."""
+    return _read_jsonl(DIALOGUES_PATH)
+
+
+def training_pairs() -> list[tuple[str, str]]:
+    """(question, answer) for each item's question and paraphrases; held-out excluded."""
+    pairs = []
+    for item in _qa():
+        for q in [item["question"], *item["paraphrases"]]:
+            pairs.append((q, item["answer"]))
+    return pairs
+
+
+def heldout_pairs() -> list[tuple[str, str]]:
+    """(held-out paraphrase, answer) pairs, for evaluation only; never train on these."""
+    return [(q, item["answer"]) for item in _qa() for q in item["heldout"]]

@@ -1,0 +1,147 @@
+"""Checks on the demo-model training corpus (inference/demo/corpus)."""
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from inference.demo import corpus
+
+CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+REQUIRED = {"id", "topic", "lang", "question", "answer", "paraphrases", "heldout"}
+
+
+def norm(s: str) -> str:
+    return re.sub(r"[\s\W_]+", "", s.lower())
+
+
+@pytest.fixture(scope="module")
+def qa():
+    return corpus.load_qa()
+
+
+def test_every_line_is_valid_json():
+    for path in (corpus.QA_PATH, corpus.DIALOGUES_PATH):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        assert lines, path
+        for i, line in enumerate(lines, 1):
+            assert line.strip(), f"{path.name}:{i} blank line"
+            assert isinstance(json.loads(line), dict), f"{path.name}:{i}"
+
+
+def test_required_fields_and_types(qa):
+    for item in qa:
+        assert set(item) == REQUIRED, item.get("id")
+        for key in ("id", "topic", "lang", "question", "answer"):
+            assert isinstance(item[key], str) and item[key].strip(), (item["id"], key)
+        for key in ("paraphrases", "heldout"):
+            assert isinstance(item[key], list), (item["id"], key)
+            assert all(isinstance(s, str) and s.strip() for s in item[key]), item["id"]
+        assert item["topic"] in corpus.TOPICS, item["id"]
+        assert item["lang"] in corpus.LANGS, item["id"]
+        assert re.fullmatch(r"[a-z]+-[a-z0-9]+-\d{3}", item["id"]), item["id"]
+        assert item["id"].startswith(item["topic"] + "-"), item["id"]
+
+
+def test_ids_unique(qa):
+    dupes = [k for k, n in Counter(i["id"] for i in qa).items() if n > 1]
+    assert not dupes
+    dlg = [d["id"] for d in corpus.load_dialogues()]
+    assert len(dlg) == len(set(dlg))
+    assert not set(dlg) & {i["id"] for i in qa}
+
+
+def test_counts(qa):
+    assert len(qa) >= 320
+    langs = Counter(i["lang"] for i in qa)
+    for lang in corpus.LANGS:
+        assert langs[lang] / len(qa) >= 0.40, langs
+    topics = Counter(i["topic"] for i in qa)
+    assert set(topics) == set(corpus.TOPICS), topics
+    for topic in corpus.TOPICS:
+        for lang in corpus.LANGS:
+            assert any(i["topic"] == topic and i["lang"] == lang for i in qa), (topic, lang)
+
+
+def test_paraphrase_and_heldout_counts(qa):
+    for item in qa:
+        assert 2 <= len(item["paraphrases"]) <= 4, item["id"]
+        assert 1 <= len(item["heldout"]) <= 2, item["id"]
+
+
+def test_questions_distinct_within_item(qa):
+    for item in qa:
+        qs = [item["question"], *item["paraphrases"], *item["heldout"]]
+        assert len({norm(q) for q in qs}) == len(qs), item["id"]
+
+
+def test_heldout_never_a_training_question(qa):
+    train = {norm(q) for q, _ in corpus.training_pairs()}
+    for item in qa:
+        for h in item["heldout"]:
+            assert norm(h) not in train, (item["id"], h)
+
+
+def test_training_questions_map_to_one_answer():
+    answers = {}
+    for q, a in corpus.training_pairs():
+        answers.setdefault(norm(q), set()).add(a)
+    clashes = {q: a for q, a in answers.items() if len(a) > 1}
+    assert not clashes
+
+
+def test_script_matches_language(qa):
+    for item in qa:
+        texts = [item["question"], *item["paraphrases"], *item["heldout"]]
+        if item["lang"] == "zh":
+            assert CJK.search(item["answer"]), item["id"]
+            assert all(CJK.search(t) for t in texts), item["id"]
+        else:
+            ans = item["answer"]
+            ascii_share = sum(c.isascii() for c in ans) / len(ans)
+            assert ascii_share >= 0.9, (item["id"], ascii_share)
+            assert all(t.isascii() for t in texts), item["id"]
+
+
+def test_answer_length_bounds(qa):
+    for item in qa:
+        a = item["answer"]
+        if item["lang"] == "zh":
+            assert 4 <= len(a) <= 100, (item["id"], len(a))
+        else:
+            words = len(a.split())
+            assert 3 <= words <= 50, (item["id"], words)
+
+
+def test_loader_pairs(qa):
+    train = corpus.training_pairs()
+    held = corpus.heldout_pairs()
+    assert len(train) == sum(1 + len(i["paraphrases"]) for i in qa)
+    assert len(held) == sum(len(i["heldout"]) for i in qa)
+    assert all(isinstance(q, str) and isinstance(a, str) for q, a in train + held)
+
+
+def test_dialogues_shape():
+    dialogues = corpus.load_dialogues()
+    assert len(dialogues) >= 30
+    for d in dialogues:
+        msgs = d["messages"]
+        assert len(msgs) >= 4 and len(msgs) % 2 == 0, d["id"]
+        for n, m in enumerate(msgs):
+            assert m["role"] == ("user" if n % 2 == 0 else "assistant"), d["id"]
+            assert m["content"].strip(), d["id"]
+
+
+def test_key_facts_match_handbook(qa):
+    """Spot-check that the numbers answers rely on are stated in company.md."""
+    handbook = corpus.COMPANY_PATH.read_text(encoding="utf-8")
+    for fact in ("8100", "8199", "8000", "8200", "8300", "8350", "8500", "Xinghe-Staff",
+                 "Xinghe-Guest", "Xinghe Connect", "vpn.xinghe.example", "91310115XH0000888A",
+                 "**600 RMB**", "**450 RMB**", "**350 RMB**", "**1,500 RMB**", "**158 days**",
+                 "**200 messages**", "`/reset`", "`/usage`", "`/help`"):
+        assert fact in handbook, fact
+    known_ext = {"8000", "8100", "8199", "8200", "8300", "8350", "8500", "8888"}
+    for item in qa:
+        for ext in re.findall(r"(?<![\d,.])8\d{3}(?![\d,])", item["answer"]):
+            assert ext in known_ext, (item["id"], ext)
