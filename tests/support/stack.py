@@ -1,0 +1,199 @@
+"""The whole stack as real processes, for integration tests.
+
+gunicorn serves the app, a Celery worker (threads pool) and Celery beat run the worker side, the
+WeCom emulator runs in-process (it stands for WeCom only), and a small OpenAI-compatible server
+stands in for the model server of the ``openai`` backend. Redis and the database are the real
+servers: a fresh Redis DB index and a fresh SQLite file or PostgreSQL database per stack.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import redis
+import requests
+
+from app.wecom.emulator import EmulatorConfig, EmulatorServer
+from tests.support.env import make_env
+from tests.support.openai_server import FakeOpenAIServer
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class TempDatabase:
+    """A SQLite file or a throwaway PostgreSQL database."""
+
+    def __init__(self, kind: str, tmp: Path):
+        self.kind = kind
+        if kind == "sqlite":
+            self.url = f"sqlite:///{tmp / 'bot.sqlite3'}"
+        else:
+            self.name = f"it_{uuid.uuid4().hex[:12]}"
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{self.name}"')
+            self.url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.name}"
+
+    def drop(self) -> None:
+        if self.kind == "postgres":
+            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+class Stack:
+    def __init__(self, tmp: Path, db_kind: str = "sqlite", redis_db: int = 9, model_delay_s: float = 0.0,
+                 worker_concurrency: int = 8, extra_env: dict | None = None):
+        self.tmp = tmp
+        self.db = TempDatabase(db_kind, tmp)
+        self.redis_url = f"redis://127.0.0.1:6379/{redis_db}"
+        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis.flushdb()
+        self.model = FakeOpenAIServer(delay_s=model_delay_s).start()
+        self.web_port = free_port()
+        self.callback_url = f"http://127.0.0.1:{self.web_port}/wecom/callback"
+        self.env = make_env(DATABASE_URL=self.db.url, REDIS_URL=self.redis_url)
+        self.env.update({
+            "INFERENCE_BACKEND": "openai", "OPENAI_BASE_URL": self.model.url, "OPENAI_MODEL": "fake-glm",
+            "SWEEP_INTERVAL_S": "2", "SWEEP_QUEUED_AFTER_S": "4", "CLAIM_LEASE_S": "6",
+            "WEB_BIND": f"127.0.0.1:{self.web_port}", "WEB_WORKERS": "2", "WEB_THREADS": "8",
+            "PYTHONUNBUFFERED": "1",
+        })
+        self.env.update(extra_env or {})
+        self.emulator = EmulatorServer(EmulatorConfig(
+            corp_id=self.env["WECOM_CORP_ID"], secret=self.env["WECOM_SECRET"],
+            agent_id=int(self.env["WECOM_AGENT_ID"]), token=self.env["WECOM_TOKEN"],
+            aes_key=self.env["WECOM_AES_KEY"], callback_url=self.callback_url,
+            retry_interval=1.0, callback_timeout=5.0))
+        self.worker_concurrency = worker_concurrency
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> Stack:
+        self.emulator.start()
+        self.env["WECOM_API_BASE"] = self.emulator.url
+        from app import migrate
+
+        migrate.upgrade(self.db.url)
+        self.start_process("web", [str(BIN / "gunicorn"), "app:create_app()"])
+        self.start_worker()
+        self.start_process("beat", [str(BIN / "celery"), "-A", "worker.celery_app", "beat",
+                                    "--loglevel", "WARNING", "-s", str(self.tmp / "beat-schedule")])
+        wait_for(self._web_ready, 60, what="gunicorn")
+        wait_for(self.worker_ready, 60, what="celery worker")
+        return self
+
+    def start_worker(self) -> None:
+        self.start_process("worker", [str(BIN / "celery"), "-A", "worker.celery_app", "worker",
+                                      "--pool", "threads", "--concurrency", str(self.worker_concurrency),
+                                      "-Q", "chat", "--loglevel", "INFO", "-n", f"it-{uuid.uuid4().hex[:6]}@%h",
+                                      "--without-gossip", "--without-mingle"])
+
+    def start_process(self, name: str, argv: list[str]) -> None:
+        log_path = self.tmp / f"{name}.log"
+        self.logs[name] = log_path
+        log = open(log_path, "ab")  # noqa: SIM115 - the process owns it
+        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **self.env},
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            proc = self.procs[name]
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for name, proc in list(self.procs.items()):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            self.procs.pop(name)
+        self.emulator.stop()
+        self.model.stop()
+        self.redis.flushdb()
+        self.db.drop()
+
+    def _web_ready(self) -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{self.web_port}/healthz", timeout=1).ok
+        except requests.RequestException:
+            return False
+
+    def worker_ready(self) -> bool:
+        log = self.logs["worker"].read_text(errors="replace")
+        return " ready." in log
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+    # -- talking to it -------------------------------------------------------------------------
+    def emu(self, method: str, path: str, **kwargs):
+        resp = requests.request(method, f"{self.emulator.url}/_emulator/{path}", timeout=10, **kwargs)
+        resp.raise_for_status()
+        return resp.json()
+
+    def send(self, user: str, content: str | None = None, **fields) -> dict:
+        body = {"from_user": user, **fields}
+        if content is not None:
+            body.setdefault("msg_type", "text")
+            body["content"] = content
+        return self.emu("POST", "send", json=body)
+
+    def replies(self, user: str) -> list[str]:
+        data = self.emu("GET", "messages", params={"touser": user})
+        items = data["messages"] if isinstance(data, dict) else data
+        return [_content(item) for item in items]
+
+    def outbox_rows(self) -> list[dict]:
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(self.db.url)
+        try:
+            with engine.connect() as conn:
+                return [dict(row._mapping) for row in conn.execute(text(
+                    "SELECT id, status, attempts, msg_type, failure_reason, chunks_sent, chunks_total "
+                    "FROM inbound_messages ORDER BY id"))]
+        finally:
+            engine.dispose()
+
+
+def _content(item: dict) -> str:
+    for key in ("text", "markdown"):
+        if isinstance(item.get(key), dict):
+            return item[key].get("content", "")
+    return item.get("content", "")
