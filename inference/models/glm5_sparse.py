@@ -116,9 +116,12 @@ class Glm5SparseForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
 
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
     def new_cache(self) -> KVCache:
-        weight = self.model.embed_tokens.weight
-        return KVCache(self.config, weight.device, weight.dtype)
+        return KVCache(self.config, self.device, self.model.embed_tokens.weight.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)
