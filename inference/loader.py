@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from inference.config import ModelConfig, default_device
+from inference.layers.linear import PackedLinear
 from inference.models import MODELS
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 
@@ -33,6 +35,36 @@ def checkpoint_files(model_dir: Path) -> dict[str, Path]:
         return dict.fromkeys(f.keys(), single)
 
 
+def checkpoint_layout(model: nn.Module) -> dict[str, list[tuple[str, torch.Size]]]:
+    """Model parameter -> the checkpoint tensors (name, shape) stacked along dim 0 to make it.
+
+    Most parameters are one tensor under their own name; a `PackedLinear` such as
+    `self_attn.qkv_proj` is made of its sibling parts (`self_attn.q_proj`, ...)."""
+    layout = {name: [(name, p.shape)] for name, p in model.named_parameters()}  # tied: once
+    for module_name, module in model.named_modules():
+        if not isinstance(module, PackedLinear):
+            continue
+        parent = module_name.rpartition(".")[0]
+        for kind in ("weight", "bias"):
+            param = getattr(module, kind)
+            if param is not None:
+                layout[f"{module_name}.{kind}"] = [
+                    (f"{parent}.{part}.{kind}", torch.Size((rows, *param.shape[1:])))
+                    for part, rows in module.parts.items()
+                ]
+    return layout
+
+
+def checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under their checkpoint names (packed layers split into their parts)."""
+    params = dict(model.named_parameters())
+    state = {}
+    for name, parts in checkpoint_layout(model).items():
+        pieces = params[name].detach().split([shape[0] for _, shape in parts])
+        state.update({part: piece for (part, _), piece in zip(parts, pieces, strict=True)})
+    return state
+
+
 def load_model(
     model_dir: str | Path, config: ModelConfig, device: torch.device | str | None = None
 ) -> Glm5SparseForCausalLM:
@@ -46,14 +78,15 @@ def load_model(
     model_dir, device = Path(model_dir), torch.device(device or default_device())
     with torch.device("meta"):
         model = MODELS[config.model_type](config)
-    expected = {name: p.shape for name, p in model.named_parameters()}  # tied weights appear once
+    layout = checkpoint_layout(model)
+    expected = {name: shape for parts in layout.values() for name, shape in parts}
     files = checkpoint_files(model_dir)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(files))
     unexpected = sorted(set(files) - set(expected) - optional)
-    state, wrong_shape = {}, []
+    tensors, wrong_shape = {}, []
     by_file: dict[Path, list[str]] = {}
-    for name in expected.keys() & files.keys():
+    for name in sorted(expected.keys() & files.keys()):
         by_file.setdefault(files[name], []).append(name)
     for path, names in by_file.items():
         with safe_open(path, framework="pt", device=str(device)) as f:
@@ -61,8 +94,7 @@ def load_model(
                 tensor = f.get_tensor(name)
                 if tensor.shape != expected[name]:
                     wrong_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(expected[name])}")
-                    continue
-                state[name] = tensor.to(config.dtype)
+                tensors[name] = tensor.to(config.dtype)
     problems = (
         [f"missing tensor {n}" for n in missing]
         + [f"unexpected tensor {n}" for n in unexpected]
@@ -70,6 +102,10 @@ def load_model(
     )
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not fit {config.model_type}: " + "; ".join(problems))
+    state = {
+        name: tensors[parts[0][0]] if len(parts) == 1 else torch.cat([tensors[p] for p, _ in parts])
+        for name, parts in layout.items()
+    }
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -30,10 +30,16 @@ from torch import nn
 
 from inference.config import ModelConfig
 from inference.kv_cache import AttentionContext, LayerCache
-from inference.layers.linear import Linear
-from inference.layers.rotary import apply_rotary
+from inference.layers.linear import Linear, PackedLinear
+from inference.layers.rotary import apply_rotary_
 
 QUERY_TILE = 256  # best of 128/256/512/1024 for the masked SDPA tiles on this CPU
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """SDPA on `[heads, L, D]`, given a batch axis: 3-D inputs fall back to the slow math kernel
+    on CPU (4x slower measured, and dense causal materialises the full score matrix)."""
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], **kwargs)[0]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -42,11 +48,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     rep = heads // kv_heads
     if q.shape[1] == 1 and mask is None:
         # One query: fold each kv head's query group into its sequence axis, no key copies.
-        out = F.scaled_dot_product_attention(q.reshape(kv_heads, rep, -1), k, v)
-        return out.reshape(heads, 1, -1)
+        return _sdpa(q.reshape(kv_heads, rep, -1), k, v).reshape(heads, 1, -1)
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return _sdpa(q, k, v, attn_mask=mask)
 
 
 def _dense(q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
@@ -56,7 +61,7 @@ def _dense(q: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
     if ctx.q_start == 0:
         rep = q.shape[0] // ctx.keys.shape[0]
         k, v = ctx.keys.repeat_interleave(rep, 0), ctx.values.repeat_interleave(rep, 0)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return _sdpa(q, k, v, is_causal=True)
     qpos = torch.arange(ctx.q_start, ctx.q_start + n, device=q.device)
     kpos = torch.arange(ctx.keys.shape[1], device=q.device)
     return _attend(q, ctx.keys, ctx.values, kpos[None] <= qpos[:, None])
@@ -139,16 +144,14 @@ class Attention(nn.Module):
             d,
         )
         self.window, self.interval = config.sliding_window, config.global_interval
-        self.q_proj = Linear(h, self.num_heads * d, bias=config.attention_bias)
-        self.k_proj = Linear(h, self.num_kv_heads * d, bias=config.attention_bias)
-        self.v_proj = Linear(h, self.num_kv_heads * d, bias=config.attention_bias)
+        parts = {"q_proj": self.num_heads * d, "k_proj": self.num_kv_heads * d, "v_proj": self.num_kv_heads * d}
+        self.qkv_proj = PackedLinear(h, parts, bias=config.attention_bias)
         self.o_proj = Linear(self.num_heads * d, h)
 
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rotations: torch.Tensor,
         cache: LayerCache,
         norms: torch.Tensor | None,
         gate: torch.Tensor | None = None,
@@ -156,9 +159,10 @@ class Attention(nn.Module):
         """`x [L, hidden]` normed input of the positions `[cache.length, cache.length + L)`;
         `norms [L]` the L2 norms of the un-normed layer input (sparse node election)."""
         n = x.shape[0]
-        q = apply_rotary(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(n, heads + 2 * kv_heads, self.head_dim)
+        apply_rotary_(qkv[:, : heads + kv_heads], rotations)  # q and k in one go
+        q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         ctx = cache.extend(k.transpose(0, 1), v.transpose(0, 1), norms)
         out = sparse_attention(q.transpose(0, 1), ctx, self.window, self.interval, gate)
         return self.o_proj(out.transpose(0, 1).reshape(n, self.num_heads * self.head_dim))

@@ -1,6 +1,7 @@
 """RMSNorm, computed in fp32 like Hugging Face's so that weights and logits are interchangeable."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -11,6 +12,5 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # F.rms_norm is one kernel (the hand-written form is 7 ops, run 49 times per decode step).
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)

@@ -20,9 +20,9 @@ class Glm4DecoderLayer(DecoderLayer):
         self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         x = self.input_layernorm(h)
-        h = h + self.post_self_attn_layernorm(self.self_attn(x, cos, sin, cache, self.node_norms(h)))
+        h = h + self.post_self_attn_layernorm(self.self_attn(x, rotations, cache, self.node_norms(h)))
         return h + self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(h)))
 
 

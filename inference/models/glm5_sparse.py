@@ -65,9 +65,9 @@ class DecoderLayer(nn.Module):
         p = torch.softmax(self.router(x).float(), dim=-1)[:, :2]
         return torch.where(p >= self.route_threshold, p, torch.zeros_like(p))
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         x = self.input_layernorm(h)
-        h = h + self.self_attn(x, cos, sin, cache, self.node_norms(h), self.gate(x))
+        h = h + self.self_attn(x, rotations, cache, self.node_norms(h), self.gate(x))
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -84,10 +84,10 @@ class MTPModule(nn.Module):
         self.block = layer_class(config)
 
     def forward(
-        self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache
+        self, embeds: torch.Tensor, hidden: torch.Tensor, rotations: torch.Tensor, cache: LayerCache
     ) -> torch.Tensor:
         h = self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(hidden)), dim=-1))
-        return self.block(h, cos, sin, cache)
+        return self.block(h, rotations, cache)
 
 
 class Glm5SparseModel(nn.Module):
@@ -125,9 +125,9 @@ class Glm5SparseForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions, h.dtype)
+        rotations = self.rotary.rotations(positions)
         for layer, layer_cache in zip(self.model.layers, cache.layers, strict=False):
-            h = layer(h, cos, sin, layer_cache)
+            h = layer(h, rotations, layer_cache)
         return self.model.norm(h)
 
     def mtp_forward(
@@ -136,10 +136,10 @@ class Glm5SparseForCausalLM(nn.Module):
         """MTP depth `depth`: `hidden [L, hidden]` (the previous depth's output, depth 0 the
         model's) at `positions`, `next_ids [L]` the tokens one step ahead. Returns the normed
         hidden state, ready for `compute_logits` or the next depth."""
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        rotations = self.rotary.rotations(positions)
         layer_cache = cache.layers[self.config.num_hidden_layers + depth]
         embeds = self.model.embed_tokens(next_ids)
-        return self.model.norm(self.model.mtp[depth](embeds, hidden, cos, sin, layer_cache))
+        return self.model.norm(self.model.mtp[depth](embeds, hidden, rotations, layer_cache))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from inference.config import ModelConfig
+from inference.loader import checkpoint_state_dict
 from inference.models import MODELS
 
 
@@ -33,10 +34,11 @@ def glm5_config(**overrides) -> dict:
 
 
 def random_state(config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Random weights with non-trivial norms, so that every parameter matters."""
+    """Random weights under their checkpoint names, with non-trivial norms so that every
+    parameter matters."""
     model = MODELS[config.model_type](config)
     state = {}
-    for name, p in model.named_parameters():
+    for name, p in checkpoint_state_dict(model).items():
         if name.endswith("norm.weight"):
             state[name] = 1 + 0.3 * torch.randn_like(p)
         elif name.endswith("router.weight"):

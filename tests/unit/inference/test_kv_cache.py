@@ -5,6 +5,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.kv_cache import KVCache
+from inference.loader import checkpoint_layout
 from inference.models import MODELS
 from tests.unit.inference.helpers import glm5_config, random_state
 
@@ -14,7 +15,9 @@ N = 83  # crosses five windows of 16 and twenty blocks of 4
 def build(**overrides):
     config = ModelConfig.from_dict(glm5_config(**overrides))
     model = MODELS[config.model_type](config)
-    model.load_state_dict(random_state(config), strict=False)
+    state = random_state(config)
+    packed = {name: torch.cat([state[p] for p, _ in parts]) for name, parts in checkpoint_layout(model).items()}
+    model.load_state_dict(packed, strict=False)
     return model.eval()
 
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from inference.config import ModelConfig
-from inference.loader import CheckpointError, load_model
+from inference.loader import CheckpointError, checkpoint_state_dict, load_model
 from tests.unit.inference.helpers import glm5_config, random_state, write_checkpoint
 
 
@@ -27,7 +27,9 @@ def load(path):
 
 def test_loads_every_tensor(tmp_path, raw, state):
     model = load(write_checkpoint(tmp_path, raw, state))
-    for name, tensor in model.state_dict().items():
+    loaded = checkpoint_state_dict(model)
+    assert loaded.keys() == state.keys()
+    for name, tensor in loaded.items():
         torch.testing.assert_close(tensor, state[name], rtol=0, atol=0)
     assert "model.layers.1.router.weight" in state and "model.mtp.0.block.mlp.down_proj.weight" in state
 
