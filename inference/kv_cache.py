@@ -37,8 +37,8 @@ class LayerCache:
     Sparse (window W, interval G): slots `[0, W)` are a ring of the last W positions (position p
     in slot p % W) and slot `W + j` holds the key node of block j, elected the moment block j is
     complete (all its positions are still in the ring then, since G <= W) and kept for the whole
-    sequence. The positions of the block being filled wait in a small pending buffer with their
-    hidden-state norms until the block completes. Positions that slid out of the ring and are no
+    sequence. Until then only the hidden-state norms of the block being filled are kept; its keys
+    are in the ring. Positions that slid out of the ring and are no
     node are simply overwritten: that is the freeing.
 
     Dense (`window` None): slot p holds position p.
@@ -59,9 +59,9 @@ class LayerCache:
         slots = 256 if window is None else window + 64
         self.k = torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
-        self._pending_k = self.k[:, :0]
-        self._pending_v = self.v[:, :0]
-        self._pending_norms = torch.zeros(0, device=device)
+        # norms of the block being filled: the first `_filled` entries
+        self._block_norms = torch.zeros(interval or 0, device=device)
+        self._filled = 0
 
     @property
     def num_nodes(self) -> int:
@@ -75,9 +75,8 @@ class LayerCache:
         return min(self.length, self.window) + self.num_nodes
 
     def nbytes(self) -> int:
-        """Bytes allocated for keys and values (ring, node slots and the pending block)."""
-        tensors = (self.k, self.v, self._pending_k, self._pending_v)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes allocated for keys and values (ring and node slots)."""
+        return self.k.numel() * self.k.element_size() * 2
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor | None) -> AttentionContext:
         """Append positions `[length, length + L)` and return the context their queries need.
@@ -112,27 +111,30 @@ class LayerCache:
         return AttentionContext(self.k[:, :end], self.v[:, :end], end, 0, start)
 
     def _elect(self, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor, start: int) -> None:
-        """Elect the node of every block completed by these positions: the largest norm, earliest on ties."""
-        g = self.interval
-        pend_k = torch.cat((self._pending_k, k), dim=1)
-        pend_v = torch.cat((self._pending_v, v), dim=1)
-        pend_norms = torch.cat((self._pending_norms, norms.float()))
-        first = start - self._pending_norms.numel()  # position of pend_*[:, 0]
-        blocks = pend_norms.numel() // g
+        """Elect the node of every block completed by these positions: the largest norm, earliest
+        on ties. Runs before the ring is overwritten, so earlier positions of the block being
+        completed (fewer than G <= W) are still in the ring."""
+        g, w, filled = self.interval, self.window, self._filled
+        if filled + norms.numel() < g:  # no block completes (most decode steps): just note the norms
+            self._block_norms[filled : filled + norms.numel()] = norms
+            self._filled += norms.numel()
+            return
+        norms = torch.cat((self._block_norms[:filled], norms.float()))
+        first = start - filled  # position of norms[0]
+        blocks = norms.numel() // g
         if blocks:
             # argmax returns the first maximal index: ties go to the earliest position.
-            offsets = pend_norms[: blocks * g].view(blocks, g).argmax(dim=1)
-            picked = offsets + torch.arange(blocks, device=offsets.device) * g
-            base = self.window + self.num_nodes
+            offsets = norms[: blocks * g].view(blocks, g).argmax(dim=1)
+            positions = offsets + torch.arange(blocks, device=offsets.device) * g + first
+            in_chunk = (positions >= start)[None, :, None]
+            rows = (positions - start).clamp(min=0)
+            base = w + self.num_nodes
             self._reserve(base + blocks)
-            self.k[:, base : base + blocks] = pend_k[:, picked]
-            self.v[:, base : base + blocks] = pend_v[:, picked]
-            self.node_positions.extend((picked + first).tolist())
-        done = blocks * g
-        # clone: the pending block must not keep the whole chunk alive through a view.
-        self._pending_k = pend_k[:, done:].clone()
-        self._pending_v = pend_v[:, done:].clone()
-        self._pending_norms = pend_norms[done:].clone()
+            self.k[:, base : base + blocks] = torch.where(in_chunk, k[:, rows], self.k[:, positions % w])
+            self.v[:, base : base + blocks] = torch.where(in_chunk, v[:, rows], self.v[:, positions % w])
+            self.node_positions.extend(positions.tolist())
+        self._filled = norms.numel() - blocks * g
+        self._block_norms[: self._filled] = norms[blocks * g :]
 
     def _valid_nodes(self, position: int) -> int:
         """How many nodes a query at `position` sees: blocks ending before its window starts."""
