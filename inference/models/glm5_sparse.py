@@ -18,6 +18,7 @@ Weight names (Hugging Face like; N = layer, K = MTP module):
     model.mtp.K.eh_proj.weight                         [hidden, 2 * hidden]  (input [enorm(e) ; hnorm(h)])
     model.mtp.K.block.<the decoder-layer names above>
     lm_head.weight                                     [vocab, hidden]  (absent when tied)
+In memory q/k/v are one `self_attn.qkv_proj` (`PackedLinear`); the loader stacks the three.
 """
 
 from __future__ import annotations
