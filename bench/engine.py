@@ -1,0 +1,139 @@
+"""Engine figures on this machine, in one run: `python -m bench.engine` (about 2-3 minutes).
+
+1. Prefill attention of one layer (8 query heads, 2 KV heads, head_dim 64, fp32) at 4k, 16k and
+   32k tokens: the engine's sparse path (node election + cache + chunked SDPA, union mode,
+   W=512, G=64) against dense causal SDPA; and the KV bytes each has to keep.
+2. Decode tokens/s at batch 1 on the same random ~100M-parameter GLM-4 weights (fp32): the engine
+   (model step + greedy argmax) against transformers `generate()`, and the memory-bandwidth bound
+   (weight bytes read per token / read bandwidth measured here by summing a 1 GiB tensor).
+Targets: sparse prefill at 16k >= 2.5x dense; KV at 32k <= 1/20 of dense; decode >= 1.2x
+transformers and >= 80 % of the bound.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import Glm4Config
+from transformers import Glm4ForCausalLM as HfGlm4
+
+from inference.config import ModelConfig
+from inference.kv_cache import LayerCache
+from inference.layers.attention import sparse_attention
+from inference.loader import load_model
+
+HEADS, KV_HEADS, HEAD_DIM, WINDOW, INTERVAL = 8, 2, 64, 512, 64
+PROMPT, NEW_TOKENS = 32, 64
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def read_bandwidth() -> float:
+    """Bytes per second reading a tensor far larger than the caches."""
+    x = torch.ones(2**28)  # 1 GiB of fp32
+    x.sum()
+    return x.numel() * x.element_size() / best_of(x.sum, 5)
+
+
+def sparse_prefill(q, k, v, norms) -> LayerCache:
+    cache = LayerCache(KV_HEADS, HEAD_DIM, WINDOW, INTERVAL, q.dtype, torch.device("cpu"))
+    ctx = cache.extend(k, v, norms)
+    sparse_attention(q, ctx, WINDOW, INTERVAL)
+    return cache
+
+
+def dense_prefill(q, k, v) -> None:
+    rep = HEADS // KV_HEADS
+    k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+    F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True)  # 4-D: the flash kernel
+
+
+def bench_prefill() -> None:
+    print(f"prefill attention, one layer: {HEADS} q heads / {KV_HEADS} kv heads x {HEAD_DIM}, fp32, W={WINDOW}, G={INTERVAL}")
+    print(f"{'tokens':>7} {'sparse s':>9} {'dense s':>9} {'speedup':>8} {'sparse KV':>11} {'dense KV':>11} {'KV ratio':>9}")
+    for n in (4096, 16384, 32768):
+        q = torch.randn(HEADS, n, HEAD_DIM)
+        k, v = torch.randn(KV_HEADS, n, HEAD_DIM), torch.randn(KV_HEADS, n, HEAD_DIM)
+        norms = torch.rand(n)
+        with torch.inference_mode():
+            sparse_prefill(q, k, v, norms)
+            t_sparse = best_of(lambda q=q, k=k, v=v, norms=norms: sparse_prefill(q, k, v, norms), 2)
+            t_dense = best_of(lambda q=q, k=k, v=v: dense_prefill(q, k, v), 2)
+            cache = sparse_prefill(q, k, v, norms)
+        kv_sparse = cache.nbytes()
+        kv_dense = 2 * n * KV_HEADS * HEAD_DIM * 4
+        print(
+            f"{n:>7} {t_sparse:>9.3f} {t_dense:>9.3f} {t_dense / t_sparse:>7.2f}x "
+            f"{kv_sparse / 2**20:>9.2f}Mi {kv_dense / 2**20:>9.2f}Mi {kv_sparse / kv_dense:>9.4f}"
+        )
+
+
+def decode_engine(model, prompt: torch.Tensor) -> float:
+    """Seconds for prefill + NEW_TOKENS greedy steps through the engine's model and cache."""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        cache = model.new_cache()
+        logits = model.compute_logits(model(prompt, torch.arange(len(prompt)), cache)[-1:])
+        for position in range(len(prompt), len(prompt) + NEW_TOKENS):
+            token = logits.argmax(-1)
+            logits = model.compute_logits(model(token, torch.tensor([position]), cache))
+    return time.perf_counter() - start
+
+
+def decode_transformers(model, prompt: torch.Tensor) -> float:
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            prompt[None], max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    assert out.shape[1] == len(prompt) + NEW_TOKENS
+    return time.perf_counter() - start
+
+
+def bench_decode(bandwidth: float) -> None:
+    hf_config = Glm4Config(
+        vocab_size=32000, hidden_size=768, intermediate_size=2304, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=4, head_dim=64, pad_token_id=0, eos_token_id=[1],
+    )
+    torch.manual_seed(0)
+    hf = HfGlm4(hf_config).eval()
+    params = sum(p.numel() for p in hf.parameters())
+    weight_bytes = (params - hf_config.vocab_size * hf_config.hidden_size) * 4  # embedding: one row per token
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        engine = load_model(path, ModelConfig.from_pretrained(path), "cpu")
+        sparse = load_model(path, ModelConfig.from_pretrained(path, sliding_window=WINDOW, global_interval=INTERVAL), "cpu")
+    prompt = torch.randint(2, hf_config.vocab_size, (PROMPT,))
+    decode_engine(engine, prompt)
+    decode_transformers(hf, prompt)
+    t_engine = best_of(lambda: decode_engine(engine, prompt), 3)
+    t_sparse = best_of(lambda: decode_engine(sparse, prompt), 3)
+    t_hf = best_of(lambda: decode_transformers(hf, prompt), 3)
+    bound = bandwidth / weight_bytes
+    print(f"\ndecode, batch 1: random GLM-4, {params / 1e6:.0f}M parameters fp32, {PROMPT}-token prompt + {NEW_TOKENS} new tokens")
+    print(f"weights read per token {weight_bytes / 2**20:.0f} MiB; bandwidth bound {bound:.1f} tok/s")
+    for name, seconds in (("engine dense", t_engine), ("engine sparse union", t_sparse), ("transformers generate()", t_hf)):
+        rate = NEW_TOKENS / seconds
+        print(f"{name:>24}: {rate:6.1f} tok/s  {rate / bound:6.1%} of bound  {t_hf / seconds:5.2f}x transformers")
+
+
+def main() -> None:
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    bandwidth = read_bandwidth()
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (sum of a 1 GiB fp32 tensor)\n")
+    bench_prefill()
+    bench_decode(bandwidth)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Command line: `python -m inference generate --model DIR --prompt TEXT` and
+`python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from inference.llm import LLM
+from inference.sampling_params import SamplingParams
+
+
+def _arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m inference")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="complete one prompt")
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user message")
+    chat = commands.add_parser("chat", help="interactive chat")
+    chat.add_argument("--system", default=None, help="system message")
+    for command in (generate, chat):
+        command.add_argument("--model", required=True, help="checkpoint directory")
+        command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
+        command.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+        command.add_argument("--sliding-window", type=int, default=None)
+        command.add_argument("--global-interval", type=int, default=None)
+        command.add_argument("--max-tokens", type=int, default=256)
+        command.add_argument("--temperature", type=float, default=0.7)
+        command.add_argument("--top-p", type=float, default=0.9)
+        command.add_argument("--top-k", type=int, default=0)
+        command.add_argument("--repetition-penalty", type=float, default=1.0)
+        command.add_argument("--seed", type=int, default=None)
+        command.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    return parser
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
+        seed=args.seed,
+    )
+
+
+def _print_stream(llm: LLM, prompt, params: SamplingParams) -> str:
+    generation = llm.stream(prompt, params)
+    for delta in generation:
+        print(delta, end="", flush=True)
+    print()
+    return generation.result.text
+
+
+def _chat(llm: LLM, args: argparse.Namespace) -> None:
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            return
+        if line.strip() == "/exit":
+            return
+        if line.strip() == "/reset":
+            messages = list(system)
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = _print_stream(llm, messages, _params(args))
+        messages.append({"role": "assistant", "content": reply})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments().parse_args(argv)
+    llm = LLM.from_pretrained(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        sliding_window=args.sliding_window,
+        global_interval=args.global_interval,
+    )
+    if llm.tokenizer is None:
+        print(f"{args.model} has no tokenizer.json", file=sys.stderr)
+        return 2
+    if args.command == "chat":
+        _chat(llm, args)
+    else:
+        prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+        _print_stream(llm, prompt, _params(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The single-sequence KV cache: per layer, the last W positions plus the key nodes.
+
+Memory grows as W + n/G, not n (see `LayerCache`). The model never owns cache state: each
+attention layer gets its `LayerCache` and asks it for the keys its queries attend to, so a paged,
+batched cache can later stand in with the same `extend()` contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inference.config import ModelConfig
+
+
+@dataclass
+class AttentionContext:
+    """The keys and values that queries at positions `[q_start, q_start + L)` attend to.
+
+    `keys[:, :num_local]` are local keys, `keys[:, num_local:]` the key nodes (node j is the one of
+    block j; queries only see the nodes whose block lies fully left of their own window). Local
+    keys are in position order starting at `local_start`; when `local_start` is None there is a
+    single query and the local keys are exactly its window, in any order, so no mask is needed.
+    """
+
+    keys: torch.Tensor  # [kv_heads, S, head_dim]
+    values: torch.Tensor
+    num_local: int
+    local_start: int | None
+    q_start: int
+
+
+class LayerCache:
+    """Keys and values of one layer for one sequence.
+
+    Sparse (window W, interval G): slots `[0, W)` are a ring of the last W positions (position p
+    in slot p % W) and slot `W + j` holds the key node of block j, elected the moment block j is
+    complete (all its positions are still in the ring then, since G <= W) and kept for the whole
+    sequence. Until then only the hidden-state norms of the block being filled are kept; its keys
+    are in the ring. Positions that slid out of the ring and are no
+    node are simply overwritten: that is the freeing.
+
+    Dense (`window` None): slot p holds position p.
+    """
+
+    def __init__(
+        self,
+        num_kv_heads: int,
+        head_dim: int,
+        window: int | None,
+        interval: int | None,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.window, self.interval = window, interval
+        self.length = 0
+        self.node_positions: list[int] = []
+        slots = 256 if window is None else window + 64
+        self.k = torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        # norms of the block being filled: the first `_filled` entries
+        self._block_norms = torch.zeros(interval or 0, device=device)
+        self._filled = 0
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_positions)
+
+    @property
+    def num_positions(self) -> int:
+        """Positions whose keys are held: the window (or all, dense) plus the key nodes."""
+        if self.window is None:
+            return self.length
+        return min(self.length, self.window) + self.num_nodes
+
+    def nbytes(self) -> int:
+        """Bytes allocated for keys and values (ring and node slots)."""
+        return self.k.numel() * self.k.element_size() * 2
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor | None) -> AttentionContext:
+        """Append positions `[length, length + L)` and return the context their queries need.
+
+        `k`, `v`: `[kv_heads, L, head_dim]` (rotary applied); `norms`: `[L]` L2 norms of the
+        layer-input hidden states, used to elect key nodes (sparse only).
+        """
+        start, n = self.length, k.shape[1]
+        if self.window is None:
+            ctx = self._extend_dense(k, v, start)
+        else:
+            self._elect(k, v, norms, start)
+            ctx = self._extend_sparse(k, v, start)
+        self.length += n
+        return ctx
+
+    def _reserve(self, slots: int) -> None:
+        if slots <= self.k.shape[1]:
+            return
+        grown = max(slots, 2 * self.k.shape[1] - (self.window or 0))
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros(old.shape[0], grown, old.shape[2])
+            new[:, : old.shape[1]] = old
+            setattr(self, name, new)
+
+    def _extend_dense(self, k: torch.Tensor, v: torch.Tensor, start: int) -> AttentionContext:
+        end = start + k.shape[1]
+        self._reserve(end)
+        self.k[:, start:end] = k
+        self.v[:, start:end] = v
+        return AttentionContext(self.k[:, :end], self.v[:, :end], end, 0, start)
+
+    def _elect(self, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor, start: int) -> None:
+        """Elect the node of every block completed by these positions: the largest norm, earliest
+        on ties. Runs before the ring is overwritten, so earlier positions of the block being
+        completed (fewer than G <= W) are still in the ring."""
+        g, w, filled = self.interval, self.window, self._filled
+        if filled + norms.numel() < g:  # no block completes (most decode steps): just note the norms
+            self._block_norms[filled : filled + norms.numel()] = norms
+            self._filled += norms.numel()
+            return
+        norms = torch.cat((self._block_norms[:filled], norms.float()))
+        first = start - filled  # position of norms[0]
+        blocks = norms.numel() // g
+        if blocks:
+            # argmax returns the first maximal index: ties go to the earliest position.
+            offsets = norms[: blocks * g].view(blocks, g).argmax(dim=1)
+            positions = offsets + torch.arange(blocks, device=offsets.device) * g + first
+            in_chunk = (positions >= start)[None, :, None]
+            rows = (positions - start).clamp(min=0)
+            base = w + self.num_nodes
+            self._reserve(base + blocks)
+            self.k[:, base : base + blocks] = torch.where(in_chunk, k[:, rows], self.k[:, positions % w])
+            self.v[:, base : base + blocks] = torch.where(in_chunk, v[:, rows], self.v[:, positions % w])
+            self.node_positions.extend(positions.tolist())
+        self._filled = norms.numel() - blocks * g
+        self._block_norms[: self._filled] = norms[blocks * g :]
+
+    def _valid_nodes(self, position: int) -> int:
+        """How many nodes a query at `position` sees: blocks ending before its window starts."""
+        return max(0, position - self.window + 1) // self.interval
+
+    def _extend_sparse(self, k: torch.Tensor, v: torch.Tensor, start: int) -> AttentionContext:
+        w, n = self.window, k.shape[1]
+        if n == 1:
+            # Decode: the new key overwrites the position that just left the window, so the
+            # filled ring is exactly this query's window, and the valid nodes follow it.
+            slot = start % w
+            self.k[:, slot] = k[:, 0]
+            self.v[:, slot] = v[:, 0]
+            local = min(start + 1, w)
+            end = w + self._valid_nodes(start) if local == w else local
+            return AttentionContext(self.k[:, :end], self.v[:, :end], local, None, start)
+        # Prefill: lay the previous window out in position order, followed by the chunk.
+        prev = torch.arange(max(0, start - w + 1), start, device=k.device)
+        nodes = slice(w, w + self.num_nodes)
+        keys = torch.cat((self.k[:, prev % w], k, self.k[:, nodes]), dim=1)
+        values = torch.cat((self.v[:, prev % w], v, self.v[:, nodes]), dim=1)
+        tail = torch.arange(max(start, start + n - w), start + n, device=k.device)
+        self.k[:, tail % w] = k[:, tail - start]
+        self.v[:, tail % w] = v[:, tail - start]
+        return AttentionContext(keys, values, prev.numel() + n, start - prev.numel(), start)
+
+
+class KVCache:
+    """All layers of one sequence: the decoder layers, then one per MTP module."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+        count = config.num_hidden_layers + config.num_mtp_heads
+        self.layers = [
+            LayerCache(
+                config.num_key_value_heads,
+                config.head_dim,
+                config.sliding_window,
+                config.global_interval,
+                dtype or config.dtype,
+                torch.device(device),
+            )
+            for _ in range(count)
+        ]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)

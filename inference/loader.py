@@ -1,0 +1,112 @@
+"""Load a model from a safetensors checkpoint directory (single file or sharded by index)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from inference.config import ModelConfig, default_device
+from inference.layers.linear import PackedLinear
+from inference.models import MODELS
+from inference.models.glm5_sparse import Glm5SparseForCausalLM
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match the model: names the offending tensors."""
+
+
+def checkpoint_files(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it."""
+    index = model_dir / INDEX_FILE
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
+    single = model_dir / SINGLE_FILE
+    if not single.exists():
+        raise CheckpointError(f"no {SINGLE_FILE} or {INDEX_FILE} in {model_dir}")
+    with safe_open(single, framework="pt") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def checkpoint_layout(model: nn.Module) -> dict[str, list[tuple[str, torch.Size]]]:
+    """Model parameter -> the checkpoint tensors (name, shape) stacked along dim 0 to make it.
+
+    Most parameters are one tensor under their own name; a `PackedLinear` such as
+    `self_attn.qkv_proj` is made of its sibling parts (`self_attn.q_proj`, ...)."""
+    layout = {name: [(name, p.shape)] for name, p in model.named_parameters()}  # tied: once
+    for module_name, module in model.named_modules():
+        if not isinstance(module, PackedLinear):
+            continue
+        parent = module_name.rpartition(".")[0]
+        for kind in ("weight", "bias"):
+            param = getattr(module, kind)
+            if param is not None:
+                layout[f"{module_name}.{kind}"] = [
+                    (f"{parent}.{part}.{kind}", torch.Size((rows, *param.shape[1:])))
+                    for part, rows in module.parts.items()
+                ]
+    return layout
+
+
+def checkpoint_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights under their checkpoint names (packed layers split into their parts)."""
+    params = dict(model.named_parameters())
+    state = {}
+    for name, parts in checkpoint_layout(model).items():
+        pieces = params[name].detach().split([shape[0] for _, shape in parts])
+        state.update({part: piece for (part, _), piece in zip(parts, pieces, strict=True)})
+    return state
+
+
+def load_model(
+    model_dir: str | Path, config: ModelConfig, device: torch.device | str | None = None
+) -> Glm5SparseForCausalLM:
+    """Build the model of `config.model_type` and fill it from the checkpoint.
+
+    The model is built on the meta device (no wasted random init) and each tensor is read once,
+    cast to `config.dtype` and placed on `device` (CUDA when present, else CPU). Every missing,
+    unexpected or mis-shaped tensor is reported by name in one `CheckpointError`. With tied
+    embeddings `lm_head.weight` is optional and, when present, ignored.
+    """
+    model_dir, device = Path(model_dir), torch.device(device or default_device())
+    with torch.device("meta"):
+        model = MODELS[config.model_type](config)
+    layout = checkpoint_layout(model)
+    expected = {name: shape for parts in layout.values() for name, shape in parts}
+    files = checkpoint_files(model_dir)
+    optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = sorted(set(expected) - set(files))
+    unexpected = sorted(set(files) - set(expected) - optional)
+    tensors, wrong_shape = {}, []
+    by_file: dict[Path, list[str]] = {}
+    for name in sorted(expected.keys() & files.keys()):
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in by_file.items():
+        with safe_open(path, framework="pt", device=str(device)) as f:
+            for name in names:
+                tensor = f.get_tensor(name)
+                if tensor.shape != expected[name]:
+                    wrong_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(expected[name])}")
+                tensors[name] = tensor.to(config.dtype)
+    problems = (
+        [f"missing tensor {n}" for n in missing]
+        + [f"unexpected tensor {n}" for n in unexpected]
+        + [f"mis-shaped tensor {s}" for s in wrong_shape]
+    )
+    if problems:
+        raise CheckpointError(f"checkpoint {model_dir} does not fit {config.model_type}: " + "; ".join(problems))
+    state = {
+        name: tensors[parts[0][0]] if len(parts) == 1 else torch.cat([tensors[p] for p, _ in parts])
+        for name, parts in layout.items()
+    }
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval()

@@ -1,0 +1,146 @@
+"""GLM-5 sparse: this project's architecture.
+
+A GQA decoder with GLM partial rotary, RMSNorm, SwiGLU, the sparse attention of
+`inference.layers.attention` (routed by a per-layer router), and DeepSeek-V3 style MTP modules.
+
+Weight names (Hugging Face like; N = layer, K = MTP module):
+    model.embed_tokens.weight                          [vocab, hidden]
+    model.layers.N.input_layernorm.weight              [hidden]
+    model.layers.N.self_attn.{q,k,v}_proj.weight       [heads * head_dim | kv_heads * head_dim, hidden]
+    model.layers.N.self_attn.{q,k,v}_proj.bias         only with attention_bias
+    model.layers.N.self_attn.o_proj.weight             [hidden, heads * head_dim]
+    model.layers.N.router.weight                       [3, hidden]  (local, global, skip); routed only
+    model.layers.N.post_attention_layernorm.weight     [hidden]
+    model.layers.N.mlp.gate_up_proj.weight             [2 * intermediate, hidden]  ([gate ; up])
+    model.layers.N.mlp.down_proj.weight                [hidden, intermediate]
+    model.norm.weight                                  [hidden]
+    model.mtp.K.enorm.weight, model.mtp.K.hnorm.weight [hidden]
+    model.mtp.K.eh_proj.weight                         [hidden, 2 * hidden]  (input [enorm(e) ; hnorm(h)])
+    model.mtp.K.block.<the decoder-layer names above>
+    lm_head.weight                                     [vocab, hidden]  (absent when tied)
+In memory q/k/v are one `self_attn.qkv_proj` (`PackedLinear`); the loader stacks the three.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inference.config import ModelConfig
+from inference.kv_cache import KVCache, LayerCache
+from inference.layers.activation import silu_and_mul
+from inference.layers.attention import Attention
+from inference.layers.linear import Linear
+from inference.layers.norm import RMSNorm
+from inference.layers.rotary import RotaryEmbedding
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.router = Linear(config.hidden_size, 3) if config.routed else None
+        self.route_threshold = config.route_threshold
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def node_norms(self, h: torch.Tensor) -> torch.Tensor | None:
+        """L2 norms of the un-normed layer input: what key-node election ranks (sparse only)."""
+        return None if self.self_attn.window is None else h.float().norm(dim=-1)
+
+    def gate(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Routed mode: (p_local, p_global) of softmax(router(x)), zero where below the threshold."""
+        if self.router is None:
+            return None
+        p = torch.softmax(self.router(x).float(), dim=-1)[:, :2]
+        return torch.where(p >= self.route_threshold, p, torch.zeros_like(p))
+
+    def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        h = h + self.self_attn(x, rotations, cache, self.node_norms(h), self.gate(x))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MTPModule(nn.Module):
+    """One DeepSeek-V3 multi-token-prediction depth: from the hidden state at position i and the
+    embedding of token i+1 it makes a hidden state that the shared norm + lm head turn into a guess
+    for the token after that."""
+
+    def __init__(self, config: ModelConfig, layer_class: type[DecoderLayer]) -> None:
+        super().__init__()
+        self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.eh_proj = Linear(2 * config.hidden_size, config.hidden_size)
+        self.block = layer_class(config)
+
+    def forward(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, rotations: torch.Tensor, cache: LayerCache
+    ) -> torch.Tensor:
+        h = self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(hidden)), dim=-1))
+        return self.block(h, rotations, cache)
+
+
+class Glm5SparseModel(nn.Module):
+    def __init__(self, config: ModelConfig, layer_class: type[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mtp = nn.ModuleList(MTPModule(config, layer_class) for _ in range(config.num_mtp_heads))
+
+
+class Glm5SparseForCausalLM(nn.Module):
+    """One sequence at a time: `forward(ids [L], positions [L], cache)` runs positions
+    `[cache.length, cache.length + L)` and returns their final-normed hidden states `[L, hidden]`;
+    `compute_logits` turns the rows you need into logits. Prefill in one call or in chunks,
+    decode one token per call: the cache makes all of them agree."""
+
+    layer_class: type[DecoderLayer] = DecoderLayer
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Glm5SparseModel(config, self.layer_class)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config, self.device, self.model.embed_tokens.weight.dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        h = self.model.embed_tokens(input_ids)
+        rotations = self.rotary.rotations(positions)
+        for layer, layer_cache in zip(self.model.layers, cache.layers, strict=False):
+            h = layer(h, rotations, layer_cache)
+        return self.model.norm(h)
+
+    def mtp_forward(
+        self, depth: int, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
+        """MTP depth `depth`: `hidden [L, hidden]` (the previous depth's output, depth 0 the
+        model's) at `positions`, `next_ids [L]` the tokens one step ahead. Returns the normed
+        hidden state, ready for `compute_logits` or the next depth."""
+        rotations = self.rotary.rotations(positions)
+        layer_cache = cache.layers[self.config.num_hidden_layers + depth]
+        embeds = self.model.embed_tokens(next_ids)
+        return self.model.norm(self.model.mtp[depth](embeds, hidden, rotations, layer_cache))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

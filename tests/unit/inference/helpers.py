@@ -1,0 +1,57 @@
+"""Tiny checkpoints for the engine tests."""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from inference.config import ModelConfig
+from inference.loader import checkpoint_state_dict
+from inference.models import MODELS
+
+
+def glm5_config(**overrides) -> dict:
+    raw = {
+        "model_type": "glm5_sparse",
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        "sliding_window": 16,
+        "global_interval": 4,
+        "route_threshold": 0.2,
+        "num_mtp_heads": 1,
+        "eos_token_id": [1, 2],
+        "dtype": "float32",
+    }
+    raw.update(overrides)
+    return raw
+
+
+def random_state(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Random weights under their checkpoint names, with non-trivial norms so that every
+    parameter matters."""
+    model = MODELS[config.model_type](config)
+    state = {}
+    for name, p in checkpoint_state_dict(model).items():
+        if name.endswith("norm.weight"):
+            state[name] = 1 + 0.3 * torch.randn_like(p)
+        elif name.endswith("router.weight"):
+            state[name] = 2 * torch.randn_like(p)  # spread routes so some fall under the threshold
+        else:
+            state[name] = p.detach().clone()
+    return state
+
+
+def write_checkpoint(path: Path, raw_config: dict, state: dict | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(raw_config))
+    if state is None:
+        state = random_state(ModelConfig.from_dict(raw_config))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    return path
