@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import timedelta
 
 from celery import shared_task
 from celery.exceptions import Retry
 
-from app import outbox
 from app.config import get_settings
-from app.db import utcnow
 from app.services import Services
 from app.wecom.client import WeComClient
 from worker.celery_app import HANDLE_MESSAGE, SWEEP_OUTBOX
 from worker.conversation import ConversationStore
 from worker.llm import make_backend
 from worker.processor import MessageProcessor
+from worker.sweeper import sweep
 
 log = logging.getLogger(__name__)
 _runtime: MessageProcessor | None = None
@@ -67,23 +65,4 @@ def handle_message(self, message_id: int) -> None:
 @shared_task(name=SWEEP_OUTBOX, acks_late=False)
 def sweep_outbox() -> int:
     """Re-enqueue rows that nobody works on (lost tasks, dead workers, Redis restarts)."""
-    processor = runtime()
-    services = processor.services
-    lock = services.redis.lock("outbox:sweeper", timeout=60, blocking=False)
-    if not lock.acquire():
-        return 0
-    try:
-        queued_before = utcnow() - timedelta(seconds=services.settings.sweep_queued_after_s)
-        with services.db.session() as session:
-            ids = outbox.stale_rows(session, queued_before)
-            outbox.mark_enqueued(session, ids)
-        for message_id in ids:
-            handle_message.delay(message_id)
-        if ids:
-            log.info("sweeper re-enqueued %d messages", len(ids))
-        return len(ids)
-    finally:
-        try:
-            lock.release()
-        except Exception:  # noqa: BLE001 - the lock expires by itself
-            pass
+    return len(sweep(runtime().services, lambda message_id: handle_message.delay(message_id)))

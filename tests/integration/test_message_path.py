@@ -10,7 +10,6 @@ import requests
 from tests.support.stack import wait_for
 
 
-
 @pytest.fixture(scope="module")
 def employees(stack):
     users = [u["userid"] for u in stack.emu("GET", "directory")["users"]]

@@ -8,6 +8,7 @@ servers: a fresh Redis DB index and a fresh SQLite file or PostgreSQL database p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -123,19 +124,15 @@ class Stack:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
         proc.wait(timeout=30)
 
     def stop(self) -> None:
         for name in list(self.procs):
             proc = self.procs[name]
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for name, proc in list(self.procs.items()):
             try:
                 proc.wait(timeout=15)
