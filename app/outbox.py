@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, exists, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
 from app.db import utcnow
@@ -38,33 +38,37 @@ def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, messa
            request_id: str | None = None, channel: str = "app") -> Accepted:
     """Insert the message as a queued row, or find the row WeCom's retry duplicates.
 
-    The caller owns the transaction; a duplicate is detected by the unique dedup hash, inside a
-    savepoint so the caller's transaction stays usable.
+    The caller owns the transaction. ``INSERT ... ON CONFLICT DO NOTHING`` on the unique dedup
+    hash makes concurrent deliveries of one message race safely to a single row; the encrypted
+    fields follow in an UPDATE because their associated data binds the row id the INSERT made.
     """
     dedup = blind_index("wecom-dedup", f"{channel}:{message.dedup_key}")
-    found = session.scalar(select(InboundMessage.id).where(InboundMessage.dedup_hash == dedup))
-    if found is not None:
-        return Accepted(found, False)
-    row = InboundMessage(
+    now = utcnow()
+    insert = _insert_for(session)(InboundMessage).values(
         dedup_hash=dedup, channel=channel, agent_id=message.agent_id,
         user_hash=user_hash(blind_index, message.from_user), msg_type=message.msg_type,
         event=message.event, wecom_create_time=int(message.create_time), request_id=request_id,
-        status=MessageStatus.QUEUED, attempts=0, chunks_sent=0, enqueued_at=utcnow(),
-    )
-    try:
-        with session.begin_nested():
-            session.add(row)
-            session.flush()  # assigns the id the associated data binds to
-    except IntegrityError:
-        found = session.scalar(select(InboundMessage.id).where(InboundMessage.dedup_hash == dedup))
-        if found is None:
-            raise
-        return Accepted(found, False)
-    row.user_enc = cipher.encrypt(message.from_user, TABLE, "user_enc", row.id)
+        status=MessageStatus.QUEUED, attempts=0, chunks_sent=0, created_at=now, updated_at=now,
+        enqueued_at=now,
+    ).on_conflict_do_nothing(index_elements=["dedup_hash"]).returning(InboundMessage.id)
+    row_id = session.execute(insert).scalar()
+    if row_id is None:
+        return Accepted(session.scalar(select(InboundMessage.id).where(InboundMessage.dedup_hash == dedup)),
+                        False)
     payload = json.dumps(_payload_of(message), ensure_ascii=False, default=str)
-    row.payload_enc = cipher.encrypt(payload, TABLE, "payload_enc", row.id)
-    session.flush()
-    return Accepted(row.id, True)
+    session.execute(
+        update(InboundMessage).where(InboundMessage.id == row_id).values(
+            user_enc=cipher.encrypt(message.from_user, TABLE, "user_enc", row_id),
+            payload_enc=cipher.encrypt(payload, TABLE, "payload_enc", row_id))
+        .execution_options(synchronize_session=False))
+    return Accepted(row_id, True)
+
+
+def _insert_for(session: Session):
+    """The dialect's INSERT, which knows ON CONFLICT (PostgreSQL and SQLite both do)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert
+    return sqlite.insert
 
 
 def _payload_of(message) -> dict:

@@ -1,0 +1,151 @@
+"""Callback throughput and acknowledgement latency through gunicorn.
+
+Runs, in one process tree on this machine: gunicorn with the real app (signature check, decrypt,
+parse, dedup, encrypted outbox row, Celery publish) and, as the baseline, gunicorn with a bare
+Flask endpoint that only reads the body. Clients POST pre-built, correctly signed and encrypted
+WeCom callbacks (each a distinct message) at 1, 16 and 64 concurrent connections.
+
+    python -m bench.callback [--db sqlite|postgres] [--requests 3000]
+
+Prints callbacks/s and p50/p99 ack latency for both, and the ratio. Targets on 2 cores: p99 ack
+below 50 ms at 64 concurrent, and at least half the bare endpoint's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode
+
+import redis
+
+from tests.support.callbacks import CallbackForger
+from tests.support.stack import Stack, free_port, wait_for
+
+LEVELS = (1, 16, 64)
+
+
+def build_requests(env: dict, count: int, tag: str) -> list[tuple[str, bytes]]:
+    forger = CallbackForger(env)
+    out = []
+    for i in range(count):
+        params, body = forger.request(forger.message_xml(f"bench {tag} {i}", user=f"user{i % 200}",
+                                                         msg_id=f"{tag}{i}"))
+        out.append(("/wecom/callback?" + urlencode(params), body))
+    return out
+
+
+def _client(port: int, work: list[tuple[str, bytes]], threads: int, queue) -> None:
+    latencies: list[float] = []
+    errors = 0
+    lock = threading.Lock()
+    chunks = [work[i::threads] for i in range(threads)]
+
+    def run(items):
+        nonlocal errors
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        local = []
+        for path, body in items:
+            started = time.perf_counter()
+            try:
+                conn.request("POST", path, body=body, headers={"Content-Type": "text/xml"})
+                resp = conn.getresponse()
+                resp.read()
+                ok = resp.status == 200
+            except (OSError, http.client.HTTPException):
+                ok = False
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            local.append(time.perf_counter() - started)
+            if not ok:
+                with lock:
+                    errors += 1
+        with lock:
+            latencies.extend(local)
+
+    pool = [threading.Thread(target=run, args=(chunk,)) for chunk in chunks]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    queue.put((latencies, errors))
+
+
+def load(port: int, work: list[tuple[str, bytes]], concurrency: int) -> dict:
+    """``concurrency`` connections spread over up to 4 client processes (the GIL would cap one)."""
+    procs_n = min(4, concurrency)
+    per_proc = [work[i::procs_n] for i in range(procs_n)]
+    threads = [concurrency // procs_n + (1 if i < concurrency % procs_n else 0) for i in range(procs_n)]
+    queue = mp.Queue()
+    procs = [mp.Process(target=_client, args=(port, items, t, queue)) for items, t in zip(per_proc, threads, strict=True)]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    elapsed = time.perf_counter() - started
+    for p in procs:
+        p.join()
+    latencies = sorted(x for lat, _ in results for x in lat)
+    errors = sum(e for _, e in results)
+    return {"rate": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
+            "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000, "errors": errors, "n": len(latencies)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--workers", type=int, default=min(2 * mp.cpu_count() + 1, 9),
+                        help="gunicorn workers (gunicorn.conf.py's default)")
+    parser.add_argument("--requests", type=int, default=3000, help="per concurrency level (x3 for 64)")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-callback-"))
+    stack = Stack(tmp, db_kind=args.db, redis_db=12)
+    stack.env["WEB_WORKERS"] = str(args.workers)
+    stack.emulator.start()
+    stack.env["WECOM_API_BASE"] = stack.emulator.url
+    from app import migrate
+
+    migrate.upgrade(stack.db.url)
+    bare_port = free_port()
+    stack.start_process("web", [sys.executable, "-m", "gunicorn", "app:create_app()"])
+    stack.env["WEB_BIND"] = f"127.0.0.1:{bare_port}"
+    stack.start_process("bare", [sys.executable, "-m", "gunicorn", "bench.bare_app:app"])
+    try:
+        wait_for(stack._web_ready, 60, what="gunicorn (app)")
+        wait_for(lambda: _up(bare_port), 60, what="gunicorn (bare)")
+        print(f"callback bench: db={args.db}, gunicorn {stack.env['WEB_WORKERS']} workers x "
+              f"{stack.env['WEB_THREADS']} threads, on this machine ({mp.cpu_count()} cores)")
+        print(f"{'clients':>7} | {'app/s':>8} {'p50 ms':>7} {'p99 ms':>7} | {'bare/s':>8} {'p50 ms':>7} "
+              f"{'p99 ms':>7} | app/bare")
+        for level in LEVELS:
+            n = args.requests * (3 if level == 64 else 1) // (10 if level == 1 else 1)
+            app = load(stack.web_port, build_requests(stack.env, n, f"L{level}-"), level)
+            bare = load(bare_port, build_requests(stack.env, n, f"B{level}-"), level)
+            print(f"{level:>7} | {app['rate']:8.0f} {app['p50']:7.1f} {app['p99']:7.1f} | {bare['rate']:8.0f} "
+                  f"{bare['p50']:7.1f} {bare['p99']:7.1f} | {app['rate'] / bare['rate']:.2f}"
+                  + (f"   errors: app {app['errors']} bare {bare['errors']}" if app["errors"] or bare["errors"] else ""))
+            redis.Redis.from_url(stack.redis_url).delete("chat")
+        print("targets: p99 ack < 50 ms at 64 clients; app rate >= 0.5 x bare")
+    finally:
+        stack.stop()
+
+
+def _up(port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
