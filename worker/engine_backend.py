@@ -1,34 +1,42 @@
 """The bundled engine behind the worker's model interface (``worker.llm.LLMBackend``).
 
-One engine per worker process, loaded on first use. Until the batching engine service serves
-several requests in one batch, requests take turns on the single-sequence ``inference.LLM``
-(a lock: the model's forward is not re-entrant).
+One engine per worker process (``worker.engine_service``), loaded on first use; every task
+thread submits to it, so concurrent chats share batches. Engine errors become ``LLMError``s the
+processor turns into a polite message: a prompt over ``max_model_len`` is the user's (400, not
+retried), a device failure such as out-of-memory is transient (503, retried).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from inference.llm import LLM
+from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.sampling_params import SamplingParams
+from worker.engine_service import EngineService
 from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
+
+TOO_LONG = "Your conversation is too long for the model. Please shorten the message or start a new chat."
 
 
 class EngineBackend:
-    def __init__(self, llm: LLM, model_name: str):
-        self.llm = llm
+    def __init__(self, service: EngineService, model_name: str):
+        self.service = service
         self.model_name = model_name
-        self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings) -> EngineBackend:
         path = Path(settings.model_dir)
         if not (path / "config.json").exists():
             raise LLMError(f"no model at {path} (MODEL_DIR)", transient=False)
-        return cls(LLM.from_pretrained(str(path)), path.name)
+        args = EngineArgs(
+            model=str(path),
+            max_num_seqs=getattr(settings, "engine_max_num_seqs", 64),
+            max_model_len=getattr(settings, "engine_max_model_len", None),
+            kv_cache_bytes=getattr(settings, "engine_kv_cache_bytes", None),
+        )
+        return cls(EngineService(LLMEngine.from_engine_args(args)), path.name)
 
     @staticmethod
     def _params(params: GenerationParams) -> SamplingParams:
@@ -43,16 +51,22 @@ class EngineBackend:
 
     def stream(self, messages: list[dict], params: GenerationParams) -> Iterator[StreamDelta]:
         started = time.perf_counter()
-        with self._lock:
-            try:
-                generation = self.llm.stream(messages, self._params(params))
-                for text in generation:
-                    if text:
-                        yield StreamDelta(text)
-                result = generation.result
-            except (RuntimeError, ValueError) as exc:
-                raise LLMError(f"engine failed: {type(exc).__name__}", transient=False) from exc
+        try:
+            sampling = self._params(params)
+            output = None
+            for output in self.service.submit(messages, sampling):
+                if output.delta:
+                    yield StreamDelta(output.delta)
+        except PromptTooLongError as exc:
+            raise LLMError(TOO_LONG, transient=False, status=400) from exc
+        except RequestFailedError as exc:
+            raise LLMError(f"engine failed this request: {exc}", transient=True, status=503) from exc
+        except ValueError as exc:
+            raise LLMError(f"engine refused the request: {exc}", transient=False, status=400) from exc
         yield StreamDelta("", Generation(
-            text=result.text, model=self.model_name, prompt_tokens=result.prompt_tokens,
-            completion_tokens=result.completion_tokens, finish_reason=result.finish_reason,
-            latency_s=time.perf_counter() - started))
+            text=output.text, model=self.model_name, prompt_tokens=output.prompt_tokens,
+            completion_tokens=output.completion_tokens, cached_tokens=output.cached_tokens,
+            finish_reason=output.finish_reason, latency_s=time.perf_counter() - started))
+
+    def close(self) -> None:
+        self.service.close()

@@ -163,6 +163,9 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(n, heads + 2 * kv_heads, self.head_dim)
         apply_rotary_(qkv[:, : heads + kv_heads], rotations)  # q and k in one go
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
-        ctx = cache.extend(k.transpose(0, 1), v.transpose(0, 1), norms)
-        out = sparse_attention(q.transpose(0, 1), ctx, self.window, self.interval, gate)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        if hasattr(cache, "attend"):  # a batch of sequences on the paged cache (inference.engine)
+            out = cache.attend(q, k, v, norms, gate)
+        else:
+            out = sparse_attention(q, cache.extend(k, v, norms), self.window, self.interval, gate)
         return self.o_proj(out.transpose(0, 1).reshape(n, self.num_heads * self.head_dim))

@@ -1,0 +1,11 @@
+"""The serving engine: paged KV cache, prefix caching, continuous batching, chunked prefill.
+
+`LLMEngine` (llm_engine.py) steps a `Scheduler` (scheduler.py) over `Sequence`s (sequence.py)
+whose KV blocks a `BlockManager` (block_manager.py) hands out; `ModelRunner` (model_runner.py)
+runs one batch on the paged cache.
+"""
+
+from inference.engine.errors import EngineError, PromptTooLongError, RequestFailedError
+from inference.engine.llm_engine import EngineArgs, LLMEngine, RequestOutput
+
+__all__ = ["EngineArgs", "EngineError", "LLMEngine", "PromptTooLongError", "RequestFailedError", "RequestOutput"]

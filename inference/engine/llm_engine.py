@@ -1,0 +1,225 @@
+"""The serving engine: `add_request`, then `step()` until done (or `generate` for a batch).
+
+Each step: the scheduler picks the batch, the model runner computes it on the paged cache and
+samples, and postprocessing appends the tokens, streams text and retires finished requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from inference.config import ModelConfig
+from inference.engine.block_manager import BlockManager
+from inference.engine.errors import PromptTooLongError, RequestFailedError
+from inference.engine.model_runner import ModelRunner, kv_bytes_per_block
+from inference.engine.scheduler import Scheduler
+from inference.engine.sequence import Sequence
+from inference.layers.sampler import generator_for
+from inference.llm import Prompt, _TextOut
+from inference.loader import load_model
+from inference.sampling_params import SamplingParams
+from inference.tokenizer import ChatTokenizer
+
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+@dataclass
+class EngineArgs:
+    """Engine settings, named as vLLM names them. The KV budget is `kv_cache_bytes` when set,
+    else on CUDA `gpu_memory_utilization` of the device memory minus what is already in use
+    (weights), else 1 GiB on CPU. `max_model_len` defaults to what one sequence can hold."""
+
+    model: str | None = None
+    block_size: int = 64
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None
+    scheduler_policy: str = "fcfs"
+    dtype: str | None = None
+    device: str | None = None
+    sliding_window: int | None = None
+    global_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheduler_policy != "fcfs":
+            raise ValueError(f"scheduler_policy {self.scheduler_policy!r}: only 'fcfs' is supported")
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress after a step: `delta`/`new_token_ids` are what this step added,
+    `text`/`token_ids` the completion so far. `finish_reason`: "stop", "length", "error" (with
+    `error`) or "abort"."""
+
+    request_id: str
+    new_token_ids: list[int]
+    delta: str
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    finished: bool
+    finish_reason: str | None = None
+    error: Exception | None = field(default=None, repr=False)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer: ChatTokenizer | None = None, args: EngineArgs | None = None,
+                 eos_token_ids: list[int] | None = None) -> None:
+        self.args = args = args or EngineArgs()
+        self.model, self.tokenizer, config = model, tokenizer, model.config
+        self.eos_token_ids = set(eos_token_ids or config.eos_token_ids or (tokenizer.eos_token_ids if tokenizer else []))
+        dtype = model.model.embed_tokens.weight.dtype
+        num_blocks = self._kv_budget(model.device) // kv_bytes_per_block(config, args.block_size, dtype)
+        self.runner = ModelRunner(model, num_blocks, args.block_size)
+        self.block_manager = BlockManager(num_blocks, args.block_size, config.sliding_window,
+                                          config.global_interval, self.runner.cache.num_node_pages,
+                                          args.enable_prefix_caching)
+        self.max_model_len = self._max_model_len(num_blocks)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        model_dir = Path(args.model)
+        config = ModelConfig.from_pretrained(model_dir, dtype=args.dtype, sliding_window=args.sliding_window,
+                                             global_interval=args.global_interval)
+        model = load_model(model_dir, config, args.device)
+        tokenizer = ChatTokenizer.from_pretrained(model_dir) if (model_dir / "tokenizer.json").exists() else None
+        return cls(model, tokenizer, args, config.eos_token_ids)
+
+    def _kv_budget(self, device: torch.device) -> int:
+        if self.args.kv_cache_bytes is not None:
+            return self.args.kv_cache_bytes
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            return int(free - total * (1 - self.args.gpu_memory_utilization))
+        return CPU_KV_CACHE_BYTES
+
+    def _max_model_len(self, num_blocks: int) -> int:
+        """The longest sequence the cache can hold on its own (sparse: the window's blocks plus a
+        node page per block of the sequence)."""
+        config, b = self.model.config, self.args.block_size
+        if config.sparse:
+            window_blocks = config.sliding_window // b + 2
+            fits = num_blocks * b * config.global_interval if num_blocks >= window_blocks else 0
+        else:
+            fits = num_blocks * b
+        limit = min(fits, config.max_position_embeddings)
+        if self.args.max_model_len is None:
+            wanted = limit
+        elif self.args.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.args.max_model_len} does not fit the KV cache "
+                             f"({num_blocks} blocks of {b}: at most {limit}); give it more memory")
+        else:
+            wanted = self.args.max_model_len
+        if wanted < 2:
+            raise ValueError(f"the KV cache ({num_blocks} blocks of {b}) is too small for any request")
+        return wanted
+
+    # -- requests ------------------------------------------------------------------------------
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass token ids")
+            if isinstance(prompt, str):
+                return self.tokenizer.encode(prompt)
+            return self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+        return list(prompt)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises `PromptTooLongError` when the prompt leaves no room for one
+        new token within `max_model_len`, `ValueError` for an empty prompt."""
+        params = params or SamplingParams()
+        ids = self.prompt_ids(prompt)
+        if not ids:
+            raise ValueError("empty prompt")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(len(ids), self.max_model_len)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        request_id = request_id or str(next(self._ids))
+        seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
+                       generator_for(params, self.model.device))
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.requests.pop(request_id, None)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step loop -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        try:
+            tokens = self.runner.run(batch)
+        except torch.OutOfMemoryError as exc:
+            # Fail the request with the most tokens in the step (the likeliest cause); the others
+            # keep their blocks and are simply scheduled again (their positions get rewritten).
+            seq = max(batch, key=lambda item: item[1])[0]
+            error = RequestFailedError(f"out of memory on {self.model.device.type} running request {seq.request_id}")
+            error.__cause__ = exc
+            self.scheduler.finish(seq, "error", error)
+            self.requests.pop(seq.request_id, None)
+            return [self._output(seq, [], "")]
+        self.scheduler.advance(batch)
+        return [self._postprocess(seq, token) for (seq, _), token in zip(batch, tokens, strict=True)
+                if token is not None]
+
+    def _postprocess(self, seq: Sequence, token: int) -> RequestOutput:
+        seq.token_ids.append(token)
+        out, params, reason = seq.text_out, seq.params, None
+        delta = ""
+        if token in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        else:
+            delta = out.push(token)
+            if out.stopped:
+                reason = "stop"
+            elif seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = "length"
+        if reason is not None:
+            delta += out.flush()
+            self.scheduler.finish(seq, reason)
+            self.requests.pop(seq.request_id, None)
+        return self._output(seq, [token], delta)
+
+    def _output(self, seq: Sequence, new: list[int], delta: str) -> RequestOutput:
+        return RequestOutput(seq.request_id, new, delta, seq.completion_token_ids, seq.text_out.text,
+                             seq.num_prompt_tokens, seq.num_cached_tokens, seq.is_finished,
+                             seq.finish_reason, seq.error)
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run a batch to the end; the final output of each prompt, in order."""
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for output in self.step():
+                if output.finished:
+                    final[output.request_id] = output
+        return [final[i] for i in ids]

@@ -1,0 +1,84 @@
+"""FCFS continuous batching with chunked prefill and preemption by recompute.
+
+Each step hands out at most `max_num_batched_tokens` token slots: first to the running
+sequences, oldest first (one token to each decoding sequence, the next chunk of its prompt to a
+prefilling one), then to waiting sequences in arrival order while fewer than `max_num_seqs` run.
+A prompt longer than the budget is prefilled in chunks over several steps. When blocks run out
+the newest running sequence is preempted: its blocks are released and it goes back to the front
+of the queue, to be recomputed (with prefix caching, mostly from its own still-cached blocks).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from inference.engine.block_manager import BlockManager
+from inference.engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """The sequences of the next step and how many of their tokens to compute."""
+        budget, batch, preempted = self.max_num_batched_tokens, [], False
+        i = 0
+        while i < len(self.running) and budget:
+            seq = self.running[i]
+            wanted = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = min(wanted, self.block_manager.max_new_tokens(seq))
+            if num_new == 0:  # not one more block: make room by preempting the newest
+                preempted = True
+                victim = self.running.pop()
+                self.preempt(victim)
+                continue  # seq itself when it was the newest: then the loop ends
+            self.block_manager.allocate(seq, num_new)
+            batch.append((seq, num_new))
+            budget -= num_new
+            i += 1
+        while self.waiting and budget and not preempted and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            self.block_manager.allocate_prefix(seq)
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.running:  # alone, a prompt larger than the free cache goes in chunks
+                num_new = min(num_new, self.block_manager.max_new_tokens(seq))
+            if not num_new or not self.block_manager.can_allocate(seq, num_new):
+                self.block_manager.free(seq)  # FCFS: nobody overtakes the head of the queue
+                break
+            self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(self.waiting.popleft())
+            batch.append((seq, num_new))
+            budget -= num_new
+        return batch
+
+    def preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def advance(self, batch: list[tuple[Sequence, int]]) -> None:
+        """The step ran: the scheduled positions are in the cache."""
+        for seq, num_new in batch:
+            seq.num_computed_tokens += num_new
+            self.block_manager.advance(seq)
+
+    def finish(self, seq: Sequence, reason: str, error: Exception | None = None) -> None:
+        """Take a sequence out (done, failed or aborted) and release its blocks."""
+        seq.finish(reason, error)
+        self.block_manager.free(seq)
+        for queue in (self.running, self.waiting):
+            if seq in queue:
+                queue.remove(seq)

@@ -1,0 +1,76 @@
+"""A request's state: its tokens, how many of them the cache holds, and its blocks."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any
+
+import torch
+
+from inference.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+class Sequence:
+    """`token_ids` is the prompt followed by the completion so far; positions
+    `[0, num_computed_tokens)` have their keys and values in the paged cache.
+
+    `block_table[i]` is the cache block of positions `[i*B, (i+1)*B)`, or -1 once it slid out of
+    the window (sparse attention); `node_table[i]` is the node page holding the key nodes elected
+    in those positions (sparse only), kept for the whole sequence.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        text_out: Any = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids = list(prompt_ids)
+        self.num_prompt_tokens = len(prompt_ids)
+        self.params = params
+        self.text_out = text_out  # inference.llm._TextOut: detokenizer + stop strings
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (last admission)
+        self.block_table: list[int] = []
+        self.node_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks so far
+        self.num_slid_out = 0  # leading blocks already released for having left the window
+        self.num_keyed_blocks = 0  # leading full blocks registered in the prefix cache
+        self.finish_reason: str | None = None
+        self.error: Exception | None = None
+        self.arrival_time = time.monotonic()
+        self.first_token_time: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def finish(self, reason: str, error: Exception | None = None) -> None:
+        self.status, self.finish_reason, self.error = SequenceStatus.FINISHED, reason, error
