@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # -- inference -----------------------------------------------------------------------------
     inference_backend: Literal["engine", "openai"] = "engine"
     model_dir: str = "models/demo"
+    engine_max_num_seqs: int = 64
+    engine_max_model_len: int | None = None
+    engine_kv_cache_bytes: int | None = None
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: SecretStr = SecretStr("")
     openai_model: str = "glm-4"

@@ -32,9 +32,9 @@ class EngineBackend:
             raise LLMError(f"no model at {path} (MODEL_DIR)", transient=False)
         args = EngineArgs(
             model=str(path),
-            max_num_seqs=getattr(settings, "engine_max_num_seqs", 64),
-            max_model_len=getattr(settings, "engine_max_model_len", None),
-            kv_cache_bytes=getattr(settings, "engine_kv_cache_bytes", None),
+            max_num_seqs=settings.engine_max_num_seqs,
+            max_model_len=settings.engine_max_model_len,
+            kv_cache_bytes=settings.engine_kv_cache_bytes,
         )
         return cls(EngineService(LLMEngine.from_engine_args(args)), path.name)
 

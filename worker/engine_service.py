@@ -78,6 +78,8 @@ class EngineService:
         self._inbox: queue.Queue[tuple] = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._ids = 0
+        self.steps = 0
+        self.max_batch = 0  # most requests that got a token from one step: batching at work
         self._ids_lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="engine-service", daemon=True)
@@ -111,6 +113,10 @@ class EngineService:
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 continue
+            self.steps += 1
+            if len(outputs) > self.max_batch:
+                self.max_batch = len(outputs)
+                log.info("engine batch size reached %d requests in one step", self.max_batch)
             for output in outputs:
                 stream = self._streams.get(output.request_id)
                 if stream is not None:
