@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from sqlalchemy import DateTime, create_engine, event
+from sqlalchemy import BigInteger, DateTime, create_engine, event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -38,6 +39,34 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+MICROS = Decimal("0.000001")
+
+
+def to_money(value) -> Decimal:
+    """A Decimal rounded to a millionth of the currency unit (what ``Money`` stores)."""
+    return Decimal(value).quantize(MICROS, rounding=ROUND_HALF_UP)
+
+
+class Money(TypeDecorator):
+    """A Decimal amount stored as whole millionths in a BIGINT.
+
+    Exact on every backend (SQLite has no decimal type) and ``SUM`` stays an exact integer sum.
+    """
+
+    impl = BigInteger
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        return int(to_money(value) / MICROS)
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return (Decimal(int(value)) * MICROS).quantize(MICROS)
 
 
 def utcnow() -> datetime:

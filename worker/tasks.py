@@ -6,6 +6,7 @@ with the threads pool every task thread shares it, so concurrent chats share one
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from datetime import timedelta
@@ -18,7 +19,7 @@ from app.config import get_settings
 from app.db import utcnow
 from app.services import Services
 from app.wecom.client import WeComClient
-from worker.celery_app import HANDLE_MESSAGE, SWEEP_OUTBOX
+from worker.celery_app import DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
 from worker.conversation import ConversationStore
 from worker.llm import make_backend
 from worker.processor import MessageProcessor
@@ -83,7 +84,27 @@ def sweep_outbox() -> int:
             log.info("sweeper re-enqueued %d messages", len(ids))
         return len(ids)
     finally:
-        try:
+        with contextlib.suppress(Exception):  # the lock expires by itself
             lock.release()
-        except Exception:  # noqa: BLE001 - the lock expires by itself
-            pass
+
+
+@shared_task(name=DATA_MAINTENANCE, acks_late=False)
+def data_maintenance() -> dict:
+    """Hourly: purge audit events past the retention (anchored), free stale budget reservations."""
+    processor = runtime()
+    services = processor.services
+    settings = services.settings
+    lock = services.redis.lock("data:maintenance", timeout=600, blocking=False)
+    if not lock.acquire():
+        return {}
+    try:
+        with services.db.transaction() as session:
+            purged = services.audit.purge(session, settings.audit_retention_days)
+        released = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
+        if purged or released:
+            log.info("data maintenance: purged %d audit events, released %d reservations",
+                     purged, released)
+        return {"purged": purged, "released": released}
+    finally:
+        with contextlib.suppress(Exception):  # the lock expires by itself
+            lock.release()
