@@ -401,11 +401,9 @@ class Accounting:
             budget_id=budget.id, period_start=row.period_start, threshold=threshold,
             spent=row.spent, limit=budget.limit, created_at=utcnow(),
         ).on_conflict_do_nothing(index_elements=["budget_id", "period_start", "threshold"])
-        if session.execute(stmt).rowcount != 1:
-            return None
-        alert_id = session.scalar(select(BudgetAlert.id).where(
-            BudgetAlert.budget_id == budget.id, BudgetAlert.period_start == row.period_start,
-            BudgetAlert.threshold == threshold))
+        alert_id = session.scalar(stmt.returning(BudgetAlert.id))
+        if alert_id is None:
+            return None  # raised already, by this or another process
         return RaisedAlert(alert_id, budget.id, budget.scope, budget.scope_value, budget.period,
                            row.period_start, threshold, row.spent, budget.limit, budget.currency,
                            budget.action)

@@ -39,9 +39,14 @@ def migrate(database_url: str | None) -> None:
 def _services():
     """The Flask app's services under ``flask``, else built from the environment."""
     from flask import current_app, has_app_context
+    from flask.cli import ScriptInfo
 
     if has_app_context():
         return current_app.extensions["services"]
+    context = click.get_current_context(silent=True)
+    info = context.find_object(ScriptInfo) if context else None
+    if info is not None:  # under ``flask --app app``
+        return info.load_app().extensions["services"]
     from app.config import get_settings
     from app.services import Services
 
