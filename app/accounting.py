@@ -465,7 +465,7 @@ def alert_text(alert: RaisedAlert) -> str:
     verb = "已用完，新的提问将被拦截 (blocking)" if alert.threshold >= 100 and alert.action == "block" \
         else f"已达 {alert.threshold}%"
     return (f"AI 助手预算提醒 Budget alert: {who} {PERIOD_NAMES.get(alert.period, alert.period)} "
-            f"{verb}: {alert.spent:.2f} / {alert.limit:.2f} {alert.currency}")
+            f"{verb}: {alert.spent:.4f} / {alert.limit:.4f} {alert.currency}")
 
 
 class AlertSender:

@@ -2,6 +2,13 @@
 
 SQLite (the embedded default) is opened in WAL mode with a busy timeout so that several gunicorn
 workers and Celery threads can write at once; PostgreSQL needs nothing special.
+
+On SQLite every transaction starts with ``BEGIN IMMEDIATE`` (SQLAlchemy's recipe for pysqlite,
+whose own implicit transactions begin only at the first write and let ``SAVEPOINT``/``RELEASE``
+commit on their own): a unit of work is then really atomic (the callback's outbox row and audit
+event commit or roll back together), and a transaction that reads before it writes cannot fail
+with a stale snapshot, because it holds the single write lock from the start and waits for it
+under the busy timeout instead.
 """
 
 from __future__ import annotations
@@ -82,12 +89,17 @@ def make_engine(url: str, **kwargs) -> Engine:
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record):
+            dbapi_connection.isolation_level = None  # we say when transactions begin
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(connection):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     kwargs.setdefault("pool_pre_ping", True)

@@ -78,8 +78,8 @@ def _usage(context: CommandContext) -> str:
                                            today - timedelta(days=today.weekday()))
     currency = accounting.currency
     lines = ["我的用量 / My usage:",
-             f"今日 today {spent_today:.2f} {currency} · 本周 this week {spent_week:.2f} · "
-             f"本月 this month {spent_month:.2f}"]
+             f"今日 today {spent_today:.4f} {currency} · 本周 this week {spent_week:.4f} · "
+             f"本月 this month {spent_month:.4f}"]
     statuses = accounting.budget_status(context.user_hash, department)
     if not statuses:
         lines.append("没有设置预算上限。No budget limit applies to you.")
@@ -87,6 +87,6 @@ def _usage(context: CommandContext) -> str:
         budget = status["budget"]
         lines.append(f"{SCOPE_NAMES.get(budget.scope, budget.scope)} "
                      f"{PERIOD_NAMES.get(budget.period, budget.period)}: "
-                     f"{status['spent']:.2f} / {budget.limit:.2f} {budget.currency}, "
-                     f"剩余 remaining {status['remaining']:.2f}")
+                     f"{status['spent']:.4f} / {budget.limit:.4f} {budget.currency}, "
+                     f"剩余 remaining {status['remaining']:.4f}")
     return "\n".join(lines)
