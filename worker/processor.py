@@ -253,7 +253,7 @@ class MessageProcessor:
                     {"role": "user", "content": text}]
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p)
-        model = getattr(self._llm, "model", None) or self.settings.openai_model
+        model = getattr(self.llm, "model_name", None) or self.settings.openai_model
         charge = self.meter.reserve(row, user_id, messages, params.max_tokens, model)
         if charge.blocked:
             return charge.notice, "text", {}

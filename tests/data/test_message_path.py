@@ -32,7 +32,7 @@ USER_ID = "SentinelUser9Q"
 
 
 class FakeLLM:
-    model = "glm-4"
+    model_name = "glm-4"
 
     def __init__(self, fail: bool = False):
         self.fail = fail
