@@ -196,3 +196,24 @@ def test_fingerprint_is_keyed_and_hourly():
     assert a != request_fingerprint("x" * 32, "10.0.0.1", "Mozilla", at)
     assert a != request_fingerprint("k" * 32, "10.0.0.1", "Mozilla", at + timedelta(hours=1))
     assert len(a) == 64
+
+
+def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
+    import worker.tasks as tasks
+    from app.accounting import set_budget
+    from worker.conversation import ConversationStore
+    from worker.processor import MessageProcessor
+
+    old = utcnow() - timedelta(days=181)
+    _tamper(chain.db, "UPDATE audit_events SET created_at = :t WHERE seq <= 5",
+            t=old.replace(tzinfo=None) if chain.db.engine.dialect.name == "sqlite" else old)
+    _reseal_all(chain)
+    processor = MessageProcessor(chain, None, None, ConversationStore(chain.redis, chain.cipher, 60, 5))
+    monkeypatch.setattr(tasks, "_runtime", processor)
+    with chain.db.transaction() as session:
+        set_budget(session, "global", "", "day", "1")
+    processor.meter.accounting.reserve("u", "", "glm-4", 10, 10,
+                                       now=utcnow() - timedelta(hours=2))
+    assert tasks.data_maintenance() == {"purged": 5, "released": 1}
+    report = verify(chain)
+    assert report.ok and report.anchor_seq == 5 and report.rows == 25
