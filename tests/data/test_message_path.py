@@ -234,3 +234,34 @@ def test_keys_rotate_reencrypts_everything_and_reads_back(app, services, env):
     # A second run finds nothing left to do.
     again = create_app(services=rotated).test_cli_runner().invoke(args=["keys", "rotate"])
     assert "inbound_messages.user_enc" not in again.output or ": 0" in again.output
+
+
+def test_a_sealed_value_moved_to_another_row_does_not_decrypt(app, services):
+    from app.security import FieldDecryptError
+
+    client = app.test_client()
+    post_message(client, services, SENTINEL_TEXTS[0], 300)
+    post_message(client, services, SENTINEL_TEXTS[1], 301, user="OtherUser")
+    first, second = ids_of(services)
+    with services.db.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE inbound_messages SET payload_enc = "
+                             "(SELECT payload_enc FROM inbound_messages WHERE id = :a) WHERE id = :b"),
+                     {"a": first, "b": second})
+    with services.db.session() as session:
+        row = session.get(InboundMessage, second)
+        with pytest.raises(FieldDecryptError):
+            services.cipher.decrypt(row.payload_enc, "inbound_messages", "payload_enc", row.id)
+
+
+def test_migrations_go_down_and_up_again(database_url):
+    from app import migrate
+
+    migrate.downgrade(database_url, "0001")
+    engine = sa.create_engine(database_url)
+    assert "audit_events" not in sa.inspect(engine).get_table_names()
+    engine.dispose()
+    migrate.upgrade(database_url)
+    engine = sa.create_engine(database_url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT last_seq FROM audit_chain WHERE id = 1")).scalar() == 0
+    engine.dispose()
