@@ -6,7 +6,6 @@ with the threads pool every task thread shares it, so concurrent chats share one
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from datetime import timedelta
@@ -84,13 +83,17 @@ def sweep_outbox() -> int:
             log.info("sweeper re-enqueued %d messages", len(ids))
         return len(ids)
     finally:
-        with contextlib.suppress(Exception):  # the lock expires by itself
+        try:
             lock.release()
+        except Exception:  # noqa: BLE001 - the lock expires by itself
+            pass
 
 
 @shared_task(name=DATA_MAINTENANCE, acks_late=False)
 def data_maintenance() -> dict:
     """Hourly: purge audit events past the retention (anchored), free stale budget reservations."""
+    from contextlib import suppress
+
     processor = runtime()
     services = processor.services
     settings = services.settings
@@ -106,5 +109,5 @@ def data_maintenance() -> dict:
                      purged, released)
         return {"purged": purged, "released": released}
     finally:
-        with contextlib.suppress(Exception):  # the lock expires by itself
+        with suppress(Exception):  # the lock expires by itself
             lock.release()
