@@ -47,6 +47,30 @@ def runtime() -> MessageProcessor:
     return _runtime
 
 
+@shared_task(name=DATA_MAINTENANCE, acks_late=False)
+def data_maintenance() -> dict:
+    """Hourly: purge audit events past the retention (anchored), free stale budget reservations."""
+    from contextlib import suppress
+
+    processor = runtime()
+    services = processor.services
+    settings = services.settings
+    lock = services.redis.lock("data:maintenance", timeout=600, blocking=False)
+    if not lock.acquire():
+        return {}
+    try:
+        with services.db.transaction() as session:
+            purged = services.audit.purge(session, settings.audit_retention_days)
+        released = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
+        if purged or released:
+            log.info("data maintenance: purged %d audit events, released %d reservations",
+                     purged, released)
+        return {"purged": purged, "released": released}
+    finally:
+        with suppress(Exception):  # the lock expires by itself
+            lock.release()
+
+
 @shared_task(bind=True, name=HANDLE_MESSAGE, max_retries=None, acks_late=True)
 def handle_message(self, message_id: int) -> None:
     outcome = runtime().process(int(message_id))
@@ -88,26 +112,3 @@ def sweep_outbox() -> int:
         except Exception:  # noqa: BLE001 - the lock expires by itself
             pass
 
-
-@shared_task(name=DATA_MAINTENANCE, acks_late=False)
-def data_maintenance() -> dict:
-    """Hourly: purge audit events past the retention (anchored), free stale budget reservations."""
-    from contextlib import suppress
-
-    processor = runtime()
-    services = processor.services
-    settings = services.settings
-    lock = services.redis.lock("data:maintenance", timeout=600, blocking=False)
-    if not lock.acquire():
-        return {}
-    try:
-        with services.db.transaction() as session:
-            purged = services.audit.purge(session, settings.audit_retention_days)
-        released = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
-        if purged or released:
-            log.info("data maintenance: purged %d audit events, released %d reservations",
-                     purged, released)
-        return {"purged": purged, "released": released}
-    finally:
-        with suppress(Exception):  # the lock expires by itself
-            lock.release()
