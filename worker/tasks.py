@@ -111,4 +111,3 @@ def sweep_outbox() -> int:
             lock.release()
         except Exception:  # noqa: BLE001 - the lock expires by itself
             pass
-
