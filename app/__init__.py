@@ -29,11 +29,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         JSON_AS_ASCII=False,
     )
     app.extensions["services"] = services
-    app.extensions["accept_hooks"] = []
+    from app.audit import message_received_hook
+
+    app.extensions["accept_hooks"] = [message_received_hook(services)]
 
     from app import callback
 
     app.register_blueprint(callback.bp)
+
+    from app.cli import audit, budgets, keys, prices
+
+    for group in (audit, budgets, keys, prices):
+        app.cli.add_command(group)
 
     @app.before_request
     def _request_id():

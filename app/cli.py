@@ -1,8 +1,16 @@
-"""Command line: ``python -m app.cli migrate`` (also the ``flask`` commands of later areas)."""
+"""Command line: ``python -m app.cli <command>`` or ``flask --app app <command>``.
+
+- ``migrate``: bring the schema to the newest revision;
+- ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
+- ``audit verify`` / ``audit purge``: check the hash chain, drop events past the retention;
+- ``prices set`` / ``prices list``: the versioned price table;
+- ``budgets set`` / ``budgets list``: budgets per scope and period.
+"""
 
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 
 import click
 
@@ -26,6 +34,168 @@ def migrate(database_url: str | None) -> None:
         database_url = Settings.model_fields["database_url"].default
     migrations.upgrade(database_url)
     click.echo("database is at the newest revision")
+
+
+def _services():
+    """The Flask app's services under ``flask``, else built from the environment."""
+    from flask import current_app, has_app_context
+    from flask.cli import ScriptInfo
+
+    if has_app_context():
+        return current_app.extensions["services"]
+    context = click.get_current_context(silent=True)
+    info = context.find_object(ScriptInfo) if context else None
+    if info is not None:  # under ``flask --app app``
+        return info.load_app().extensions["services"]
+    from app.config import get_settings
+    from app.services import Services
+
+    return Services(get_settings())
+
+
+# -- keys ------------------------------------------------------------------------------------------
+@click.group()
+def keys() -> None:
+    """Field-encryption keys."""
+
+
+@keys.command()
+@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100_000))
+def rotate(batch_size: int) -> None:
+    """Re-encrypt rows written with old key ids using the primary key (DATA_KEYS' first)."""
+    from app.security.rotation import rotate_keys
+
+    services = _services()
+    counts = rotate_keys(services, batch_size)
+    for column, count in sorted(counts.items()):
+        click.echo(f"{column}: {count} re-encrypted")
+    click.echo(f"all sealed columns now use key {services.cipher.primary_id!r}")
+
+
+# -- audit -----------------------------------------------------------------------------------------
+@click.group()
+def audit() -> None:
+    """The hash-chained audit log."""
+
+
+@audit.command()
+def verify() -> None:
+    """Check the chain; name every changed, deleted, inserted or reordered row (exit 1)."""
+    services = _services()
+    with services.db.session() as session:
+        report = services.audit.verify(session)
+    for issue in report.issues:
+        click.echo(str(issue), err=True)
+    span = f"seq {report.first_seq}..{report.last_seq}" if report.rows else "no events"
+    if not report.ok:
+        click.echo(f"audit chain BROKEN: {len(report.issues)} problem(s) in {report.rows} events", err=True)
+        sys.exit(1)
+    click.echo(f"audit chain ok: {report.rows} events ({span}, anchor seq {report.anchor_seq})")
+
+
+@audit.command()
+@click.option("--days", type=int, default=None, help="retention; default AUDIT_RETENTION_DAYS")
+def purge(days: int | None) -> None:
+    """Delete events older than the retention (never below 180 days), keeping an anchor."""
+    from app.audit import MIN_RETENTION_DAYS, ChainBroken
+
+    services = _services()
+    days = services.settings.audit_retention_days if days is None else days
+    if days < MIN_RETENTION_DAYS:
+        raise click.BadParameter(f"must be at least {MIN_RETENTION_DAYS}", param_hint="--days")
+    try:
+        with services.db.transaction() as session:
+            removed = services.audit.purge(session, days)
+    except ChainBroken as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    click.echo(f"purged {removed} audit events older than {days} days")
+
+
+# -- prices ----------------------------------------------------------------------------------------
+@click.group()
+def prices() -> None:
+    """The versioned model price table (per million tokens)."""
+
+
+@prices.command("set")
+@click.argument("model")
+@click.option("--input", "input_per_m", required=True, help="price per million input tokens")
+@click.option("--cached", "cached_per_m", default=None, help="per million cached input tokens")
+@click.option("--output", "output_per_m", required=True, help="price per million output tokens")
+@click.option("--currency", default=None)
+@click.option("--valid-from", default=None, help="ISO time (default now)")
+def set_price(model, input_per_m, cached_per_m, output_per_m, currency, valid_from) -> None:
+    """Add a price version for MODEL ('*' = any model without its own price)."""
+    from app.accounting import set_price as add_price
+
+    services = _services()
+    when = datetime.fromisoformat(valid_from) if valid_from else None
+    with services.db.transaction() as session:
+        price = add_price(session, model, input_per_m, cached_per_m or input_per_m, output_per_m,
+                          currency or services.settings.currency, when)
+    click.echo(f"{price.model}: from {price.valid_from.isoformat()} input {price.input_per_m} "
+               f"cached {price.cached_input_per_m} output {price.output_per_m} {price.currency}/M")
+
+
+@prices.command("list")
+def list_prices() -> None:
+    from sqlalchemy import select
+
+    from app.models import ModelPrice
+
+    with _services().db.session() as session:
+        for p in session.scalars(select(ModelPrice).order_by(ModelPrice.model, ModelPrice.valid_from)):
+            click.echo(f"{p.model}\t{p.valid_from.isoformat()}\t{p.input_per_m}\t"
+                       f"{p.cached_input_per_m}\t{p.output_per_m}\t{p.currency}")
+
+
+# -- budgets ---------------------------------------------------------------------------------------
+@click.group()
+def budgets() -> None:
+    """Budgets per scope (global, department, user, api_key) and period."""
+
+
+@budgets.command("set")
+@click.argument("scope", type=click.Choice(["global", "department", "user", "api_key"]))
+@click.argument("value", required=False, default="")
+@click.option("--period", type=click.Choice(["day", "week", "month"]), default="month")
+@click.option("--limit", "limit_amount", required=True)
+@click.option("--action", type=click.Choice(["block", "warn"]), default="block")
+@click.option("--thresholds", default=None, help="percentages, default BUDGET_THRESHOLDS")
+def set_budget(scope, value, period, limit_amount, action, thresholds) -> None:
+    """Create or change a budget; for 'user' VALUE is the WeCom user id (stored as its index)."""
+    from app.accounting import set_budget as put_budget
+    from app.audit import EventType
+    from app.outbox import user_hash
+
+    services = _services()
+    if scope == "user":
+        value = user_hash(services.blind_index, value)
+    with services.db.transaction() as session:
+        budget = put_budget(session, scope, value, period, limit_amount, action,
+                            thresholds or services.settings.budget_thresholds,
+                            services.settings.currency)
+        services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                              payload={"budget_id": budget.id, "scope": scope, "period": period,
+                                       "limit": str(budget.limit), "action": action})
+    click.echo(f"budget {budget.id}: {scope} {value[:12]} {period} {budget.limit} {action}")
+
+
+@budgets.command("list")
+def list_budgets() -> None:
+    from sqlalchemy import select
+
+    from app.models import Budget
+
+    with _services().db.session() as session:
+        for b in session.scalars(select(Budget).order_by(Budget.id)):
+            click.echo(f"{b.id}\t{b.scope}\t{b.scope_value[:12]}\t{b.period}\t{b.limit}\t"
+                       f"{b.action}\t{b.thresholds}\t{'on' if b.enabled else 'off'}")
+
+
+for _group in (keys, audit, prices, budgets):
+    cli.add_command(_group)
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import binascii
 import os
 from functools import lru_cache
 from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +44,17 @@ def parse_keyring(spec: str) -> dict[str, bytes]:
     if not keys:
         raise ValueError("at least one key is required")
     return keys
+
+
+def parse_thresholds(spec: str) -> tuple[int, ...]:
+    """``"50,80,100"`` -> (50, 80, 100): percentages of a budget, each alerted once a period."""
+    try:
+        values = sorted({int(part) for part in spec.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError("thresholds must be whole percentages like '50,80,100'") from None
+    if not values or values[0] < 1 or values[-1] > 1000:
+        raise ValueError("thresholds must be percentages between 1 and 1000")
+    return tuple(values)
 
 
 class Settings(BaseSettings):
@@ -81,6 +93,17 @@ class Settings(BaseSettings):
     sweep_queued_after_s: float = 60.0
     task_max_retries: int = 5
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
+
+    # -- audit, accounting, budgets (see app/audit.py, app/accounting.py) ----------------------
+    audit_retention_days: int = Field(default=180, description="never below 180 (6 months)")
+    company_timezone: str = "Asia/Shanghai"
+    currency: str = "CNY"
+    budget_thresholds: str = "50,80,100"
+    budget_reservation_ttl_s: int = 3600
+    department_cache_s: int = 24 * 3600
+    alert_wecom_users: str = ""
+    alert_webhook_url: str | None = None
+    alert_webhook_timeout_s: float = 3.0
 
     # -- inference -----------------------------------------------------------------------------
     inference_backend: Literal["engine", "openai"] = "engine"
@@ -130,6 +153,42 @@ class Settings(BaseSettings):
         parse_keyring(value.get_secret_value())
         return value
 
+    @field_validator("audit_retention_days")
+    @classmethod
+    def _retention_at_least_six_months(cls, value: int) -> int:
+        if value < 180:
+            raise ValueError("must be at least 180 days (the audit log is kept at least 6 months)")
+        return value
+
+    @field_validator("company_timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r}") from exc
+        return value
+
+    @field_validator("budget_thresholds")
+    @classmethod
+    def _thresholds_parse(cls, value: str) -> str:
+        parse_thresholds(value)
+        return value
+
+    @field_validator("alert_webhook_url")
+    @classmethod
+    def _webhook_is_http(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return value or None
+
+    @field_validator("currency")
+    @classmethod
+    def _currency_code(cls, value: str) -> str:
+        if len(value) != 3 or not value.isalpha():
+            raise ValueError("must be a 3-letter currency code such as CNY")
+        return value.upper()
+
     @model_validator(mode="after")
     def _broker_defaults_to_redis(self) -> Settings:
         if not self.celery_broker_url:
@@ -139,6 +198,18 @@ class Settings(BaseSettings):
     @property
     def keyring(self) -> dict[str, bytes]:
         return parse_keyring(self.data_keys.get_secret_value())
+
+    @property
+    def timezone(self) -> ZoneInfo:
+        return ZoneInfo(self.company_timezone)
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        return parse_thresholds(self.budget_thresholds)
+
+    @property
+    def alert_recipients(self) -> list[str]:
+        return [u.strip() for u in self.alert_wecom_users.replace("|", ",").split(",") if u.strip()]
 
 
 def load_settings(**overrides) -> Settings:

@@ -4,16 +4,32 @@
 WeCom message (status ``queued``) and the worker moves it to ``answered``, ``failed`` or
 ``ignored``. Content, user id and reply are AES-GCM fields (see ``app.security``); only their
 blind indexes are stored in clear.
+
+The data layer (``app.audit``, ``app.accounting``) adds the hash-chained audit log and the
+usage, price, budget and alert tables. No table holds message text, reply text or a WeCom user id
+in clear: users appear as their blind index (``user_hash``), everything else sensitive is sealed.
+``ENCRYPTED_COLUMNS`` lists every sealed column, for ``keys rotate``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 
-from sqlalchemy import BigInteger, Index, Integer, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Date,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, UTCDateTime, utcnow
+from app.db import Base, Money, UTCDateTime, utcnow
 
 BigInt = BigInteger().with_variant(Integer, "sqlite")
 
@@ -66,3 +82,186 @@ class InboundMessage(Base):
         Index("ix_inbound_user_order", "user_hash", "id"),
         Index("ix_inbound_status_enqueued", "status", "enqueued_at"),
     )
+
+
+# -- audit log (app.audit) -------------------------------------------------------------------------
+class AuditEvent(Base):
+    """One append-only event. ``row_hash`` seals every other column, ``prev_hash`` included."""
+
+    __tablename__ = "audit_events"
+
+    seq: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    event_type: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(80))
+    outcome: Mapped[str] = mapped_column(String(16))
+    request_id: Mapped[str | None] = mapped_column(String(32))
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    payload_enc: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    row_hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+    __table_args__ = (
+        Index("ix_audit_created", "created_at"),
+        Index("ix_audit_type_created", "event_type", "created_at"),
+        Index("ix_audit_actor_created", "actor", "created_at"),
+    )
+
+
+class AuditChain(Base):
+    """The chain's single head row: the lock appenders take, the last link, the purge anchor."""
+
+    __tablename__ = "audit_chain"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    last_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_hash: Mapped[str] = mapped_column(String(64))
+    anchor_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    anchor_hash: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# -- accounting (app.accounting) -------------------------------------------------------------------
+class ModelPrice(Base):
+    """Prices per million tokens; a new row (later ``valid_from``) is a new version."""
+
+    __tablename__ = "model_prices"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(64))  # "*" is the fallback for unlisted models
+    input_per_m: Mapped[Decimal] = mapped_column(Money)
+    cached_input_per_m: Mapped[Decimal] = mapped_column(Money)
+    output_per_m: Mapped[Decimal] = mapped_column(Money)
+    currency: Mapped[str] = mapped_column(String(3), default="CNY")
+    valid_from: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (UniqueConstraint("model", "valid_from", name="uq_price_model_from"),)
+
+
+class UsageRecord(Base):
+    """One model call."""
+
+    __tablename__ = "usage_records"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    day: Mapped[date] = mapped_column(Date)  # the company-local day, as the rollups use it
+    user_hash: Mapped[str] = mapped_column(String(64))
+    department: Mapped[str] = mapped_column(String(32), default="")
+    api_key_id: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(64))
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+    cost: Mapped[Decimal] = mapped_column(Money)
+    currency: Mapped[str] = mapped_column(String(3), default="CNY")
+    price_id: Mapped[int | None] = mapped_column(BigInt)
+    latency_ms: Mapped[int] = mapped_column(Integer, default=0)
+    message_id: Mapped[int | None] = mapped_column(BigInt)
+
+    __table_args__ = (
+        Index("ix_usage_created", "created_at"),
+        Index("ix_usage_user_day", "user_hash", "day"),
+        Index("ix_usage_dept_day", "department", "day"),
+    )
+
+
+class UsageDaily(Base):
+    """Rollup per company-local day x department x user x model, upserted with every call."""
+
+    __tablename__ = "usage_daily"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    department: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    calls: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+
+    __table_args__ = (
+        Index("ix_daily_dept_day", "department", "day"),
+        Index("ix_daily_user_day", "user_hash", "day"),
+        Index("ix_daily_model_day", "model", "day"),
+    )
+
+
+class BudgetScope:
+    GLOBAL = "global"
+    DEPARTMENT = "department"
+    USER = "user"
+    API_KEY = "api_key"
+    ALL = (GLOBAL, DEPARTMENT, USER, API_KEY)
+
+
+class Budget(Base):
+    __tablename__ = "budgets"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    scope_value: Mapped[str] = mapped_column(String(64), default="")  # dept id, user hash, key id
+    period: Mapped[str] = mapped_column(String(8))  # day | week | month
+    limit: Mapped[Decimal] = mapped_column("limit_amount", Money)
+    currency: Mapped[str] = mapped_column(String(3), default="CNY")
+    thresholds: Mapped[str] = mapped_column(String(64), default="50,80,100")
+    action: Mapped[str] = mapped_column(String(8), default="block")  # block | warn
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (UniqueConstraint("scope", "scope_value", "period", name="uq_budget_scope"),)
+
+
+class BudgetPeriod(Base):
+    """A budget's running totals for one period: the row enforcement locks."""
+
+    __tablename__ = "budget_periods"
+
+    budget_id: Mapped[int] = mapped_column(ForeignKey("budgets.id", ondelete="CASCADE"),
+                                           primary_key=True)
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    spent: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+    reserved: Mapped[Decimal] = mapped_column(Money, default=Decimal(0))
+
+
+class BudgetReservation(Base):
+    """The worst case held for one model call until it is settled or released."""
+
+    __tablename__ = "budget_reservations"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    amount: Mapped[Decimal] = mapped_column(Money)
+    periods: Mapped[str] = mapped_column(Text)  # "budget_id@period_start_iso,..."
+    message_id: Mapped[int | None] = mapped_column(BigInt)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (Index("ix_reservation_created", "created_at"),)
+
+
+class BudgetAlert(Base):
+    """A threshold crossed; the unique key makes each alert happen once per budget and period."""
+
+    __tablename__ = "budget_alerts"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    budget_id: Mapped[int] = mapped_column(ForeignKey("budgets.id", ondelete="CASCADE"))
+    period_start: Mapped[datetime] = mapped_column(UTCDateTime)
+    threshold: Mapped[int] = mapped_column(Integer)
+    spent: Mapped[Decimal] = mapped_column(Money)
+    limit: Mapped[Decimal] = mapped_column("limit_amount", Money)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    delivered: Mapped[str | None] = mapped_column(String(64))  # "wecom,webhook" once sent
+
+    __table_args__ = (
+        UniqueConstraint("budget_id", "period_start", "threshold", name="uq_alert_once"),
+        Index("ix_alert_created", "created_at"),
+    )
+
+
+# Every AES-GCM column: (table, primary key column, sealed columns). ``keys rotate`` walks these.
+ENCRYPTED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
+    InboundMessage.__tablename__: ("id", ("user_enc", "payload_enc", "reply_enc")),
+    AuditEvent.__tablename__: ("seq", ("payload_enc",)),
+}

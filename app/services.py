@@ -35,6 +35,12 @@ class Services:
         return BlindIndex(self.settings.blind_index_key.get_secret_value())
 
     @cached_property
+    def audit(self):
+        from app.audit import AuditLog
+
+        return AuditLog(self.cipher, self.settings.secret_key.get_secret_value())
+
+    @cached_property
     def wecom_crypto(self) -> WeComCrypto:
         s = self.settings
         return WeComCrypto(s.wecom_token.get_secret_value(), s.wecom_aes_key.get_secret_value(),

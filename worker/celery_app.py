@@ -14,6 +14,7 @@ from app.config import Settings, get_settings
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
+DATA_MAINTENANCE = "worker.tasks.data_maintenance"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -45,6 +46,7 @@ def make_celery(settings: Settings) -> Celery:
         },
         beat_schedule={
             "sweep-outbox": {"task": SWEEP_OUTBOX, "schedule": settings.sweep_interval_s},
+            "data-maintenance": {"task": DATA_MAINTENANCE, "schedule": 3600.0},
         },
     )
     return app

@@ -58,3 +58,35 @@ def _help(_: CommandContext) -> str:
 def _reset(context: CommandContext) -> str:
     context.runtime.conversations.reset(context.user_hash)
     return "好的，我们重新开始吧。Conversation cleared."
+
+
+@register("usage", "我本期的用量和剩余预算 / my spend and remaining budget")
+def _usage(context: CommandContext) -> str:
+    from datetime import timedelta
+
+    from app.accounting import PERIOD_NAMES, SCOPE_NAMES, local_day
+    from app.db import utcnow
+
+    meter = context.runtime.meter
+    accounting = meter.accounting
+    department = meter.department_of(context.user_hash, context.user_id)
+    today = local_day(utcnow(), accounting.tz)
+    with accounting.db.session() as session:
+        spent_today = accounting.user_spend(session, context.user_hash, today)
+        spent_month = accounting.user_spend(session, context.user_hash, today.replace(day=1))
+        spent_week = accounting.user_spend(session, context.user_hash,
+                                           today - timedelta(days=today.weekday()))
+    currency = accounting.currency
+    lines = ["我的用量 / My usage:",
+             f"今日 today {spent_today:.4f} {currency} · 本周 this week {spent_week:.4f} · "
+             f"本月 this month {spent_month:.4f}"]
+    statuses = accounting.budget_status(context.user_hash, department)
+    if not statuses:
+        lines.append("没有设置预算上限。No budget limit applies to you.")
+    for status in statuses:
+        budget = status["budget"]
+        lines.append(f"{SCOPE_NAMES.get(budget.scope, budget.scope)} "
+                     f"{PERIOD_NAMES.get(budget.period, budget.period)}: "
+                     f"{status['spent']:.4f} / {budget.limit:.4f} {budget.currency}, "
+                     f"剩余 remaining {status['remaining']:.4f}")
+    return "\n".join(lines)

@@ -19,10 +19,12 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
 from app import outbox
+from app.audit import EventType
 from app.models import MessageStatus
 from app.outbox import ClaimResult
 from app.services import Services
@@ -37,6 +39,7 @@ from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands
 from worker.conversation import ConversationStore
 from worker.llm import GenerationParams, LLMBackend, LLMError
+from worker.metering import Meter
 
 log = logging.getLogger(__name__)
 TABLE = outbox.TABLE
@@ -121,6 +124,7 @@ class MessageProcessor:
         self.wecom = wecom
         self.conversations = conversations
         self._llm_lock = threading.Lock()
+        self.meter = Meter(services, wecom)
 
     @property
     def llm(self) -> LLMBackend:
@@ -213,6 +217,7 @@ class MessageProcessor:
 
         self._send_chunks(row, owner, user_id, kind, chunks, lease)
         self._finish(row.id, owner, MessageStatus.ANSWERED)
+        self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=kind)
 
     def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper):
         """The reply to this message as (text, kind, usage columns), or None for no reply."""
@@ -230,7 +235,7 @@ class MessageProcessor:
             name, argument = command
             context = commands.CommandContext(user_id, row.user_hash, argument, self)
             return commands.run(name, context), "text", {}
-        return self._generate(row, text, lease)
+        return self._generate(row, text, lease, user_id)
 
     def _welcome_due(self, row) -> bool:
         """Welcome on subscribe, and on entering the app at most once a day."""
@@ -241,19 +246,29 @@ class MessageProcessor:
         except Exception:  # noqa: BLE001 - without Redis, welcoming is harmless
             return True
 
-    def _generate(self, row, text: str, lease: LeaseKeeper):
+    def _generate(self, row, text: str, lease: LeaseKeeper, user_id: str = ""):
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(row.user_hash) if t.get("ref") != row.id]
         messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                     {"role": "user", "content": text}]
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p)
+        model = getattr(self.llm, "model_name", None) or self.settings.openai_model
+        charge = self.meter.reserve(row, user_id, messages, params.max_tokens, model)
+        if charge.blocked:
+            return charge.notice, "text", {}
+        started = time.monotonic()
         try:
             generation = self.llm.generate(messages, params)
         except LLMError as exc:
+            self.meter.release(charge)
             if exc.transient:
                 raise TransientFailure(f"model: {exc}") from exc
             raise PermanentFailure(f"model: {exc}"[:120]) from exc
+        except BaseException:
+            self.meter.release(charge)
+            raise
+        self.meter.settle(charge, generation, time.monotonic() - started)
         lease.check()
         reply = generation.text.strip() or "……"
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
@@ -310,3 +325,4 @@ class MessageProcessor:
                 log.warning("failure notice not delivered message_id=%s", row.id)
         with self.services.db.session() as session:
             outbox.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
+        self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])

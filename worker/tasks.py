@@ -15,7 +15,7 @@ from celery.exceptions import Retry
 from app.config import get_settings
 from app.services import Services
 from app.wecom.client import WeComClient
-from worker.celery_app import HANDLE_MESSAGE, SWEEP_OUTBOX
+from worker.celery_app import DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
 from worker.conversation import ConversationStore
 from worker.llm import make_backend
 from worker.processor import MessageProcessor
@@ -43,6 +43,30 @@ def runtime() -> MessageProcessor:
             if _runtime is None:
                 _runtime = build_processor(Services(get_settings()))
     return _runtime
+
+
+@shared_task(name=DATA_MAINTENANCE, acks_late=False)
+def data_maintenance() -> dict:
+    """Hourly: purge audit events past the retention (anchored), free stale budget reservations."""
+    from contextlib import suppress
+
+    processor = runtime()
+    services = processor.services
+    settings = services.settings
+    lock = services.redis.lock("data:maintenance", timeout=600, blocking=False)
+    if not lock.acquire():
+        return {}
+    try:
+        with services.db.transaction() as session:
+            purged = services.audit.purge(session, settings.audit_retention_days)
+        released = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
+        if purged or released:
+            log.info("data maintenance: purged %d audit events, released %d reservations",
+                     purged, released)
+        return {"purged": purged, "released": released}
+    finally:
+        with suppress(Exception):  # the lock expires by itself
+            lock.release()
 
 
 @shared_task(bind=True, name=HANDLE_MESSAGE, max_retries=None, acks_late=True)

@@ -1,0 +1,515 @@
+"""Prices, usage, budgets and alerts.
+
+- **Prices** are versioned: a model's price is the row with the latest ``valid_from`` not after
+  the call (model ``"*"`` is the fallback), in currency per million tokens (input, cached input,
+  output). Amounts are ``Decimal`` rounded to millionths (``app.db.Money``).
+- **Usage**: one ``usage_records`` row per model call, and in the same transaction an atomic
+  upsert (``INSERT ... ON CONFLICT DO UPDATE``) of the ``usage_daily`` rollup per company-local
+  day x department x user x model, which the dashboards read.
+- **Budgets** by scope (global, department, user, API key) and period (day, week from Monday,
+  month), aligned to local midnight in ``COMPANY_TIMEZONE``. Before a generation ``reserve`` holds
+  its worst case (prompt estimate x input price + max_new_tokens x output price) on every
+  applicable budget's period row, under a row lock (PostgreSQL ``FOR UPDATE``; SQLite's write
+  lock); a budget whose spent + reserved has reached its limit refuses (``block``) or lets it pass
+  (``warn``). ``settle`` turns the reservation into the real cost, ``release`` drops it. A request
+  is admitted only while the budget is not exhausted, so concurrent requests overspend by at most
+  one request's worst case.
+- **Alerts**: a threshold (percent of the limit) reached is one ``budget_alerts`` row, unique per
+  (budget, period start, threshold), so each alert is raised once even under concurrency; it is
+  audited and then sent (WeCom message to ``ALERT_WECOM_USERS``, optional webhook) off the reply
+  path, in a background thread with a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.audit import EventType
+from app.db import to_money, utcnow
+from app.models import (
+    Budget,
+    BudgetAlert,
+    BudgetPeriod,
+    BudgetReservation,
+    BudgetScope,
+    ModelPrice,
+    UsageDaily,
+    UsageRecord,
+)
+
+log = logging.getLogger(__name__)
+PERIODS = ("day", "week", "month")
+ACTIONS = ("block", "warn")
+MILLION = Decimal(1_000_000)
+FALLBACK_MODEL = "*"
+
+
+# -- periods ---------------------------------------------------------------------------------------
+def period_start(period: str, at: datetime, tz: ZoneInfo) -> datetime:
+    """The UTC instant the period containing ``at`` began: local midnight (Monday, the 1st)."""
+    local = at.astimezone(tz)
+    day = local.date()
+    if period == "week":
+        day -= timedelta(days=day.weekday())
+    elif period == "month":
+        day = day.replace(day=1)
+    elif period != "day":
+        raise ValueError(f"unknown period {period!r}")
+    return datetime(day.year, day.month, day.day, tzinfo=tz).astimezone(ZoneInfo("UTC"))
+
+
+def period_end(period: str, start: datetime, tz: ZoneInfo) -> datetime:
+    local = start.astimezone(tz).date()
+    if period == "day":
+        nxt = local + timedelta(days=1)
+    elif period == "week":
+        nxt = local + timedelta(days=7)
+    else:
+        nxt = (local.replace(day=28) + timedelta(days=4)).replace(day=1)
+    return datetime(nxt.year, nxt.month, nxt.day, tzinfo=tz).astimezone(ZoneInfo("UTC"))
+
+
+def local_day(at: datetime, tz: ZoneInfo) -> date:
+    return at.astimezone(tz).date()
+
+
+# -- prices and costs ------------------------------------------------------------------------------
+def set_price(session: Session, model: str, input_per_m, cached_input_per_m, output_per_m,
+              currency: str = "CNY", valid_from: datetime | None = None) -> ModelPrice:
+    price = ModelPrice(model=model, input_per_m=to_money(input_per_m),
+                       cached_input_per_m=to_money(cached_input_per_m),
+                       output_per_m=to_money(output_per_m), currency=currency,
+                       valid_from=valid_from or utcnow())
+    session.add(price)
+    session.flush()
+    return price
+
+
+def price_for(session: Session, model: str, at: datetime | None = None) -> ModelPrice | None:
+    at = at or utcnow()
+    for name in (model, FALLBACK_MODEL):
+        price = session.scalar(select(ModelPrice).where(ModelPrice.model == name,
+                                                        ModelPrice.valid_from <= at)
+                               .order_by(ModelPrice.valid_from.desc()).limit(1))
+        if price is not None:
+            return price
+    return None
+
+
+def cost_of(price: ModelPrice | None, prompt_tokens: int, cached_tokens: int,
+            completion_tokens: int) -> Decimal:
+    if price is None:
+        return Decimal(0)
+    cached = min(max(cached_tokens, 0), prompt_tokens)
+    total = ((prompt_tokens - cached) * price.input_per_m + cached * price.cached_input_per_m
+             + completion_tokens * price.output_per_m)
+    return to_money(total / MILLION)
+
+
+def worst_case(price: ModelPrice | None, prompt_tokens: int, max_new_tokens: int) -> Decimal:
+    """The most a call can cost: no cache hit, every allowed token generated."""
+    return cost_of(price, prompt_tokens, 0, max_new_tokens)
+
+
+def estimate_prompt_tokens(messages: Iterable[dict]) -> int:
+    """An upper bound without a tokenizer: a token is never shorter than one character for the
+    chat models we run, plus a few template tokens per message."""
+    return sum(len(m.get("content") or "") + 8 for m in messages)
+
+
+# -- budgets ---------------------------------------------------------------------------------------
+@dataclass
+class Admission:
+    allowed: bool
+    reservation_id: int | None = None
+    amount: Decimal = Decimal(0)
+    blocked_by: Budget | None = None
+    spent: Decimal = Decimal(0)
+    user_hash: str = ""
+    department: str = ""
+    api_key_id: str | None = None
+    model: str = ""
+    message_id: int | None = None
+
+
+@dataclass
+class Usage:
+    user_hash: str
+    department: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    latency_ms: int = 0
+    api_key_id: str | None = None
+    message_id: int | None = None
+
+
+@dataclass
+class RaisedAlert:
+    alert_id: int
+    budget_id: int
+    scope: str
+    scope_value: str
+    period: str
+    period_start: datetime
+    threshold: int
+    spent: Decimal
+    limit: Decimal
+    currency: str
+    action: str
+
+    def as_json(self) -> dict:
+        return {"type": "budget_alert", "alert_id": self.alert_id, "budget_id": self.budget_id,
+                "scope": self.scope, "scope_value": self.scope_value, "period": self.period,
+                "period_start": self.period_start.isoformat(), "threshold": self.threshold,
+                "spent": str(self.spent), "limit": str(self.limit), "currency": self.currency,
+                "action": self.action}
+
+
+@dataclass
+class Settled:
+    usage_id: int
+    cost: Decimal
+    alerts: list[RaisedAlert] = field(default_factory=list)
+
+
+def parse_thresholds(spec: str) -> list[int]:
+    return sorted({int(p) for p in spec.split(",") if p.strip()})
+
+
+def set_budget(session: Session, scope: str, scope_value: str, period: str, limit,
+               action: str = "block", thresholds: str = "50,80,100",
+               currency: str = "CNY") -> Budget:
+    """Create or change the budget of a scope and period."""
+    if scope not in BudgetScope.ALL:
+        raise ValueError(f"scope must be one of {BudgetScope.ALL}")
+    if period not in PERIODS:
+        raise ValueError(f"period must be one of {PERIODS}")
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {ACTIONS}")
+    if scope == BudgetScope.GLOBAL:
+        scope_value = ""
+    elif not scope_value:
+        raise ValueError(f"a {scope} budget needs the {scope} it applies to")
+    limit = to_money(limit)
+    if limit <= 0:
+        raise ValueError("the limit must be positive")
+    parse_thresholds(thresholds)
+    budget = session.scalar(select(Budget).where(Budget.scope == scope,
+                                                 Budget.scope_value == scope_value,
+                                                 Budget.period == period))
+    if budget is None:
+        budget = Budget(scope=scope, scope_value=scope_value, period=period)
+        session.add(budget)
+    budget.limit, budget.action, budget.thresholds = limit, action, thresholds
+    budget.currency, budget.enabled = currency, True
+    session.flush()
+    return budget
+
+
+def applicable_budgets(session: Session, user_hash: str, department: str,
+                       api_key_id: str | None = None) -> list[Budget]:
+    scopes = [and_(Budget.scope == BudgetScope.GLOBAL),
+              and_(Budget.scope == BudgetScope.USER, Budget.scope_value == user_hash)]
+    if department:
+        scopes.append(and_(Budget.scope == BudgetScope.DEPARTMENT, Budget.scope_value == department))
+    if api_key_id:
+        scopes.append(and_(Budget.scope == BudgetScope.API_KEY, Budget.scope_value == api_key_id))
+    return list(session.scalars(select(Budget).where(Budget.enabled.is_(True), or_(*scopes))
+                                .order_by(Budget.id)))
+
+
+def _insert(session: Session, table):
+    return (postgresql.insert(table) if session.get_bind().dialect.name == "postgresql"
+            else sqlite.insert(table))
+
+
+def _lock_periods(session: Session, keys: list[tuple[int, datetime]]) -> dict:
+    """Make sure the period rows exist and lock them, in budget-id order (no deadlocks).
+
+    On SQLite the INSERT is a write, which takes the database's write lock for the rest of the
+    transaction; on PostgreSQL ``FOR UPDATE`` locks exactly these rows.
+    """
+    keys = sorted(set(keys))
+    if not keys:
+        return {}
+    stmt = _insert(session, BudgetPeriod).values(
+        [{"budget_id": b, "period_start": s, "spent": Decimal(0), "reserved": Decimal(0)}
+         for b, s in keys]).on_conflict_do_nothing(index_elements=["budget_id", "period_start"])
+    session.execute(stmt)
+    query = (select(BudgetPeriod)
+             .where(or_(*[and_(BudgetPeriod.budget_id == b, BudgetPeriod.period_start == s)
+                          for b, s in keys]))
+             .order_by(BudgetPeriod.budget_id)
+             .execution_options(populate_existing=True))
+    if session.get_bind().dialect.name != "sqlite":
+        query = query.with_for_update()
+    return {(p.budget_id, p.period_start): p for p in session.scalars(query)}
+
+
+def _encode_periods(keys: list[tuple[int, datetime]]) -> str:
+    return ",".join(f"{b}@{s.isoformat()}" for b, s in keys)
+
+
+def _decode_periods(text: str) -> list[tuple[int, datetime]]:
+    out = []
+    for item in filter(None, text.split(",")):
+        b, _, s = item.partition("@")
+        out.append((int(b), datetime.fromisoformat(s)))
+    return out
+
+
+class Accounting:
+    """Budget enforcement and usage recording over one ``Database``."""
+
+    def __init__(self, db, tz: ZoneInfo, currency: str = "CNY", audit=None,
+                 on_alerts: Callable[[list[RaisedAlert]], None] | None = None):
+        self.db = db
+        self.tz = tz
+        self.currency = currency
+        self.audit = audit
+        self.on_alerts = on_alerts
+
+    def reserve(self, user_hash: str, department: str, model: str, prompt_tokens: int,
+                max_new_tokens: int, api_key_id: str | None = None,
+                message_id: int | None = None, now: datetime | None = None) -> Admission:
+        now = now or utcnow()
+        base = {"user_hash": user_hash, "department": department, "api_key_id": api_key_id,
+                "model": model, "message_id": message_id}
+        with self.db.transaction() as session:
+            budgets = applicable_budgets(session, user_hash, department, api_key_id)
+            if not budgets:
+                return Admission(True, **base)
+            worst = worst_case(price_for(session, model, now), prompt_tokens, max_new_tokens)
+            keys = [(b.id, period_start(b.period, now, self.tz)) for b in budgets]
+            periods = _lock_periods(session, keys)
+            for budget, key in zip(budgets, keys, strict=True):
+                row = periods[key]
+                if budget.action == "block" and row.spent + row.reserved >= budget.limit:
+                    return Admission(False, blocked_by=budget, spent=row.spent, **base)
+            for key in keys:
+                periods[key].reserved += worst
+            reservation = BudgetReservation(amount=worst, periods=_encode_periods(keys),
+                                            message_id=message_id, created_at=now)
+            session.add(reservation)
+            session.flush()
+            return Admission(True, reservation.id, worst, **base)
+
+    def release(self, admission: Admission | int | None) -> None:
+        """Give back a reservation (the generation failed); safe to call twice."""
+        reservation_id = admission.reservation_id if isinstance(admission, Admission) else admission
+        if reservation_id is None:
+            return
+        with self.db.transaction() as session:
+            self._drop_reservation(session, reservation_id)
+
+    def _drop_reservation(self, session: Session, reservation_id: int):
+        reservation = session.get(BudgetReservation, reservation_id)
+        if reservation is None:
+            return None
+        keys = _decode_periods(reservation.periods)
+        periods = _lock_periods(session, keys)
+        # Re-read under the lock: a concurrent release may have taken it first.
+        gone = session.execute(delete(BudgetReservation)
+                               .where(BudgetReservation.id == reservation_id)).rowcount
+        if not gone:
+            return None
+        for key in keys:
+            row = periods[key]
+            row.reserved = max(row.reserved - reservation.amount, Decimal(0))
+        return keys
+
+    def settle(self, admission: Admission | None, usage: Usage, now: datetime | None = None) -> Settled:
+        """Record the call's usage and real cost, and free its reservation, in one transaction."""
+        now = now or utcnow()
+        with self.db.transaction() as session:
+            price = price_for(session, usage.model, now)
+            cost = cost_of(price, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+            record = UsageRecord(
+                created_at=now, day=local_day(now, self.tz), user_hash=usage.user_hash,
+                department=usage.department or "", api_key_id=usage.api_key_id, model=usage.model,
+                prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
+                completion_tokens=usage.completion_tokens, cost=cost,
+                currency=price.currency if price else self.currency,
+                price_id=price.id if price else None, latency_ms=usage.latency_ms,
+                message_id=usage.message_id)
+            session.add(record)
+            self._roll_up(session, record)
+
+            keys = None
+            if admission is not None and admission.reservation_id is not None:
+                keys = self._drop_reservation(session, admission.reservation_id)
+            if keys is None:  # no reservation (no budget then, or it expired): charge today's
+                budgets = applicable_budgets(session, usage.user_hash, usage.department,
+                                             usage.api_key_id)
+                keys = [(b.id, period_start(b.period, now, self.tz)) for b in budgets]
+            alerts = self._charge(session, keys, cost) if keys else []
+            for alert in alerts:
+                self._audit_alert(session, alert)
+            session.flush()
+            settled = Settled(record.id, cost, alerts)
+        if alerts and self.on_alerts is not None:
+            self.on_alerts(alerts)
+        return settled
+
+    def _roll_up(self, session: Session, record: UsageRecord) -> None:
+        values = {"day": record.day, "department": record.department, "user_hash": record.user_hash,
+                  "model": record.model, "calls": 1, "prompt_tokens": record.prompt_tokens,
+                  "cached_tokens": record.cached_tokens,
+                  "completion_tokens": record.completion_tokens, "cost": record.cost}
+        stmt = _insert(session, UsageDaily).values(values)
+        table = UsageDaily.__table__
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["day", "department", "user_hash", "model"],
+            set_={name: table.c[name] + stmt.excluded[name]
+                  for name in ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")})
+        session.execute(stmt)
+
+    def _charge(self, session: Session, keys, cost: Decimal) -> list[RaisedAlert]:
+        periods = _lock_periods(session, keys)
+        budgets = {b.id: b for b in session.scalars(select(Budget).where(
+            Budget.id.in_([k[0] for k in keys])))}
+        alerts = []
+        for key in sorted(periods):
+            row, budget = periods[key], budgets.get(key[0])
+            row.spent += cost
+            if budget is None:
+                continue
+            for threshold in parse_thresholds(budget.thresholds):
+                if row.spent * 100 < budget.limit * threshold:
+                    break
+                alert = self._raise_once(session, budget, row, threshold)
+                if alert is not None:
+                    alerts.append(alert)
+        return alerts
+
+    def _raise_once(self, session: Session, budget: Budget, row: BudgetPeriod,
+                    threshold: int) -> RaisedAlert | None:
+        stmt = _insert(session, BudgetAlert).values(
+            budget_id=budget.id, period_start=row.period_start, threshold=threshold,
+            spent=row.spent, limit=budget.limit, created_at=utcnow(),
+        ).on_conflict_do_nothing(index_elements=["budget_id", "period_start", "threshold"])
+        alert_id = session.scalar(stmt.returning(BudgetAlert.id))
+        if alert_id is None:
+            return None  # raised already, by this or another process
+        return RaisedAlert(alert_id, budget.id, budget.scope, budget.scope_value, budget.period,
+                           row.period_start, threshold, row.spent, budget.limit, budget.currency,
+                           budget.action)
+
+    def _audit_alert(self, session: Session, alert: RaisedAlert) -> None:
+        if self.audit is not None:
+            self.audit.append(session, EventType.BUDGET_ALERT, actor="system",
+                              outcome=f"{alert.threshold}%", payload=alert.as_json())
+
+    def expire_reservations(self, older_than_s: float, now: datetime | None = None) -> int:
+        """Release reservations a crashed worker left behind."""
+        cutoff = (now or utcnow()) - timedelta(seconds=older_than_s)
+        with self.db.session() as session:
+            stale = list(session.scalars(select(BudgetReservation.id)
+                                         .where(BudgetReservation.created_at < cutoff)))
+        for reservation_id in stale:
+            self.release(reservation_id)
+        return len(stale)
+
+    # -- reading -------------------------------------------------------------------------------
+    def user_spend(self, session: Session, user_hash: str, since: date) -> Decimal:
+        total = session.scalar(select(func.sum(UsageDaily.cost)).where(
+            UsageDaily.user_hash == user_hash, UsageDaily.day >= since))
+        return total or Decimal(0)
+
+    def budget_status(self, user_hash: str, department: str, api_key_id: str | None = None,
+                      now: datetime | None = None) -> list[dict]:
+        """Each applicable budget with its spend in the current period."""
+        now = now or utcnow()
+        out = []
+        with self.db.session() as session:
+            for budget in applicable_budgets(session, user_hash, department, api_key_id):
+                start = period_start(budget.period, now, self.tz)
+                row = session.get(BudgetPeriod, (budget.id, start))
+                spent = row.spent if row else Decimal(0)
+                out.append({"budget": budget, "period_start": start, "spent": spent,
+                            "remaining": max(budget.limit - spent, Decimal(0))})
+        return out
+
+
+def mark_delivered(db, alert_id: int, channels: list[str]) -> None:
+    with db.transaction() as session:
+        session.execute(update(BudgetAlert).where(BudgetAlert.id == alert_id)
+                        .values(delivered=",".join(channels)[:64] or None))
+
+
+# -- alert delivery ---------------------------------------------------------------------------------
+SCOPE_NAMES = {"global": "公司 company", "department": "部门 department", "user": "个人 user",
+               "api_key": "API key"}
+PERIOD_NAMES = {"day": "今日 today", "week": "本周 this week", "month": "本月 this month"}
+
+
+def alert_text(alert: RaisedAlert) -> str:
+    who = SCOPE_NAMES.get(alert.scope, alert.scope)
+    if alert.scope_value and alert.scope != "user":
+        who += f" {alert.scope_value}"
+    elif alert.scope == "user":
+        who += f" {alert.scope_value[:12]}"
+    verb = "已用完，新的提问将被拦截 (blocking)" if alert.threshold >= 100 and alert.action == "block" \
+        else f"已达 {alert.threshold}%"
+    return (f"AI 助手预算提醒 Budget alert: {who} {PERIOD_NAMES.get(alert.period, alert.period)} "
+            f"{verb}: {alert.spent:.4f} / {alert.limit:.4f} {alert.currency}")
+
+
+class AlertSender:
+    """Sends alerts off the reply path: WeCom text to the admins, and the webhook (POST JSON)."""
+
+    def __init__(self, wecom, recipients: list[str], webhook_url: str | None, timeout_s: float,
+                 db=None, http_post=None):
+        self.wecom = wecom
+        self.recipients = recipients
+        self.webhook_url = webhook_url
+        self.timeout_s = timeout_s
+        self.db = db
+        if http_post is None:
+            import requests
+
+            http_post = requests.post
+        self._post = http_post
+
+    def __call__(self, alerts: list[RaisedAlert]) -> threading.Thread:
+        thread = threading.Thread(target=self.deliver, args=(alerts,), daemon=True,
+                                  name="budget-alerts")
+        thread.start()
+        return thread
+
+    def deliver(self, alerts: list[RaisedAlert]) -> None:
+        for alert in alerts:
+            channels = []
+            if self.recipients and self.wecom is not None:
+                try:
+                    self.wecom.send("|".join(self.recipients), "text", alert_text(alert))
+                    channels.append("wecom")
+                except Exception:  # noqa: BLE001 - the alert row is on the dashboard anyway
+                    log.warning("budget alert %s not sent to WeCom", alert.alert_id)
+            if self.webhook_url:
+                try:
+                    body = json.dumps(alert.as_json(), ensure_ascii=False).encode()
+                    response = self._post(self.webhook_url, data=body, timeout=self.timeout_s,
+                                          headers={"Content-Type": "application/json"})
+                    if getattr(response, "status_code", 200) < 300:
+                        channels.append("webhook")
+                except Exception:  # noqa: BLE001 - same: never let delivery break anything
+                    log.warning("budget alert %s not delivered to the webhook", alert.alert_id)
+            if self.db is not None:
+                try:
+                    mark_delivered(self.db, alert.alert_id, channels)
+                except Exception:  # noqa: BLE001
+                    log.warning("could not record delivery of budget alert %s", alert.alert_id)

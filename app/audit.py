@@ -1,0 +1,382 @@
+"""The audit log: append-only events in one hash chain, with an encrypted payload.
+
+Each event row carries ``seq`` (1, 2, 3, ... without gaps), time, actor (a user's blind index or
+an admin's name), type, outcome, request id, a request fingerprint and the payload, AES-GCM
+sealed to ``audit_events.payload_enc:<seq>``. ``row_hash`` is HMAC-SHA256 over a canonical
+serialization of all of those columns *and* ``prev_hash`` (the previous row's ``row_hash``), keyed
+by a key derived from ``SECRET_KEY``: without the server secret a row cannot be changed, inserted,
+moved or dropped and the chain re-sealed to hide it.
+
+Appending is serialized by the chain's head row (``audit_chain``, id 1): on PostgreSQL
+``SELECT ... FOR UPDATE``, on SQLite a write to it first, which takes SQLite's single write lock
+(what ``BEGIN IMMEDIATE`` would). The head holds the last link and the purge anchor: ``purge``
+deletes a prefix of old rows and records the last purged row's seq and hash, so the rest of the
+chain still verifies from there.
+
+Limit, by design: an attacker who can write the database could drop the newest rows and set the
+head back; exports (which carry the head) and off-site copies of the head catch that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from app.db import utcnow
+from app.models import AuditChain, AuditEvent
+from app.security import FieldCipher
+
+log = logging.getLogger(__name__)
+TABLE = AuditEvent.__tablename__
+GENESIS = "0" * 64
+MIN_RETENTION_DAYS = 180
+MOVE_SEARCH = 64  # how far from its place verify looks for a moved row's original seq
+
+
+class EventType:
+    MESSAGE_RECEIVED = "message_received"
+    REPLY_SENT = "reply_sent"
+    REPLY_FAILED = "reply_failed"
+    BUDGET_ALERT = "budget_alert"
+    BUDGET_BLOCK = "budget_block"
+    ADMIN_LOGIN = "admin_login"
+    ADMIN_CHANGE = "admin_change"
+    EXPORT = "export"
+    KEY_ROTATION = "key_rotation"
+    ALL = (MESSAGE_RECEIVED, REPLY_SENT, REPLY_FAILED, BUDGET_ALERT, BUDGET_BLOCK, ADMIN_LOGIN,
+           ADMIN_CHANGE, EXPORT, KEY_ROTATION)
+
+
+def request_fingerprint(secret: bytes | str, remote_addr: str | None, user_agent: str | None,
+                        at: datetime | None = None) -> str:
+    """HMAC-SHA256(secret, remote address + User-Agent + UTC hour ``YYYYMMDDHH``).
+
+    Keyed, because a plain hash of an IP and a common User-Agent is easily brute-forced back.
+    """
+    key = secret.encode() if isinstance(secret, str) else secret
+    hour = (at or utcnow()).astimezone(UTC).strftime("%Y%m%d%H")
+    message = "\n".join([remote_addr or "", user_agent or "", hour]).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def chain_key(secret: bytes | str) -> bytes:
+    key = secret.encode() if isinstance(secret, str) else secret
+    return hmac.new(key, b"audit-chain-v1", hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Issue:
+    kind: str  # changed | inserted | deleted | reordered | head | anchor
+    seq: int
+    detail: str
+
+    def __str__(self) -> str:
+        return f"seq {self.seq}: {self.kind} - {self.detail}"
+
+
+@dataclass
+class VerifyReport:
+    rows: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    anchor_seq: int = 0
+    issues: list[Issue] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.issues
+
+
+class ChainBroken(RuntimeError):
+    def __init__(self, report: VerifyReport):
+        super().__init__("audit chain does not verify: " + "; ".join(map(str, report.issues[:5])))
+        self.report = report
+
+
+class AuditLog:
+    def __init__(self, cipher: FieldCipher, secret: bytes | str):
+        self.cipher = cipher
+        self._key = chain_key(secret)
+
+    # -- sealing -------------------------------------------------------------------------------
+    def seal(self, row: AuditEvent, seq: int | None = None) -> str:
+        """The row's MAC as if it stood at ``seq`` (default: where it stands)."""
+        fields = [
+            "audit-v1", row.seq if seq is None else seq,
+            row.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
+            row.event_type, row.actor, row.outcome, row.request_id or "", row.fingerprint or "",
+            row.payload_enc, row.prev_hash,
+        ]
+        canonical = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+        return hmac.new(self._key, canonical, hashlib.sha256).hexdigest()
+
+    def payload_of(self, row: AuditEvent) -> dict:
+        return json.loads(self.cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.seq))
+
+    # -- appending -----------------------------------------------------------------------------
+    def append(self, session: Session, event_type: str, *, actor: str, outcome: str = "ok",
+               payload: dict | None = None, request_id: str | None = None,
+               fingerprint: str | None = None) -> AuditEvent:
+        """Add one event at the chain's end, inside the caller's transaction."""
+        if event_type not in EventType.ALL:
+            raise ValueError(f"unknown audit event type {event_type!r}")
+        head = lock_head(session)
+        seq = head.last_seq + 1
+        row = AuditEvent(
+            seq=seq, created_at=utcnow(), event_type=event_type, actor=actor[:80],
+            outcome=outcome[:16], request_id=request_id, fingerprint=fingerprint,
+            payload_enc=self.cipher.encrypt(
+                json.dumps(payload or {}, ensure_ascii=False, sort_keys=True, default=str),
+                TABLE, "payload_enc", seq),
+            prev_hash=head.last_hash,
+        )
+        row.row_hash = self.seal(row)
+        session.add(row)
+        head.last_seq, head.last_hash, head.updated_at = seq, row.row_hash, row.created_at
+        session.flush()
+        return row
+
+    def record(self, db, event_type: str, **kwargs) -> AuditEvent:
+        """Append in a transaction of its own (worker events, CLI commands)."""
+        with db.transaction() as session:
+            return self.append(session, event_type, **kwargs)
+
+    # -- verifying -----------------------------------------------------------------------------
+    def verify(self, session: Session, batch: int = 2000) -> VerifyReport:
+        """Walk the chain and name every changed, inserted, deleted or reordered row."""
+        head = session.get(AuditChain, 1, populate_existing=True)
+        report = VerifyReport(anchor_seq=head.anchor_seq)
+        span = max(head.last_seq - head.anchor_seq, 0)
+        seen = bytearray(span)  # which written seqs (anchor+1 .. last) we found
+        forged: list[AuditEvent] = []
+        moves: list[tuple[int, int]] = []
+        after = -1
+        while True:
+            rows = list(session.scalars(select(AuditEvent).where(AuditEvent.seq > after)
+                                        .order_by(AuditEvent.seq).limit(batch)))
+            if not rows:
+                break
+            for row in rows:
+                report.rows += 1
+                report.first_seq = row.seq if report.first_seq is None else report.first_seq
+                report.last_seq = row.seq
+                written = self._written_seq(session, row)
+                if written is None:
+                    forged.append(row)
+                    continue
+                if written != row.seq:
+                    moves.append((row.seq, written))
+                self._mark(report, seen, head, written, row)
+            after = rows[-1].seq
+            for row in rows:
+                session.expunge(row)  # keep memory flat on long chains
+
+        for row in forged:
+            kind = self._forged_kind(session, row, head)
+            if kind == "changed":
+                report.issues.append(Issue("changed", row.seq, "contents do not match its hash"))
+                self._mark(report, seen, head, row.seq, None)
+            else:
+                report.issues.append(Issue("inserted", row.seq, "not written by the audit log"))
+        report.issues += _move_issues(moves)
+        report.issues += _missing_issues(seen, head.anchor_seq)
+        self._check_ends(session, head, report)
+        report.issues.sort(key=lambda issue: (issue.seq, issue.kind))
+        return report
+
+    def _written_seq(self, session: Session, row: AuditEvent) -> int | None:
+        """The seq the row was sealed at: its own, another (it was moved), or None (forged)."""
+        if hmac.compare_digest(self.seal(row), row.row_hash):
+            return row.seq
+        candidates = list(range(max(row.seq - MOVE_SEARCH, 1), row.seq + MOVE_SEARCH + 1))
+        predecessor = session.scalar(select(AuditEvent.seq).where(AuditEvent.row_hash == row.prev_hash))
+        if predecessor is not None:
+            candidates.insert(0, predecessor + 1)
+        for seq in candidates:
+            if seq != row.seq and hmac.compare_digest(self.seal(row, seq), row.row_hash):
+                return seq
+        return None
+
+    @staticmethod
+    def _mark(report: VerifyReport, seen: bytearray, head: AuditChain, written: int, row) -> None:
+        index = written - head.anchor_seq - 1
+        if 0 <= index < len(seen):
+            if seen[index]:
+                report.issues.append(Issue("inserted", row.seq if row else written,
+                                           f"a second copy of seq {written}"))
+            seen[index] = 1
+        elif row is not None:
+            where = "before the purge anchor" if written <= head.anchor_seq else "after the chain head"
+            report.issues.append(Issue("inserted", row.seq, where))
+
+    @staticmethod
+    def _forged_kind(session: Session, row: AuditEvent, head: AuditChain) -> str:
+        if row.seq > head.last_seq or row.seq <= head.anchor_seq:
+            return "inserted"
+        successor = session.get(AuditEvent, row.seq + 1)
+        if successor is not None and successor.prev_hash == row.row_hash:
+            return "changed"
+        before = session.get(AuditEvent, row.seq - 1)
+        before_hash = before.row_hash if before is not None else (
+            head.anchor_hash if row.seq == head.anchor_seq + 1 else None)
+        links_past = successor is not None and successor.prev_hash == before_hash
+        at_end = successor is None and head.last_hash == before_hash
+        return "inserted" if links_past or at_end else "changed"
+
+    def _check_ends(self, session: Session, head: AuditChain, report: VerifyReport) -> None:
+        first = session.get(AuditEvent, head.anchor_seq + 1)
+        if first is not None and first.prev_hash != head.anchor_hash and self._intact(first):
+            report.issues.append(Issue("anchor", first.seq, "does not link to the purge anchor"))
+        last = session.get(AuditEvent, head.last_seq) if head.last_seq > head.anchor_seq else None
+        if last is not None and last.row_hash != head.last_hash and self._intact(last):
+            report.issues.append(Issue("head", head.last_seq, "the chain head names another row"))
+
+    def _intact(self, row: AuditEvent) -> bool:
+        return hmac.compare_digest(self.seal(row), row.row_hash)
+
+    # -- retention -----------------------------------------------------------------------------
+    def purge(self, session: Session, retention_days: int, now: datetime | None = None) -> int:
+        """Delete the events older than the retention; the chain then starts at a new anchor.
+
+        Refuses a broken chain: anchoring on a tampered row would launder the tampering.
+        """
+        if retention_days < MIN_RETENTION_DAYS:
+            raise ValueError(f"retention must be at least {MIN_RETENTION_DAYS} days")
+        cutoff = (now or utcnow()) - timedelta(days=retention_days)
+        head = lock_head(session)
+        last = session.scalar(select(func.max(AuditEvent.seq)).where(AuditEvent.created_at < cutoff))
+        if last is None:
+            return 0
+        report = self.verify(session)
+        if not report.ok:
+            raise ChainBroken(report)
+        head = session.get(AuditChain, 1, populate_existing=True)
+        anchor_hash = session.scalar(select(AuditEvent.row_hash).where(AuditEvent.seq == last))
+        deleted = session.execute(delete(AuditEvent).where(AuditEvent.seq <= last)).rowcount
+        head.anchor_seq, head.anchor_hash, head.updated_at = last, anchor_hash, utcnow()
+        session.flush()
+        log.info("audit purge: %d events up to seq %d (older than %s)", deleted, last, cutoff)
+        return deleted
+
+    # -- key rotation ----------------------------------------------------------------------------
+    def reseal_with_primary_key(self, session: Session) -> int:
+        """Re-encrypt payloads sealed with old key ids and re-link the chain from there on.
+
+        The hash covers the ciphertext, so a new ciphertext means new hashes for that row and
+        every later one. It runs in one transaction under the head lock (appenders wait), and
+        only on a chain that verifies first, so rotation cannot hide earlier tampering.
+        """
+        head = lock_head(session)
+        report = self.verify(session)
+        if not report.ok:
+            raise ChainBroken(report)
+        head = session.get(AuditChain, 1, populate_existing=True)
+        prev, rotated, after = head.anchor_hash, 0, head.anchor_seq
+        relinking = False
+        while True:
+            rows = list(session.scalars(select(AuditEvent).where(AuditEvent.seq > after)
+                                        .order_by(AuditEvent.seq).limit(1000)))
+            if not rows:
+                break
+            for row in rows:
+                if self.cipher.needs_rotation(row.payload_enc):
+                    plain = self.cipher.decrypt_bytes(row.payload_enc, TABLE, "payload_enc", row.seq)
+                    row.payload_enc = self.cipher.encrypt(plain, TABLE, "payload_enc", row.seq)
+                    rotated += 1
+                    relinking = True
+                if relinking:
+                    row.prev_hash = prev
+                    row.row_hash = self.seal(row)
+                prev = row.row_hash
+            after = rows[-1].seq
+            session.flush()
+        head.last_hash = prev
+        session.flush()
+        return rotated
+
+
+def lock_head(session: Session) -> AuditChain:
+    """Take the chain's lock for the rest of the caller's transaction and return the head."""
+    if session.get_bind().dialect.name == "sqlite":
+        # A write first: SQLite's one write lock, held to commit (as BEGIN IMMEDIATE would).
+        session.execute(update(AuditChain).where(AuditChain.id == 1)
+                        .values(updated_at=AuditChain.updated_at)
+                        .execution_options(synchronize_session=False))
+        return session.scalars(select(AuditChain).where(AuditChain.id == 1)
+                               .execution_options(populate_existing=True)).one()
+    return session.scalars(select(AuditChain).where(AuditChain.id == 1).with_for_update()
+                           .execution_options(populate_existing=True)).one()
+
+
+def _move_issues(moves: list[tuple[int, int]]) -> list[Issue]:
+    """Rows sealed at another seq; a run shifted by the same offset is one issue."""
+    issues: list[Issue] = []
+    run: list[tuple[int, int]] = []
+    for at, written in [*moves, (None, None)]:
+        if run and (at is None or at != run[-1][0] + 1 or at - written != run[0][0] - run[0][1]):
+            (a, wa), (b, wb) = run[0], run[-1]
+            detail = (f"written as seq {wa}" if a == b
+                      else f"seq {a}..{b} were written as {wa}..{wb}")
+            issues.append(Issue("reordered", a, detail))
+            run = []
+        if at is not None:
+            run.append((at, written))
+    return issues
+
+
+def _missing_issues(seen: bytearray, anchor_seq: int) -> list[Issue]:
+    issues, start = [], None
+    for index in range(len(seen) + 1):
+        missing = index < len(seen) and not seen[index]
+        if missing and start is None:
+            start = index
+        elif not missing and start is not None:
+            a, b = anchor_seq + start + 1, anchor_seq + index
+            issues.append(Issue("deleted", a, "missing" if a == b else f"seq {a}..{b} missing"))
+            start = None
+    return issues
+
+
+class AuditWriteError(SQLAlchemyError):
+    """The audit event could not be written; a storage error, so the callback answers 503."""
+
+
+def message_received_hook(services):
+    """The callback's accept hook: the ``message_received`` event, in the outbox transaction.
+
+    Fail closed: if the event cannot be written the whole transaction (the outbox row too) rolls
+    back and WeCom gets a 503, so it delivers the message again later.
+    """
+    from flask import g, request
+
+    from app.outbox import user_hash
+
+    secret = services.settings.secret_key.get_secret_value()
+
+    def hook(session: Session, accepted, message) -> None:
+        if not accepted.created:
+            return  # WeCom's retry of a message already recorded
+        try:
+            services.audit.append(
+                session, EventType.MESSAGE_RECEIVED,
+                actor=user_hash(services.blind_index, message.from_user), outcome="accepted",
+                request_id=g.get("request_id"),
+                fingerprint=request_fingerprint(secret, request.remote_addr,
+                                                request.headers.get("User-Agent")),
+                payload={"message_id": accepted.id, "msg_type": message.msg_type,
+                         "event": getattr(message, "event", None),
+                         "agent_id": getattr(message, "agent_id", None)})
+        except SQLAlchemyError:
+            raise
+        except Exception as exc:
+            raise AuditWriteError(f"audit event not written: {type(exc).__name__}") from exc
+
+    return hook

@@ -1,0 +1,219 @@
+"""The audit chain on both databases: concurrent appends, every kind of tampering, purge."""
+
+from __future__ import annotations
+
+import multiprocessing
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from app.audit import AuditLog, EventType, request_fingerprint
+from app.db import Database, utcnow
+from app.models import AuditChain, AuditEvent
+from app.services import Services
+from tests.support.env import settings_from
+
+
+def append_many(db, audit: AuditLog, n: int, actor: str = "tester") -> None:
+    for i in range(n):
+        audit.record(db, EventType.REPLY_SENT, actor=actor, payload={"i": i})
+
+
+def verify(services):
+    with services.db.session() as session:
+        return services.audit.verify(session)
+
+
+def kinds(report):
+    return sorted((issue.kind, issue.seq) for issue in report.issues)
+
+
+def test_append_then_verify_and_payload_reads_back(services):
+    append_many(services.db, services.audit, 5)
+    report = verify(services)
+    assert report.ok and report.rows == 5 and (report.first_seq, report.last_seq) == (1, 5)
+    with services.db.session() as session:
+        row = session.get(AuditEvent, 3)
+        assert services.audit.payload_of(row) == {"i": 2}
+        assert row.payload_enc.startswith("v1:") and '"i"' not in row.payload_enc
+        assert row.prev_hash == session.get(AuditEvent, 2).row_hash
+
+
+def _child(env: dict, n: int, worker: int) -> None:
+    services = Services(settings_from(env), Database(env["DATABASE_URL"]))
+    append_many(services.db, services.audit, n, actor=f"proc{worker}")
+    services.db.dispose()
+
+
+def test_concurrent_processes_keep_one_chain(env, services):
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_child, args=(env, 50, w)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    report = verify(services)
+    assert report.ok, report.issues
+    assert report.rows == 200
+    with services.db.session() as session:
+        head = session.get(AuditChain, 1)
+        assert head.last_seq == 200
+
+
+def _tamper(db, sql: str, **params) -> None:
+    with db.engine.begin() as conn:
+        conn.execute(text(sql), params)
+
+
+@pytest.fixture
+def chain(services):
+    append_many(services.db, services.audit, 30)
+    assert verify(services).ok
+    return services
+
+
+def test_changed_row_is_named(chain):
+    _tamper(chain.db, "UPDATE audit_events SET outcome = 'forged' WHERE seq = 7")
+    assert kinds(verify(chain)) == [("changed", 7)]
+
+
+def test_changed_payload_is_named(chain):
+    with chain.db.session() as session:
+        other = session.get(AuditEvent, 9).payload_enc
+    _tamper(chain.db, "UPDATE audit_events SET payload_enc = :p WHERE seq = 8", p=other)
+    assert kinds(verify(chain)) == [("changed", 8)]
+
+
+def test_deleted_rows_are_named(chain):
+    _tamper(chain.db, "DELETE FROM audit_events WHERE seq IN (12, 13)")
+    report = verify(chain)
+    assert kinds(report) == [("deleted", 12)]
+    assert "12..13" in str(report.issues[0])
+
+
+def test_deleted_last_row_is_named(chain):
+    _tamper(chain.db, "DELETE FROM audit_events WHERE seq = 30")
+    assert kinds(verify(chain)) == [("deleted", 30)]
+
+
+def test_reordered_rows_are_named(chain):
+    # Swap rows 10 and 11 (through a free seq, as an attacker would).
+    _tamper(chain.db, "UPDATE audit_events SET seq = 1000 WHERE seq = 10")
+    _tamper(chain.db, "UPDATE audit_events SET seq = 10 WHERE seq = 11")
+    _tamper(chain.db, "UPDATE audit_events SET seq = 11 WHERE seq = 1000")
+    report = verify(chain)
+    assert kinds(report) == [("reordered", 10), ("reordered", 11)]
+    assert "written as seq 11" in str(report.issues[0])
+
+
+def _forged_values(chain, seq: int) -> dict:
+    with chain.db.session() as session:
+        prev = session.get(AuditEvent, seq - 1)
+    return {"seq": seq, "t": utcnow(), "p": chain.cipher.encrypt("{}", "audit_events", "payload_enc", seq),
+            "prev": prev.row_hash, "h": "f" * 64}
+
+
+INSERT = ("INSERT INTO audit_events (seq, created_at, event_type, actor, outcome, payload_enc, "
+          "prev_hash, row_hash) VALUES (:seq, :t, 'admin_login', 'mallory', 'ok', :p, :prev, :h)")
+
+
+def test_inserted_row_at_the_end_is_named(chain):
+    values = _forged_values(chain, 31)
+    if chain.db.engine.dialect.name == "sqlite":
+        values["t"] = values["t"].replace(tzinfo=None)
+    _tamper(chain.db, INSERT, **values)
+    assert kinds(verify(chain)) == [("inserted", 31)]
+
+
+def test_inserted_row_in_the_middle_is_named(chain):
+    # Make room at 15 by renumbering the rest (highest first, the PK stays unique).
+    for seq in range(30, 14, -1):
+        _tamper(chain.db, "UPDATE audit_events SET seq = :n WHERE seq = :o", n=seq + 1, o=seq)
+    values = _forged_values(chain, 15)
+    if chain.db.engine.dialect.name == "sqlite":
+        values["t"] = values["t"].replace(tzinfo=None)
+    _tamper(chain.db, INSERT, **values)
+    report = verify(chain)
+    assert ("inserted", 15) in kinds(report)
+    moved = [i for i in report.issues if i.kind == "reordered"]
+    assert len(moved) == 1 and moved[0].seq == 16 and "15..30" in moved[0].detail
+
+
+def test_verify_cli_names_the_row_and_fails(chain):
+    from app import create_app
+
+    _tamper(chain.db, "UPDATE audit_events SET actor = 'someone else' WHERE seq = 4")
+    app = create_app(services=chain)
+    result = app.test_cli_runner().invoke(args=["audit", "verify"])
+    assert result.exit_code == 1
+    assert "seq 4: changed" in result.output
+
+
+def test_purge_keeps_the_chain_verifiable(chain):
+    old = utcnow() - timedelta(days=200)
+    _tamper(chain.db, "UPDATE audit_events SET created_at = :t WHERE seq <= 10",
+            t=old.replace(tzinfo=None) if chain.db.engine.dialect.name == "sqlite" else old)
+    # Moving the time is itself tampering; re-seal those rows as if written then.
+    _reseal_all(chain)
+    assert verify(chain).ok
+    with chain.db.transaction() as session:
+        assert chain.audit.purge(session, 180) == 10
+    report = verify(chain)
+    assert report.ok, report.issues
+    assert (report.anchor_seq, report.first_seq, report.rows) == (10, 11, 20)
+    append_many(chain.db, chain.audit, 3)
+    assert verify(chain).ok
+    # Deleting the first row after the anchor is still found.
+    _tamper(chain.db, "DELETE FROM audit_events WHERE seq = 11")
+    assert kinds(verify(chain)) == [("deleted", 11)]
+
+
+def test_purge_refuses_short_retention_and_broken_chain(chain):
+    with pytest.raises(ValueError), chain.db.transaction() as session:
+        chain.audit.purge(session, 90)
+    from app import create_app
+
+    result = create_app(services=chain).test_cli_runner().invoke(args=["audit", "purge", "--days", "30"])
+    assert result.exit_code != 0 and "at least 180" in result.output
+
+
+def _reseal_all(services) -> None:
+    with services.db.transaction() as session:
+        prev = "0" * 64
+        for row in session.query(AuditEvent).order_by(AuditEvent.seq):
+            row.prev_hash = prev
+            row.row_hash = services.audit.seal(row)
+            prev = row.row_hash
+        session.get(AuditChain, 1).last_hash = prev
+
+
+def test_fingerprint_is_keyed_and_hourly():
+    at = utcnow().replace(minute=5)
+    a = request_fingerprint("k" * 32, "10.0.0.1", "Mozilla", at)
+    assert a == request_fingerprint("k" * 32, "10.0.0.1", "Mozilla", at.replace(minute=55))
+    assert a != request_fingerprint("x" * 32, "10.0.0.1", "Mozilla", at)
+    assert a != request_fingerprint("k" * 32, "10.0.0.1", "Mozilla", at + timedelta(hours=1))
+    assert len(a) == 64
+
+
+def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
+    import worker.tasks as tasks
+    from app.accounting import set_budget
+    from worker.conversation import ConversationStore
+    from worker.processor import MessageProcessor
+
+    old = utcnow() - timedelta(days=181)
+    _tamper(chain.db, "UPDATE audit_events SET created_at = :t WHERE seq <= 5",
+            t=old.replace(tzinfo=None) if chain.db.engine.dialect.name == "sqlite" else old)
+    _reseal_all(chain)
+    processor = MessageProcessor(chain, None, None, ConversationStore(chain.redis, chain.cipher, 60, 5))
+    monkeypatch.setattr(tasks, "_runtime", processor)
+    with chain.db.transaction() as session:
+        set_budget(session, "global", "", "day", "1")
+    processor.meter.accounting.reserve("u", "", "glm-4", 10, 10,
+                                       now=utcnow() - timedelta(hours=2))
+    assert tasks.data_maintenance() == {"purged": 5, "released": 1}
+    report = verify(chain)
+    assert report.ok and report.anchor_seq == 5 and report.rows == 25

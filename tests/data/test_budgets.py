@@ -1,0 +1,166 @@
+"""Budgets on both databases: reservations under concurrency, alerts once, usage rollups."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+import pytest
+from sqlalchemy import func, select
+
+from app.accounting import Accounting, AlertSender, Usage, set_budget, set_price
+from app.models import (
+    AuditEvent,
+    BudgetAlert,
+    BudgetPeriod,
+    BudgetReservation,
+    UsageDaily,
+    UsageRecord,
+)
+
+TZ = ZoneInfo("Asia/Shanghai")
+# 10 CNY per million input tokens, 2 cached, 30 output: a call of 1000 in / 500 out = 0.025 CNY.
+PRICES = (Decimal(10), Decimal(2), Decimal(30))
+
+
+@pytest.fixture
+def accounting(services):
+    raised = []
+    acc = Accounting(services.db, TZ, audit=services.audit, on_alerts=raised.extend)
+    acc.raised = raised
+    with services.db.transaction() as session:
+        set_price(session, "glm-4", *PRICES)
+    return acc
+
+
+def usage(user="u1", dept="d1", prompt=1000, completion=500, cached=0):
+    return Usage(user_hash=user, department=dept, model="glm-4", prompt_tokens=prompt,
+                 completion_tokens=completion, cached_tokens=cached)
+
+
+def test_cost_and_rollup(services, accounting):
+    accounting.settle(None, usage())
+    accounting.settle(None, usage(prompt=1000, cached=400, completion=100))
+    with services.db.session() as session:
+        costs = sorted(session.scalars(select(UsageRecord.cost)))
+        daily = session.scalars(select(UsageDaily)).one()
+    assert costs == [Decimal("0.009800"), Decimal("0.025000")]
+    assert (daily.calls, daily.prompt_tokens, daily.cached_tokens, daily.completion_tokens) == (2, 2000, 400, 600)
+    assert daily.cost == Decimal("0.034800") and daily.department == "d1"
+
+
+def test_price_versions(services, accounting):
+    later = datetime(2030, 1, 1, tzinfo=TZ)
+    with services.db.transaction() as session:
+        set_price(session, "glm-4", 1, 1, 1, valid_from=later)
+    accounting.settle(None, usage(), now=later)
+    accounting.settle(None, usage())
+    with services.db.session() as session:
+        assert sorted(session.scalars(select(UsageRecord.cost))) == [Decimal("0.001500"), Decimal("0.025000")]
+
+
+def test_block_at_100_percent_and_release(services, accounting):
+    with services.db.transaction() as session:
+        set_budget(session, "user", "u1", "day", "0.05")
+    first = accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+    assert first.allowed and first.amount == Decimal("0.025000")
+    accounting.release(first)
+    accounting.release(first)  # twice is harmless
+    for _ in range(2):
+        admission = accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+        accounting.settle(admission, usage())
+    blocked = accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+    assert not blocked.allowed and blocked.blocked_by.scope == "user"
+    assert accounting.reserve("u2", "d1", "glm-4", 1000, 500).allowed  # another user
+    with services.db.session() as session:
+        assert session.scalar(select(func.count()).select_from(BudgetReservation)) == 0
+        row = session.scalars(select(BudgetPeriod)).one()
+        assert row.spent == Decimal("0.050000")
+
+
+def test_warn_budget_lets_it_pass(services, accounting):
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "month", "0.01", action="warn")
+    accounting.settle(accounting.reserve("u1", "d1", "glm-4", 1000, 500), usage())
+    assert accounting.reserve("u1", "d1", "glm-4", 1000, 500).allowed
+    assert [a.threshold for a in accounting.raised] == [50, 80, 100]
+
+
+def test_concurrent_requests_overspend_by_at_most_one_worst_case(services, accounting):
+    limit = Decimal("1.000000")
+    worst = Decimal("0.025000")
+    with services.db.transaction() as session:
+        budget = set_budget(session, "department", "d1", "day", limit)
+    # Nearly spent: 0.99 already.
+    accounting.settle(None, Usage("seed", "d1", "glm-4", 99_000, 0))
+    barrier = threading.Barrier(50)
+
+    def one(i):
+        barrier.wait()
+        admission = accounting.reserve(f"u{i}", "d1", "glm-4", 1000, 500)
+        if admission.allowed:
+            accounting.settle(admission, usage(user=f"u{i}"))  # the worst case really happens
+        return admission.allowed
+
+    with ThreadPoolExecutor(50) as pool:
+        admitted = sum(pool.map(one, range(50)))
+    with services.db.session() as session:
+        row = session.scalars(select(BudgetPeriod).where(BudgetPeriod.budget_id == budget.id)).one()
+        alerts = sorted(session.scalars(select(BudgetAlert.threshold)))
+        audited = session.scalar(select(func.count()).select_from(AuditEvent)
+                                 .where(AuditEvent.event_type == "budget_alert"))
+    assert 1 <= admitted <= 2
+    assert row.spent <= limit + worst and row.reserved == 0
+    assert alerts == [50, 80, 100] and audited == 3
+    assert sorted(a.threshold for a in accounting.raised) == [50, 80, 100]
+
+
+def test_each_threshold_alert_once_under_concurrency(services, accounting):
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "week", "0.5", action="warn", thresholds="10,50,80,100")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: accounting.settle(accounting.reserve(f"u{i}", "", "glm-4", 1000, 500),
+                                                  usage(user=f"u{i}", dept="")), range(40)))
+    with services.db.session() as session:
+        alerts = sorted(session.scalars(select(BudgetAlert.threshold)))
+    assert alerts == [10, 50, 80, 100]
+    assert sorted(a.threshold for a in accounting.raised) == [10, 50, 80, 100]
+
+
+def test_alert_delivery_to_wecom_and_webhook(services, accounting):
+    sent, posted = [], []
+
+    class WeCom:
+        def send(self, touser, kind, content, **_):
+            sent.append((touser, content))
+
+    def post(url, data, timeout, headers):
+        posted.append((url, data, timeout))
+        return type("R", (), {"status_code": 200})()
+
+    sender = AlertSender(WeCom(), ["admin1", "admin2"], "http://hooks.test/x", 2.0,
+                         db=services.db, http_post=post)
+    accounting.on_alerts = sender
+    with services.db.transaction() as session:
+        set_budget(session, "department", "d1", "month", "0.04")
+    accounting.settle(None, usage())
+    for thread in threading.enumerate():
+        if thread.name == "budget-alerts":
+            thread.join(5)
+    assert sent and sent[0][0] == "admin1|admin2" and "50%" in sent[0][1]
+    assert posted[0][0] == "http://hooks.test/x" and posted[0][2] == 2.0
+    with services.db.session() as session:
+        assert session.scalars(select(BudgetAlert.delivered)).one() == "wecom,webhook"
+
+
+def test_stale_reservations_expire(services, accounting):
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "1")
+    accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+    assert accounting.expire_reservations(3600) == 0
+    assert accounting.expire_reservations(-1) == 1
+    with services.db.session() as session:
+        assert session.scalars(select(BudgetPeriod.reserved)).one() == 0

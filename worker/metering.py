@@ -1,0 +1,116 @@
+"""Budgets and usage around one model call of the message path.
+
+``MessageProcessor._generate`` asks ``Meter.reserve`` before ``llm.generate`` (a budget at 100 %
+with ``block`` gives the employee a notice instead of an answer, and a ``budget_block`` audit
+event), then ``settle`` with the real token counts, or ``release`` when the generation failed.
+The user's department comes from WeCom ``user/get`` (``main_department``, else the first of
+``department``), cached in Redis for ``DEPARTMENT_CACHE_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from app.accounting import Accounting, Admission, AlertSender, Usage, estimate_prompt_tokens
+from app.audit import EventType
+
+log = logging.getLogger(__name__)
+BLOCK_NOTICE = ("抱歉，本期 AI 助手的{scope}预算已用完，暂时无法回答。如需继续使用，请联系管理员。\n"
+                "Sorry, the {scope_en} budget for the assistant is used up for this {period}. "
+                "Please contact your administrator.")
+SCOPE_WORDS = {"global": ("公司", "company"), "department": ("部门", "department"),
+               "user": ("个人", "personal"), "api_key": ("API key ", "API key")}
+
+
+@dataclass
+class Charge:
+    admission: Admission
+    notice: str | None = None
+
+    @property
+    def blocked(self) -> bool:
+        return not self.admission.allowed
+
+
+class Meter:
+    def __init__(self, services, wecom):
+        self.services = services
+        self.settings = services.settings
+        self.wecom = wecom
+        self._accounting: Accounting | None = None
+
+    @property
+    def accounting(self) -> Accounting:
+        if self._accounting is None:
+            s = self.settings
+            sender = AlertSender(self.wecom, s.alert_recipients, s.alert_webhook_url,
+                                 s.alert_webhook_timeout_s, db=self.services.db)
+            self._accounting = Accounting(self.services.db, s.timezone, s.currency,
+                                          audit=self.services.audit, on_alerts=sender)
+        return self._accounting
+
+    def department_of(self, user_hash: str, user_id: str) -> str:
+        key = f"dept:{user_hash}"
+        try:
+            cached = self.services.redis.get(key)
+            if cached is not None:
+                return cached.decode()
+        except Exception:  # noqa: BLE001 - without Redis, ask WeCom every time
+            log.debug("department cache unavailable")
+        try:
+            member = self.wecom.get_user(user_id)
+        except Exception:  # noqa: BLE001 - unknown department: only global/user budgets apply
+            log.warning("user/get failed; department unknown for this call")
+            return ""
+        departments = member.get("department") or []
+        department = str(member.get("main_department") or (departments[0] if departments else ""))
+        with contextlib.suppress(Exception):  # uncached: asked again next time
+            self.services.redis.set(key, department, ex=self.settings.department_cache_s)
+        return department
+
+    def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
+                model: str) -> Charge:
+        department = self.department_of(row.user_hash, user_id)
+        admission = self.accounting.reserve(row.user_hash, department, model,
+                                            estimate_prompt_tokens(messages), max_new_tokens,
+                                            message_id=row.id)
+        if admission.allowed:
+            return Charge(admission)
+        budget = admission.blocked_by
+        self.services.audit.record(
+            self.services.db, EventType.BUDGET_BLOCK, actor=row.user_hash, outcome="blocked",
+            request_id=row.request_id,
+            payload={"message_id": row.id, "budget_id": budget.id, "scope": budget.scope,
+                     "period": budget.period, "spent": str(admission.spent),
+                     "limit": str(budget.limit)})
+        zh, en = SCOPE_WORDS.get(budget.scope, ("", budget.scope))
+        notice = BLOCK_NOTICE.format(scope=zh, scope_en=en, period=budget.period)
+        return Charge(admission, notice)
+
+    def settle(self, charge: Charge, generation, latency_s: float) -> None:
+        admission = charge.admission
+        try:
+            self.accounting.settle(admission, Usage(
+                user_hash=admission.user_hash, department=admission.department,
+                model=generation.model[:64], prompt_tokens=generation.prompt_tokens,
+                completion_tokens=generation.completion_tokens,
+                cached_tokens=generation.cached_tokens, latency_ms=int(latency_s * 1000),
+                message_id=admission.message_id))
+        except Exception:  # noqa: BLE001 - the answer still goes out; the reservation expires
+            log.exception("usage not recorded message_id=%s", admission.message_id)
+
+    def release(self, charge: Charge) -> None:
+        try:
+            self.accounting.release(charge.admission)
+        except Exception:  # noqa: BLE001 - expires after BUDGET_RESERVATION_TTL_S anyway
+            log.exception("reservation not released message_id=%s", charge.admission.message_id)
+
+    def audit_reply(self, row, event_type: str, outcome: str, **payload) -> None:
+        try:
+            self.services.audit.record(self.services.db, event_type, actor=row.user_hash,
+                                       outcome=outcome, request_id=row.request_id,
+                                       payload={"message_id": row.id, **payload})
+        except Exception:  # noqa: BLE001 - the reply already happened; the log says it is missing
+            log.exception("audit event %s not written message_id=%s", event_type, row.id)
