@@ -31,7 +31,6 @@ def make_celery(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_default_queue="chat",
-        worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=2,
         # A publish must fail fast when Redis is down: the outbox row stays queued and the
