@@ -37,6 +37,10 @@ def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path) -> Path:
     config["quantization"] = "w8a16"
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for other in model_dir.iterdir():
-        if other.is_file() and other.name not in ("config.json",) and not other.name.startswith("model.safetensors"):
+        if (
+            other.is_file()
+            and other.name not in ("config.json",)
+            and not other.name.startswith("model.safetensors")
+        ):
             shutil.copy2(other, out_dir / other.name)
     return out_dir

@@ -61,7 +61,9 @@ class _Chooser:
     """Next-token choice under one request's SamplingParams: the token and the distribution it
     was drawn from (None for plain greedy, where only the argmax matters)."""
 
-    def __init__(self, sampler: Sampler, params: SamplingParams, generator: torch.Generator | None) -> None:
+    def __init__(
+        self, sampler: Sampler, params: SamplingParams, generator: torch.Generator | None
+    ) -> None:
         self.sampler, self.params, self.generator = sampler, params, generator
         self.plain_greedy = params.is_greedy and params.repetition_penalty == 1.0
 
@@ -89,7 +91,9 @@ class MTPDrafter:
     def __init__(self, model: Glm5SparseForCausalLM, cache: KVCache, k: int) -> None:
         heads = model.config.num_mtp_heads
         if heads == 0:
-            raise ValueError("speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)")
+            raise ValueError(
+                "speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)"
+            )
         self.model, self.cache, self.k = model, cache, k
         self.depths = min(k, heads)
         self.window = model.config.sliding_window or 2048
@@ -98,7 +102,9 @@ class MTPDrafter:
         # depth 0 the main model's verified hidden states, for depth d the verified outputs of
         # depth d-1 (one row between rounds).
         hidden = model.config.hidden_size
-        self.pending = [torch.zeros(0, hidden, device=model.device, dtype=model.model.norm.weight.dtype)] * self.depths
+        self.pending = [
+            torch.zeros(0, hidden, device=model.device, dtype=model.model.norm.weight.dtype)
+        ] * self.depths
 
     def add_verified(self, hidden: torch.Tensor) -> None:
         """Main-model hidden states of newly verified positions."""
@@ -115,7 +121,9 @@ class MTPDrafter:
             outs.append(self.model.mtp_forward(depth, hidden[a:b], piece, positions, self.cache))
         return torch.cat(outs)
 
-    def draft(self, tokens: list[int], k: int, chooser: _Chooser) -> tuple[list[int], list[torch.Tensor | None]]:
+    def draft(
+        self, tokens: list[int], k: int, chooser: _Chooser
+    ) -> tuple[list[int], list[torch.Tensor | None]]:
         """Up to `k` drafts after `tokens` (all verified; the last one not yet run by the model)."""
         m = len(tokens) - 1  # positions [0, m) are in the main cache
         drafts: list[int] = []
@@ -139,7 +147,9 @@ class MTPDrafter:
                 hidden = out[-1:]
                 for _ in range(k - len(drafts)):  # past the last head: run it on autoregressively
                     hidden = self._run(d, hidden, [drafts[-1]], layer.length)
-                    choice, dist = chooser.choose(self.model.compute_logits(hidden), tokens + drafts)
+                    choice, dist = chooser.choose(
+                        self.model.compute_logits(hidden), tokens + drafts
+                    )
                     drafts.append(choice)
                     dists.append(dist)
             # keep only positions whose inputs are verified: j <= m - d - 1
@@ -153,7 +163,9 @@ class MTPDrafter:
 class SpeculativeDecoder:
     """Generates the tokens of one request with MTP drafts of length `k` (1..8)."""
 
-    def __init__(self, model: Glm5SparseForCausalLM, sampler: Sampler, k: int, prefill_chunk: int = 2048) -> None:
+    def __init__(
+        self, model: Glm5SparseForCausalLM, sampler: Sampler, k: int, prefill_chunk: int = 2048
+    ) -> None:
         if not 1 <= k <= MAX_DRAFT:
             raise ValueError(f"speculative k must be in 1..{MAX_DRAFT}, got {k}")
         self.model, self.sampler, self.k, self.prefill_chunk = model, sampler, k, prefill_chunk
@@ -161,7 +173,10 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def tokens(
-        self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
     ) -> Iterator[int]:
         """Yield completion tokens one at a time; stop pulling whenever you like."""
         model, device = self.model, self.model.device

@@ -20,7 +20,10 @@ def test_truncate_then_extend_matches_a_cache_that_never_saw_the_rejected(total)
     norms = _tie_free_norms(total + 8)
     junk_k, junk_v = torch.randn(heads, 8, d), torch.randn(heads, 8, d)
     junk_norms = torch.full((8,), 1e6)  # would win every election
-    ref, spec = LayerCache(heads, d, w, g, torch.float32, "cpu"), LayerCache(heads, d, w, g, torch.float32, "cpu")
+    ref, spec = (
+        LayerCache(heads, d, w, g, torch.float32, "cpu"),
+        LayerCache(heads, d, w, g, torch.float32, "cpu"),
+    )
     ref.extend(k[:, :total], v[:, :total], norms[:total])
     spec.extend(k[:, :total], v[:, :total], norms[:total])
     for rejected in (1, 5, 8):

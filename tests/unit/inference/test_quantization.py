@@ -57,17 +57,28 @@ def test_int8_checkpoint_loads_to_the_same_model(tmp_path):
     from_checkpoint = LLM.from_pretrained(out)
     at_load = LLM.from_pretrained(path, quantization="w8a16")
     ids = torch.randint(0, 128, (24,)).tolist()
-    torch.testing.assert_close(_logits(from_checkpoint, ids), _logits(at_load, ids), atol=2e-2, rtol=2e-2)
-    assert _relative_error(_logits(from_checkpoint, ids), _logits(LLM.from_pretrained(path), ids)) < 1e-2
-    assert (out / "model.safetensors").stat().st_size < 0.7 * (path / "model.safetensors").stat().st_size
+    torch.testing.assert_close(
+        _logits(from_checkpoint, ids), _logits(at_load, ids), atol=2e-2, rtol=2e-2
+    )
+    assert (
+        _relative_error(_logits(from_checkpoint, ids), _logits(LLM.from_pretrained(path), ids))
+        < 1e-2
+    )
+    assert (out / "model.safetensors").stat().st_size < 0.7 * (
+        path / "model.safetensors"
+    ).stat().st_size
 
 
 def test_int8_weight_bytes_about_half_of_bf16():
-    config = ModelConfig.from_dict(glm5_config(hidden_size=256, intermediate_size=512, head_dim=32, dtype="bfloat16"))
+    config = ModelConfig.from_dict(
+        glm5_config(hidden_size=256, intermediate_size=512, head_dim=32, dtype="bfloat16")
+    )
     from inference.models import MODELS
 
     model = MODELS["glm5_sparse"](config).to(torch.bfloat16)
-    dense = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear))
+    dense = sum(
+        m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, Linear)
+    )
     quantize_linears_(model)
     int8 = sum(
         m.weight.numel() * m.weight.element_size() + m.scales.numel() * m.scales.element_size()

@@ -42,7 +42,9 @@ def test_greedy_with_repetition_penalty_is_lossless_too(tiny_llm):
 
 
 def test_stats_count_every_draft_position(tiny_llm):
-    generation = tiny_llm.stream(list(range(5, 15)), SamplingParams(temperature=0, max_tokens=25, ignore_eos=True), 4)
+    generation = tiny_llm.stream(
+        list(range(5, 15)), SamplingParams(temperature=0, max_tokens=25, ignore_eos=True), 4
+    )
     for _ in generation:
         pass
     stats = generation.speculative_stats
@@ -68,7 +70,9 @@ def test_rejection_sampling_keeps_the_model_distribution():
     p = logits.softmax(-1)[0]
     q = torch.tensor([0.05, 0.5, 0.3, 0.05, 0.1, 0.0])
     trials, counts = 30000, torch.zeros(6)
-    draws = torch.multinomial(q, trials, replacement=True, generator=torch.Generator().manual_seed(3))
+    draws = torch.multinomial(
+        q, trials, replacement=True, generator=torch.Generator().manual_seed(3)
+    )
     for x in draws.tolist():
         accepted, extra = decoder._verify(torch.cat((logits, logits)), [x], [q], [0], chooser)
         counts[x if accepted else extra] += 1
