@@ -1,5 +1,6 @@
-"""Command line: `python -m inference generate --model DIR --prompt TEXT` and
-`python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits)."""
+"""Command line: `python -m inference generate --model DIR --prompt TEXT`,
+`python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits)
+and `python -m inference quantize --model DIR --out DIR` (a W8A16 int8 checkpoint)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ def _arguments() -> argparse.ArgumentParser:
     generate.add_argument("--chat", action="store_true", help="wrap the prompt as a user message")
     chat = commands.add_parser("chat", help="interactive chat")
     chat.add_argument("--system", default=None, help="system message")
+    quantize = commands.add_parser("quantize", help="write a W8A16 (int8 weight-only) checkpoint")
+    quantize.add_argument("--model", required=True, help="checkpoint directory")
+    quantize.add_argument("--out", required=True, help="directory for the int8 checkpoint")
     for command in (generate, chat):
         command.add_argument("--model", required=True, help="checkpoint directory")
         command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
@@ -31,6 +35,8 @@ def _arguments() -> argparse.ArgumentParser:
         command.add_argument("--repetition-penalty", type=float, default=1.0)
         command.add_argument("--seed", type=int, default=None)
         command.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+        command.add_argument("--quantization", default=None, help="w8a16: int8 weights at load time")
+        command.add_argument("--speculative-k", type=int, default=None, help="MTP draft length 1..8")
     return parser
 
 
@@ -74,12 +80,20 @@ def _chat(llm: LLM, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
+    if args.command == "quantize":
+        from inference.quantize import quantize_checkpoint
+
+        quantize_checkpoint(args.model, args.out)
+        print(f"wrote {args.out}")
+        return 0
     llm = LLM.from_pretrained(
         args.model,
         dtype=args.dtype,
         device=args.device,
         sliding_window=args.sliding_window,
         global_interval=args.global_interval,
+        quantization=args.quantization,
+        speculative_k=args.speculative_k,
     )
     if llm.tokenizer is None:
         print(f"{args.model} has no tokenizer.json", file=sys.stderr)

@@ -18,6 +18,7 @@ _DTYPES = {
 }
 
 MODEL_TYPES = ("glm5_sparse", "glm4")
+QUANTIZATIONS = (None, "w8a16")
 
 
 def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
@@ -69,6 +70,7 @@ class ModelConfig:
     num_mtp_heads: int = 0
     eos_token_ids: list[int] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
+    quantization: str | None = None  # "w8a16": int8 weight-only linear layers
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -82,6 +84,8 @@ class ModelConfig:
             raise ValueError("need 0 < global_interval <= sliding_window")
         if self.routed and not self.sparse:
             raise ValueError("routed attention needs a sliding_window")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"unsupported quantization {self.quantization!r}; use one of {QUANTIZATIONS}")
 
     @property
     def sparse(self) -> bool:
@@ -98,6 +102,7 @@ class ModelConfig:
         dtype: str | torch.dtype | None = None,
         sliding_window: int | None = None,
         global_interval: int | None = None,
+        quantization: str | None = None,
     ) -> ModelConfig:
         """Build from a parsed `config.json`; keyword arguments override the file."""
         model_type = raw.get("model_type")
@@ -134,6 +139,7 @@ class ModelConfig:
             num_mtp_heads=raw.get("num_mtp_heads", 0) if model_type == "glm5_sparse" else 0,
             eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
             dtype=resolve_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype")),
+            quantization=quantization or raw.get("quantization"),
         )
 
     @classmethod

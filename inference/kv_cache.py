@@ -13,6 +13,10 @@ import torch
 
 from inference.config import ModelConfig
 
+# How far `truncate` can roll a sparse cache back (speculative decoding rejects at most k + 1 <= 9
+# positions): the ring slots and block norms the newest positions overwrote are kept this long.
+ROLLBACK_LIMIT = 16
+
 
 @dataclass
 class AttentionContext:
@@ -42,6 +46,10 @@ class LayerCache:
     node are simply overwritten: that is the freeing.
 
     Dense (`window` None): slot p holds position p.
+
+    `truncate` rolls the newest positions back (rejected speculative tokens): an undo log keeps
+    what the last `ROLLBACK_LIMIT` positions overwrote in the ring, and a log of recent norms
+    rebuilds the block being filled; nodes of blocks that are no longer complete are un-elected.
     """
 
     def __init__(
@@ -62,6 +70,13 @@ class LayerCache:
         # norms of the block being filled: the first `_filled` entries
         self._block_norms = torch.zeros(interval or 0, device=device)
         self._filled = 0
+        if window is not None:
+            # position p: the ring slot it overwrote in undo slot p % ROLLBACK_LIMIT, its norm in
+            # norm-log slot p % (interval + ROLLBACK_LIMIT)
+            self._undo_k = torch.zeros(num_kv_heads, ROLLBACK_LIMIT, head_dim, dtype=dtype, device=device)
+            self._undo_v = torch.zeros_like(self._undo_k)
+            self._norm_log = torch.zeros(interval + ROLLBACK_LIMIT, device=device)
+            self._floor = 0
 
     @property
     def num_nodes(self) -> int:
@@ -88,10 +103,49 @@ class LayerCache:
         if self.window is None:
             ctx = self._extend_dense(k, v, start)
         else:
+            self._log(norms, start)
             self._elect(k, v, norms, start)
             ctx = self._extend_sparse(k, v, start)
         self.length += n
         return ctx
+
+    def truncate(self, length: int) -> None:
+        """Drop positions `[length, self.length)`, as if they had never been appended."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        if self.window is None or length == self.length:
+            self.length = length
+            return
+        if self.length - length > ROLLBACK_LIMIT or length < self._floor:
+            raise ValueError(f"a sparse cache rolls back at most {ROLLBACK_LIMIT} positions, never into a chunk longer than the window")
+        w, g = self.window, self.interval
+        dropped = torch.arange(min(max(length, w), self.length), self.length, device=self.k.device)
+        self.k[:, dropped % w] = self._undo_k[:, dropped % ROLLBACK_LIMIT]
+        self.v[:, dropped % w] = self._undo_v[:, dropped % ROLLBACK_LIMIT]
+        complete = length // g
+        del self.node_positions[complete:]
+        self._filled = length - complete * g
+        kept = torch.arange(complete * g, length, device=self.k.device)
+        self._block_norms[: self._filled] = self._norm_log[kept % self._norm_log.numel()]
+        self.length = length
+
+    def _log(self, norms: torch.Tensor, start: int) -> None:
+        """Note what the newest positions overwrite, so that `truncate` can restore it."""
+        w, n = self.window, norms.numel()
+        if n == 1:  # decode: plain indexing, a handful of tiny copies per layer
+            self._norm_log[start % self._norm_log.numel()] = norms[0]
+            if start >= w:
+                self._undo_k[:, start % ROLLBACK_LIMIT] = self.k[:, start % w]
+                self._undo_v[:, start % ROLLBACK_LIMIT] = self.v[:, start % w]
+            return
+        if n > w:  # only the chunk's last w positions reach the ring: no rolling back into it
+            self._floor = start + n
+        recent = torch.arange(max(start, start + n - self._norm_log.numel()), start + n, device=norms.device)
+        self._norm_log[recent % self._norm_log.numel()] = norms[recent - start].float()
+        if start + n > w:
+            recent = torch.arange(max(start, w, start + n - ROLLBACK_LIMIT), start + n, device=norms.device)
+            self._undo_k[:, recent % ROLLBACK_LIMIT] = self.k[:, recent % w]
+            self._undo_v[:, recent % ROLLBACK_LIMIT] = self.v[:, recent % w]
 
     def _reserve(self, slots: int) -> None:
         if slots <= self.k.shape[1]:
@@ -166,6 +220,7 @@ class KVCache:
     """All layers of one sequence: the decoder layers, then one per MTP module."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+        self.num_hidden_layers = config.num_hidden_layers
         count = config.num_hidden_layers + config.num_mtp_heads
         self.layers = [
             LayerCache(
@@ -182,6 +237,12 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def truncate(self, length: int) -> None:
+        """Roll the decoder layers back to `length` positions (MTP layers keep their own
+        lengths: speculative decoding rolls each back itself)."""
+        for layer in self.layers[: self.num_hidden_layers]:
+            layer.truncate(length)
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

@@ -19,6 +19,7 @@ from inference.layers.sampler import Sampler
 from inference.loader import load_model
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 from inference.sampling_params import SamplingParams
+from inference.speculative import SpeculativeDecoder, SpeculativeStats
 from inference.tokenizer import ChatTokenizer, StopStringMatcher
 
 Prompt = str | list[int] | list[dict]
@@ -68,27 +69,33 @@ class _TextOut:
 class Generation:
     """A generation in progress: iterate it for text deltas; `result` is set once it ends."""
 
-    def __init__(self, llm: LLM, prompt_ids: list[int], params: SamplingParams) -> None:
+    def __init__(
+        self, llm: LLM, prompt_ids: list[int], params: SamplingParams, speculative_k: int | None = None
+    ) -> None:
         if not prompt_ids:
             raise ValueError("empty prompt")
         if params.stop and llm.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         self.llm, self.prompt_ids, self.params = llm, prompt_ids, params
+        self.speculative_k = speculative_k
+        self.speculative_stats: SpeculativeStats | None = None  # set once iteration starts
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
         llm, params = self.llm, self.params
-        cache = llm.model.new_cache()
         generator = None
         if params.seed is not None:
             generator = torch.Generator(llm.model.device).manual_seed(params.seed)
         out = _TextOut(llm.tokenizer, params.stop)
-        history, completion, finish = list(self.prompt_ids), [], "length"
-        logits = llm.prefill(self.prompt_ids, cache)
-        while len(completion) < params.max_tokens:
-            token = int(llm.sampler(logits, [params], [history], [generator])[0])
+        completion, finish = [], "length"
+        if self.speculative_k:
+            decoder = SpeculativeDecoder(llm.model, llm.sampler, self.speculative_k, llm.prefill_chunk)
+            self.speculative_stats = decoder.stats
+            tokens = decoder.tokens(self.prompt_ids, params, generator)
+        else:
+            tokens = self._plain_tokens(generator)
+        for token in tokens:
             completion.append(token)
-            history.append(token)
             if token in llm.eos_token_ids and not params.ignore_eos:
                 finish = "stop"
                 break
@@ -97,13 +104,26 @@ class Generation:
             if out.stopped:
                 finish = "stop"
                 break
-            if len(completion) < params.max_tokens:
-                logits = llm.decode(token, len(history) - 1, cache)
+            if len(completion) >= params.max_tokens:
+                break
+        tokens.close()
         if delta := out.flush():
             yield delta
         if out.stopped:
             finish = "stop"
         self.result = GenerationResult(completion, out.text, len(self.prompt_ids), len(completion), finish)
+
+    def _plain_tokens(self, generator: torch.Generator | None) -> Iterator[int]:
+        """One token per model step; the next step runs only if the caller asks for more."""
+        llm, params = self.llm, self.params
+        cache = llm.model.new_cache()
+        history = list(self.prompt_ids)
+        logits = llm.prefill(self.prompt_ids, cache)
+        while True:
+            token = int(llm.sampler(logits, [params], [history], [generator])[0])
+            history.append(token)
+            yield token
+            logits = llm.decode(token, len(history) - 1, cache)
 
 
 class LLM:
@@ -111,6 +131,8 @@ class LLM:
 
     Without a tokenizer (a checkpoint directory with no `tokenizer.json`) it works on token ids
     only: prompts must be ids, `text` stays empty and stop strings are refused.
+    `speculative_k` (1..8, or None for plain decoding) drafts that many tokens per step with the
+    model's MTP heads (`inference.speculative`); `stream`/`generate` can override it per request.
     """
 
     def __init__(
@@ -119,8 +141,10 @@ class LLM:
         tokenizer: ChatTokenizer | None = None,
         eos_token_ids: list[int] | None = None,
         prefill_chunk: int = 2048,
+        speculative_k: int | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.speculative_k = speculative_k
         self.eos_token_ids = set(eos_token_ids or (tokenizer.eos_token_ids if tokenizer else []))
         self.prefill_chunk = prefill_chunk
         self.sampler = Sampler()
@@ -133,18 +157,25 @@ class LLM:
         device: str | torch.device | None = None,
         sliding_window: int | None = None,
         global_interval: int | None = None,
+        quantization: str | None = None,
+        speculative_k: int | None = None,
     ) -> LLM:
         """Load config, weights and tokenizer; `sliding_window`/`global_interval` turn a dense
-        GLM-4 checkpoint into union-mode sparse attention (or override GLM-5's)."""
+        GLM-4 checkpoint into union-mode sparse attention (or override GLM-5's);
+        `quantization="w8a16"` makes the linear layers int8 weight-only at load time."""
         model_dir = Path(model_dir)
         config = ModelConfig.from_pretrained(
-            model_dir, dtype=dtype, sliding_window=sliding_window, global_interval=global_interval
+            model_dir,
+            dtype=dtype,
+            sliding_window=sliding_window,
+            global_interval=global_interval,
+            quantization=quantization,
         )
         model = load_model(model_dir, config, device)
         tokenizer = None
         if (model_dir / "tokenizer.json").exists():
             tokenizer = ChatTokenizer.from_pretrained(model_dir)
-        return cls(model, tokenizer, config.eos_token_ids)
+        return cls(model, tokenizer, config.eos_token_ids, speculative_k=speculative_k)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """Token ids as given, text encoded, or chat messages through the chat template."""
@@ -177,12 +208,18 @@ class LLM:
         positions = torch.tensor([position], device=device)
         return self.model.compute_logits(self.model(ids, positions, cache))
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Generation:
+    def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, speculative_k: int | None = None
+    ) -> Generation:
         """Iterate the returned `Generation` for text deltas; read `.result` after the loop."""
-        return Generation(self, self.prompt_ids(prompt), params or SamplingParams())
+        k = self.speculative_k if speculative_k is None else speculative_k
+        return Generation(self, self.prompt_ids(prompt), params or SamplingParams(), k or None)
 
-    def generate(self, prompt: Prompt, params: SamplingParams | None = None) -> GenerationResult:
-        generation = self.stream(prompt, params)
+    def generate(
+        self, prompt: Prompt, params: SamplingParams | None = None, speculative_k: int | None = None
+    ) -> GenerationResult:
+        """`speculative_k=0` forces plain decoding on an LLM made with a default k."""
+        generation = self.stream(prompt, params, speculative_k)
         for _ in generation:
             pass
         return generation.result

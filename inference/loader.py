@@ -10,12 +10,13 @@ from safetensors import safe_open
 from torch import nn
 
 from inference.config import ModelConfig, default_device
-from inference.layers.linear import PackedLinear
+from inference.layers.linear import PackedLinear, quantize_linears_
 from inference.models import MODELS
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+SCALE_SUFFIX = "_scale"  # a W8A16 checkpoint: int8 `X.weight` beside fp32 `X.weight_scale`
 
 
 class CheckpointError(ValueError):
@@ -83,7 +84,8 @@ def load_model(
     files = checkpoint_files(model_dir)
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(files))
-    unexpected = sorted(set(files) - set(expected) - optional)
+    scales = {n for n in files if n.endswith(SCALE_SUFFIX) and n.removesuffix(SCALE_SUFFIX) in expected}
+    unexpected = sorted(set(files) - set(expected) - optional - scales)
     tensors, wrong_shape = {}, []
     by_file: dict[Path, list[str]] = {}
     for name in sorted(expected.keys() & files.keys()):
@@ -92,6 +94,10 @@ def load_model(
         with safe_open(path, framework="pt", device=str(device)) as f:
             for name in names:
                 tensor = f.get_tensor(name)
+                if tensor.dtype == torch.int8 and name + SCALE_SUFFIX in scales:
+                    # Dequantized exactly (fp32); `quantize_linears_` below gives back the same int8.
+                    scale = safe_open_tensor(files[name + SCALE_SUFFIX], name + SCALE_SUFFIX, device)
+                    tensor = tensor.float() * scale.float()[:, None]
                 if tensor.shape != expected[name]:
                     wrong_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(expected[name])}")
                 tensors[name] = tensor.to(config.dtype)
@@ -109,4 +115,11 @@ def load_model(
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    if config.quantization == "w8a16":
+        quantize_linears_(model)
     return model.eval()
+
+
+def safe_open_tensor(path: Path, name: str, device: torch.device) -> torch.Tensor:
+    with safe_open(path, framework="pt", device=str(device)) as f:
+        return f.get_tensor(name)

@@ -1,0 +1,1 @@
+"""The bundled demo model: training (`train`) and scoring (`eval`) on the handbook corpus."""

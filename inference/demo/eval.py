@@ -1,0 +1,122 @@
+"""Score the bundled demo model: `python -m inference.demo.eval [--model models/demo]`.
+
+Greedy answers (through `LLM.generate`, MTP speculative by default: greedy speculative decoding
+gives the same tokens as plain greedy, only faster) to the training questions and to the
+held-out paraphrases, scored against the reference answer by
+- exact match (after trimming whitespace),
+- token F1 (Chinese characters and lower-cased Latin words / numbers as tokens),
+- key facts: the numbers, 「app names」 and capitalised Latin words of the reference; the share
+  found in the answer, and the share of answers that contain all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from inference.demo.corpus import heldout_pairs, load_qa
+from inference.demo.train import SYSTEM_PROMPT
+from inference.llm import LLM
+from inference.sampling_params import SamplingParams
+
+_TOKEN = re.compile(r"[\u4e00-\u9fff]|[A-Za-z]+|\d+")
+_FACT = re.compile(r"\d+(?:[:.,]\d+)*|「[^」]+」|\b[A-Z][A-Za-z]{2,}\b")
+
+
+def tokens(text: str) -> list[str]:
+    return [t.lower() for t in _TOKEN.findall(text)]
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    pred, ref = Counter(tokens(prediction)), Counter(tokens(reference))
+    overlap = sum((pred & ref).values())
+    if not overlap:
+        return 0.0
+    precision, recall = overlap / sum(pred.values()), overlap / sum(ref.values())
+    return 2 * precision * recall / (precision + recall)
+
+
+def key_facts(text: str) -> set[str]:
+    return set(_FACT.findall(text))
+
+
+@dataclass
+class Score:
+    exact: float
+    f1: float
+    fact_recall: float
+    all_facts: float
+    count: int
+
+    def line(self, name: str) -> str:
+        return (
+            f"{name:<10} n={self.count:<4} exact {self.exact:6.1%}  token-F1 {self.f1:6.1%}  "
+            f"key facts {self.fact_recall:6.1%}  all facts {self.all_facts:6.1%}"
+        )
+
+
+def score(
+    llm: LLM, pairs: list[tuple[str, str]], system: bool, speculative_k: int, desc: str
+) -> tuple[Score, list]:
+    params = SamplingParams(temperature=0, max_tokens=160)
+    exact = f1 = recall = complete = 0.0
+    samples = []
+    for question, reference in tqdm(pairs, desc=desc, unit="q"):
+        messages = [{"role": "user", "content": question}]
+        if system:
+            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+        answer = llm.generate(messages, params, speculative_k=speculative_k).text.strip()
+        exact += answer == reference.strip()
+        f1 += token_f1(answer, reference)
+        facts = key_facts(reference)
+        found = sum(f in answer for f in facts)
+        recall += found / len(facts) if facts else 1.0
+        complete += found == len(facts)
+        samples.append((question, answer, reference))
+    n = max(1, len(pairs))
+    return Score(exact / n, f1 / n, recall / n, complete / n, len(pairs)), samples
+
+
+def _spread(items: list, limit: int | None) -> list:
+    """`limit` items spread over the whole list (every topic and both languages), or all."""
+    if limit is None or limit >= len(items):
+        return items
+    return [items[i * len(items) // limit] for i in range(limit)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m inference.demo.eval")
+    parser.add_argument("--model", default="models/demo")
+    parser.add_argument("--system", action="store_true", help="prepend the product's system prompt")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="score only the first N of each set"
+    )
+    parser.add_argument("--speculative-k", type=int, default=3, help="0: plain greedy decoding")
+    parser.add_argument("--show", type=int, default=3, help="example answers to print per set")
+    args = parser.parse_args(argv)
+
+    llm = LLM.from_pretrained(args.model)
+    training = [(item["question"], item["answer"]) for item in load_qa()]
+    sets = {
+        "training": _spread(training, args.limit),
+        "held-out": _spread(heldout_pairs(), args.limit),
+    }
+    started, lines = time.time(), []
+    for name, pairs in sets.items():
+        result, samples = score(llm, pairs, args.system, args.speculative_k, name)
+        lines.append(result.line(name))
+        for question, answer, reference in samples[: args.show]:
+            print(f"  Q: {question}\n  A: {answer}\n  R: {reference}")
+    print(
+        f"{args.model} (greedy, system prompt {'on' if args.system else 'off'}, {time.time() - started:.0f} s)"
+    )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

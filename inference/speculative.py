@@ -1,0 +1,251 @@
+"""MTP speculative decoding for one sequence: the model's own MTP heads draft, the model verifies.
+
+A round: the MTP heads draft k tokens (depth d proposes the token d + 2 after the last verified
+hidden state; past the last head, the last head runs on autoregressively), the main model runs
+`[last token, drafts...]` in one forward, the longest accepted prefix is kept plus one token of
+the model's own (the correction, or a bonus when all k pass), and every cache rolls back what was
+rejected (`LayerCache.truncate`).
+
+Acceptance is rejection sampling (Leviathan et al. 2023): draft x ~ q is kept with probability
+min(1, p(x) / q(x)), else the token is drawn from norm(max(0, p - q)); so the output distribution
+is exactly the model's p under the request's sampling settings. Greedy is the special case of
+one-hot p and q: identical tokens to plain greedy decoding.
+
+MTP caches follow training exactly: depth d at position j reads the depth d-1 state at j and the
+token j + d + 1, so its cache keeps only positions whose inputs are verified (j <= m - d - 1 with
+m the verified length) and recomputes the rest each round from `pending` rows. Single sequence
+only: batched speculative decoding inside the serving engine is not done here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from inference.kv_cache import KVCache
+from inference.layers.sampler import Sampler
+from inference.models.glm5_sparse import Glm5SparseForCausalLM
+from inference.sampling_params import SamplingParams
+
+MAX_DRAFT = 8
+
+
+@dataclass
+class SpeculativeStats:
+    """Per draft position i: drafts proposed and accepted; `rounds` main-model verify forwards
+    and the tokens they produced (accepted drafts plus the model's own token each)."""
+
+    k: int
+    proposed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    rounds: int = 0
+    emitted: int = 0
+
+    def __post_init__(self) -> None:
+        self.proposed = self.proposed or [0] * self.k
+        self.accepted = self.accepted or [0] * self.k
+
+    @property
+    def acceptance(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted, self.proposed, strict=True)]
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verify forward (accepted drafts + 1); plain decoding is 1."""
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+
+class _Chooser:
+    """Next-token choice under one request's SamplingParams: the token and the distribution it
+    was drawn from (None for plain greedy, where only the argmax matters)."""
+
+    def __init__(
+        self, sampler: Sampler, params: SamplingParams, generator: torch.Generator | None
+    ) -> None:
+        self.sampler, self.params, self.generator = sampler, params, generator
+        self.plain_greedy = params.is_greedy and params.repetition_penalty == 1.0
+
+    def probs(self, logits: torch.Tensor, history: list[int]) -> torch.Tensor:
+        return self.sampler.probs(logits, [self.params], [history])[0]
+
+    def draw(self, probs: torch.Tensor) -> int:
+        if self.params.is_greedy:
+            return int(probs.argmax())
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def choose(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None]:
+        if self.plain_greedy:
+            return int(logits[0].argmax()), None
+        probs = self.probs(logits, history)
+        return self.draw(probs), probs
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+
+class MTPDrafter:
+    """The MTP heads of one sequence and their caches (the last layers of `cache`)."""
+
+    def __init__(self, model: Glm5SparseForCausalLM, cache: KVCache, k: int) -> None:
+        heads = model.config.num_mtp_heads
+        if heads == 0:
+            raise ValueError(
+                "speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)"
+            )
+        self.model, self.cache, self.k = model, cache, k
+        self.depths = min(k, heads)
+        self.window = model.config.sliding_window or 2048
+        self.first = model.config.num_hidden_layers  # cache layer of depth 0
+        # pending[d]: depth d inputs not yet in its cache, for positions [length_d, ...): for
+        # depth 0 the main model's verified hidden states, for depth d the verified outputs of
+        # depth d-1 (one row between rounds).
+        hidden = model.config.hidden_size
+        self.pending = [
+            torch.zeros(0, hidden, device=model.device, dtype=model.model.norm.weight.dtype)
+        ] * self.depths
+
+    def add_verified(self, hidden: torch.Tensor) -> None:
+        """Main-model hidden states of newly verified positions."""
+        self.pending[0] = torch.cat((self.pending[0], hidden))
+
+    def _run(self, depth: int, hidden: torch.Tensor, ids: list[int], start: int) -> torch.Tensor:
+        """Depth `depth` over positions `[start, start + len(ids))`, in pieces no longer than the
+        window so that the newest positions can always be rolled back."""
+        device, outs = self.model.device, []
+        for a in range(0, len(ids), self.window):
+            b = min(a + self.window, len(ids))
+            positions = torch.arange(start + a, start + b, device=device)
+            piece = torch.tensor(ids[a:b], device=device)
+            outs.append(self.model.mtp_forward(depth, hidden[a:b], piece, positions, self.cache))
+        return torch.cat(outs)
+
+    def draft(
+        self, tokens: list[int], k: int, chooser: _Chooser
+    ) -> tuple[list[int], list[torch.Tensor | None]]:
+        """Up to `k` drafts after `tokens` (all verified; the last one not yet run by the model)."""
+        m = len(tokens) - 1  # positions [0, m) are in the main cache
+        drafts: list[int] = []
+        dists: list[torch.Tensor | None] = []
+
+        def token(i: int) -> int:
+            return tokens[i] if i <= m else drafts[i - m - 1]
+
+        out = None
+        for d in range(min(k, self.depths)):
+            layer = self.cache.layers[self.first + d]
+            start = layer.length
+            # depth d inputs for [start, m): its pending rows, then depth d-1's fresh outputs
+            inputs = self.pending[d] if d == 0 else torch.cat((self.pending[d], out))
+            assert inputs.shape[0] == m - start, "MTP caches out of step"
+            out = self._run(d, inputs, [token(j + d + 1) for j in range(start, m)], start)
+            choice, dist = chooser.choose(self.model.compute_logits(out[-1:]), tokens + drafts)
+            drafts.append(choice)
+            dists.append(dist)
+            if d == self.depths - 1:
+                hidden = out[-1:]
+                for _ in range(k - len(drafts)):  # past the last head: run it on autoregressively
+                    hidden = self._run(d, hidden, [drafts[-1]], layer.length)
+                    choice, dist = chooser.choose(
+                        self.model.compute_logits(hidden), tokens + drafts
+                    )
+                    drafts.append(choice)
+                    dists.append(dist)
+            # keep only positions whose inputs are verified: j <= m - d - 1
+            layer.truncate(m - d)
+            keep = m - d - start  # rows of `inputs` now cached
+            # what stays pending is the row at m - d: depth d-1's output there is verified
+            self.pending[d] = inputs[keep : keep + (1 if d else 0)]
+        return drafts, dists
+
+
+class SpeculativeDecoder:
+    """Generates the tokens of one request with MTP drafts of length `k` (1..8)."""
+
+    def __init__(
+        self, model: Glm5SparseForCausalLM, sampler: Sampler, k: int, prefill_chunk: int = 2048
+    ) -> None:
+        if not 1 <= k <= MAX_DRAFT:
+            raise ValueError(f"speculative k must be in 1..{MAX_DRAFT}, got {k}")
+        self.model, self.sampler, self.k, self.prefill_chunk = model, sampler, k, prefill_chunk
+        self.stats = SpeculativeStats(k)
+
+    @torch.inference_mode()
+    def tokens(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[int]:
+        """Yield completion tokens one at a time; stop pulling whenever you like."""
+        model, device = self.model, self.model.device
+        cache = model.new_cache()
+        drafter = MTPDrafter(model, cache, self.k)
+        chooser = _Chooser(self.sampler, params, generator)
+        hidden = self._prefill(prompt_ids, cache)
+        drafter.add_verified(hidden)
+        first, _ = chooser.choose(model.compute_logits(hidden[-1:]), prompt_ids)
+        tokens = [*prompt_ids, first]
+        yield first
+        produced = 1
+        while True:
+            m = len(tokens) - 1
+            k = min(self.k, max(0, params.max_tokens - produced - 1))  # no drafts past max_tokens
+            drafts, dists = drafter.draft(tokens, k, chooser) if k else ([], [])
+            ids = torch.tensor([tokens[-1], *drafts], device=device)
+            hidden = model(ids, torch.arange(m, m + len(ids), device=device), cache)
+            logits = model.compute_logits(hidden)
+            accepted, extra = self._verify(logits, drafts, dists, tokens, chooser)
+            cache.truncate(m + accepted + 1)
+            drafter.add_verified(hidden[: accepted + 1])
+            self._count(len(drafts), accepted)
+            new = [*drafts[:accepted], extra]
+            tokens += new
+            for token in new:
+                produced += 1
+                yield token
+
+    def _prefill(self, ids: list[int], cache: KVCache) -> torch.Tensor:
+        device, rows = self.model.device, []
+        for a in range(0, len(ids), self.prefill_chunk):
+            chunk = torch.tensor(ids[a : a + self.prefill_chunk], device=device)
+            rows.append(self.model(chunk, torch.arange(a, a + len(chunk), device=device), cache))
+        return torch.cat(rows)
+
+    def _verify(
+        self,
+        logits: torch.Tensor,
+        drafts: list[int],
+        dists: list[torch.Tensor | None],
+        tokens: list[int],
+        chooser: _Chooser,
+    ) -> tuple[int, int]:
+        """How many drafts are accepted, and the token that follows them."""
+        if chooser.plain_greedy:
+            targets = logits.argmax(dim=-1).tolist()
+            n = 0
+            while n < len(drafts) and drafts[n] == targets[n]:
+                n += 1
+            return n, targets[n]
+        for i, (x, q) in enumerate(zip(drafts, dists, strict=True)):
+            p = chooser.probs(logits[i : i + 1], tokens + drafts[:i])
+            if chooser.params.is_greedy:
+                accept = bool(p[x] > 0)  # one-hot p: accept the model's own argmax only
+            else:
+                accept = chooser.uniform() < min(1.0, float(p[x] / q[x]))
+            if not accept:
+                residual = (p - q).clamp(min=0)
+                total = residual.sum()
+                residual = residual / total if total > 0 else p
+                return i, chooser.draw(residual)
+        p = chooser.probs(logits[len(drafts) : len(drafts) + 1], tokens + drafts)
+        return len(drafts), chooser.draw(p)
+
+    def _count(self, drafted: int, accepted: int) -> None:
+        stats = self.stats
+        for i in range(drafted):
+            stats.proposed[i] += 1
+            stats.accepted[i] += i < accepted
+        stats.rounds += 1
+        stats.emitted += accepted + 1
