@@ -41,6 +41,8 @@ def stack_env() -> dict[str, str]:
     env.setdefault("DATABASE_URL", f"sqlite:///{ROOT / 'var' / 'wecom-bot.sqlite3'}")
     env.setdefault("WEB_BIND", f"127.0.0.1:{WEB_PORT}")
     env.setdefault("SWEEP_INTERVAL_S", "10")
+    # The bundled demo model is small: its answers are most faithful to the handbook greedy.
+    env.setdefault("TEMPERATURE", "0")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
