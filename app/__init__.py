@@ -37,9 +37,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.register_blueprint(callback.bp)
 
-    from app.cli import audit, budgets, keys, prices
+    from app.cli import apikeys, audit, budgets, keys, prices
 
-    for group in (audit, budgets, keys, prices):
+    for group in (apikeys, audit, budgets, keys, prices):
         app.cli.add_command(group)
 
     @app.before_request
