@@ -1,4 +1,4 @@
-"""The Flask service: WeCom callback URL (and, in later areas, admin and API).
+"""The Flask service: WeCom callback URL, the OpenAI-compatible ``/v1`` API (and admin).
 
 ``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
 the environment, so a missing or malformed secret stops start-up with a message naming it.
@@ -33,9 +33,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.extensions["accept_hooks"] = [message_received_hook(services)]
 
-    from app import callback
+    from app import api, callback
 
     app.register_blueprint(callback.bp)
+    app.register_blueprint(api.bp)
 
     from app.cli import apikeys, audit, budgets, keys, prices
 
