@@ -183,40 +183,47 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
     def events():
         parts: list[str] = []
         final: Generation | None = None
-        outcome, error = "disconnected", None
+        done = False
+
+        def finish(outcome: str, error: str | None = None) -> None:
+            nonlocal done
+            done = True
+            text = "".join(parts)
+            generation = final
+            if generation is None and parts:
+                # Cut short (client gone, model failed): charge what was produced, estimated as
+                # the reservation does, so hanging up is never a way around the budget.
+                generation = Generation(text=text, model=gw.model_name,
+                                        prompt_tokens=estimate_prompt_tokens(chat.messages),
+                                        completion_tokens=len(text), finish_reason="abort")
+            if generation is not None:
+                gw.settle(admission, caller, generation)
+            else:
+                gw.release(admission)
+            gw.audit(caller, outcome, chat=chat, answer=text, generation=generation, error=error,
+                     **audit)
+
         try:
             yield chunk({"role": "assistant", "content": ""})
             piece = first
-            while True:
+            while piece is not None:
                 final = piece.final or final
                 if piece.text:
                     parts.append(piece.text)
                     yield chunk({"content": piece.text})
                 piece = next(deltas, None)
-                if piece is None:
-                    break
+            # Recorded before the last events: a client that has read [DONE] finds its usage.
+            finish("ok")
             yield chunk({}, final.finish_reason if final else "stop")
             if chat.include_usage and final is not None:
                 yield _sse({**base, "choices": [], "usage": _usage(final)})
             yield _sse("[DONE]")
-            outcome = "ok"
         except LLMError as exc:
-            outcome, error = "model_error", str(exc)
+            finish("model_error", str(exc))
             yield _sse(from_llm_error(exc).body())
         finally:
-            text = "".join(parts)
-            if final is None and parts:
-                # Cut short (client gone, model failed): charge what was produced, estimated as
-                # the reservation does, so hanging up is never a way around the budget.
-                final = Generation(text=text, model=gw.model_name,
-                                   prompt_tokens=estimate_prompt_tokens(chat.messages),
-                                   completion_tokens=len(text), finish_reason="abort")
-            if final is not None:
-                gw.settle(admission, caller, final)
-            else:
-                gw.release(admission)
-            gw.audit(caller, outcome, chat=chat, answer=text, generation=final, error=error,
-                     **audit)
+            if not done:
+                finish("disconnected")
 
     return Response(events(), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from app.accounting import set_budget, set_price
 from app.models import AuditEvent, UsageRecord
-from tests.api.conftest import MODEL
+from tests.support.api_server import MODEL
 
 HELLO = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "你好 API"}]
 
