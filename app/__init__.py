@@ -59,6 +59,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
+        if request.path.startswith("/v1/"):  # unknown API routes and methods, in OpenAI's shape
+            return api.http_error(exc)
         return jsonify(error=exc.description if exc.code != 413 else "body too large"), exc.code
 
     @app.errorhandler(Exception)

@@ -53,7 +53,7 @@ def _api_error(exc: ApiError):
 
 
 @bp.errorhandler(HTTPException)
-def _http_error(exc: HTTPException):
+def http_error(exc: HTTPException):
     message = "the body is too large" if exc.code == 413 else exc.description
     return ApiError(exc.code or 400, message, code="invalid_request").response()
 

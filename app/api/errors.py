@@ -15,8 +15,10 @@ MODEL_RETRY_AFTER_S = 5
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None,
-                 param: str | None = None, retry_after: int | None = None):
+                 param: str | None = None, retry_after: int | None = None,
+                 type: str | None = None):
         super().__init__(message)
+        self.type = type or TYPES.get(status, "api_error")
         self.status = status
         self.message = message
         self.code = code
@@ -24,7 +26,7 @@ class ApiError(Exception):
         self.retry_after = retry_after
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": TYPES.get(self.status, "api_error"),
+        return {"error": {"message": self.message, "type": self.type,
                           "param": self.param, "code": self.code}}
 
     def response(self):

@@ -93,7 +93,7 @@ class Gateway:
         end = period_end(budget.period, period_start(budget.period, now, tz), tz)
         raise ApiError(429, f"the {budget.scope} budget for this {budget.period} is used up "
                        f"({admission.spent} of {budget.limit} {budget.currency})",
-                       code="insufficient_quota", retry_after=max(1, int((end - now).total_seconds())))
+                       code="insufficient_quota", type="insufficient_quota", retry_after=max(1, int((end - now).total_seconds())))
 
     def settle(self, admission: Admission, caller: Caller, generation: Generation) -> None:
         try:

@@ -52,7 +52,10 @@ def _messages(value) -> list[dict]:
         role = message.get("role")
         if role not in ROLES:
             raise invalid(f"role must be one of {', '.join(ROLES)}", f"messages[{i}].role")
-        out.append({"role": role, "content": _content(message.get("content"), i)})
+        content = message.get("content")
+        if content is None and role == "assistant":
+            content = ""  # an assistant turn that only called tools; we keep its place
+        out.append({"role": role, "content": _content(content, i)})
     return out
 
 

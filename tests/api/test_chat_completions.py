@@ -144,7 +144,7 @@ def test_over_the_api_key_budget_is_429_with_retry_after(api, key, client):
     client.chat.completions.create(model=MODEL, messages=HELLO)  # admitted: the budget was unspent
     with pytest.raises(openai.RateLimitError) as info:
         client.chat.completions.create(model=MODEL, messages=HELLO)
-    assert info.value.code == "insufficient_quota"
+    assert info.value.code == info.value.type == "insufficient_quota"
     assert 1 <= int(info.value.response.headers["Retry-After"]) <= 86400
     assert [e.outcome for e in _audit_events(api, name)] == ["ok", "budget_block"]
 
@@ -165,3 +165,18 @@ def test_model_server_failing_is_503(api, key, client):
     api.model.fail_next = 0
     assert _usage_rows(api, name) == []
     assert [e.outcome for e in _audit_events(api, name)] == ["model_error", "model_error"]
+
+
+def test_unknown_api_routes_and_methods_answer_in_openai_shape(api, key):
+    headers = {"Authorization": f"Bearer {key[1]}"}
+    resp = requests.get(f"{api.url}/v1/embeddings", headers=headers, timeout=5)
+    assert resp.status_code == 404 and resp.json()["error"]["type"] == "invalid_request_error"
+    resp = requests.get(f"{api.url}/v1/chat/completions", headers=headers, timeout=5)
+    assert resp.status_code == 405 and "error" in resp.json()
+
+
+def test_an_assistant_turn_without_content_is_accepted(client):
+    reply = client.chat.completions.create(model=MODEL, messages=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": None},
+        {"role": "user", "content": "b"}])
+    assert reply.choices[0].message.content == "答复#2: b"
