@@ -127,11 +127,14 @@ def test_unknown_model_is_404(client):
 def test_over_the_rate_limit_is_429_with_retry_after(api):
     _, secret = api.new_key(rate_limit=2)
     client = api.client(secret)
-    # both gunicorn workers count in the same Redis window
-    for _ in range(2):
-        client.chat.completions.create(model=MODEL, messages=HELLO)
+    # Both gunicorn workers count in the same Redis window. A fixed window lets at most 2 x 2
+    # through if the calls straddle a minute boundary, so the 5th call is refused at the latest.
+    answered = 0
     with pytest.raises(openai.RateLimitError) as info:
-        client.chat.completions.create(model=MODEL, messages=HELLO)
+        for _ in range(5):
+            client.chat.completions.create(model=MODEL, messages=HELLO)
+            answered += 1
+    assert 2 <= answered <= 4
     assert info.value.code == "rate_limit_exceeded"
     assert 1 <= int(info.value.response.headers["Retry-After"]) <= 60
 
