@@ -54,3 +54,44 @@ def test_names_are_unique_and_limits_positive(db):
         create_key(session, INDEX, "crm")
     with pytest.raises(ValueError, match="rate limit"), db.transaction() as session:
         create_key(session, INDEX, "other", 0)
+
+
+def test_flask_apikeys_create_list_disable(tmp_path):
+    from app import create_app
+    from tests.support.env import make_env, settings_from
+
+    url = f"sqlite:///{tmp_path / 'cli.sqlite3'}"
+    migrate.upgrade(url)
+    app = create_app(settings_from(make_env(DATABASE_URL=url)))
+    runner = app.test_cli_runner()
+    created = runner.invoke(args=["apikeys", "create", "crm", "--rate-limit", "9"])
+    assert created.exit_code == 0, created.output
+    key = created.stdout.strip()
+    assert key.startswith("sk-") and "not shown again" in created.stderr
+    listed = runner.invoke(args=["apikeys", "list"]).output
+    assert "crm" in listed and key[:10] in listed and key not in listed and "9/min" in listed
+    assert runner.invoke(args=["apikeys", "disable", "crm"]).exit_code == 0
+    assert "\toff\t" in runner.invoke(args=["apikeys", "list"]).output
+    assert runner.invoke(args=["apikeys", "disable", "nobody"]).exit_code != 0
+    app.extensions["services"].db.dispose()
+
+
+class _BrokenRedis:
+    def pipeline(self):
+        raise ConnectionError("down")
+
+
+def test_rate_limit_window_and_fail_open():
+    import redis
+
+    from app.api import ratelimit
+
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/13")
+    client.delete("ratelimit:api:999:100")
+    now = 100 * 60 + 15.0
+    assert [ratelimit.check(client, 999, 2, now).allowed for _ in range(3)] == [True, True, False]
+    assert ratelimit.check(client, 999, 2, now).retry_after_s == 45
+    assert ratelimit.check(client, 999, 2, now + 60).allowed  # the next minute starts afresh
+    assert ratelimit.check(_BrokenRedis(), 999, 2, now).allowed
+    client.delete("ratelimit:api:999:100", "ratelimit:api:999:101")
+    client.close()
