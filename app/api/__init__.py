@@ -19,6 +19,7 @@ import time
 import uuid
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
 from app.accounting import estimate_prompt_tokens
@@ -56,6 +57,15 @@ def _api_error(exc: ApiError):
 def http_error(exc: HTTPException):
     message = "the body is too large" if exc.code == 413 else exc.description
     return ApiError(exc.code or 400, message, code="invalid_request").response()
+
+
+@bp.errorhandler(SQLAlchemyError)
+def _storage_down(exc: SQLAlchemyError):
+    # The key check and the budget need the database: without it, refuse honestly and briefly.
+    log.error("api: database unavailable request_id=%s: %s", g.get("request_id"),
+              type(exc).__name__)
+    return ApiError(503, "the service's storage is unavailable; retry later",
+                    code="storage_unavailable", retry_after=5).response()
 
 
 @bp.errorhandler(Exception)

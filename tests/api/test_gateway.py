@@ -101,3 +101,20 @@ def test_a_client_hanging_up_is_still_charged(setup):
     [usage] = _usage(services)
     assert usage.completion_tokens == len("hel")
     assert _outcomes(services) == ["disconnected"]
+
+
+def test_a_database_outage_is_503_not_500(setup, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    import app.api as api
+
+    client, _, _, headers = setup
+
+    def down(*args, **kwargs):
+        raise OperationalError("SELECT", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(api, "authenticate", down)
+    resp = client.post("/v1/chat/completions", headers=headers,
+                       json={"model": "fake-glm", "messages": MESSAGES})
+    assert resp.status_code == 503 and resp.headers["Retry-After"] == "5"
+    assert resp.get_json()["error"]["code"] == "storage_unavailable"
