@@ -1,8 +1,9 @@
-"""One gunicorn-served API per module (``tests.support.api_server``); each test gets its own API
-key, so the rate limits and budgets of one test do not touch another."""
+"""One gunicorn-served API per module and database kind (``tests.support.api_server``); each
+test gets its own API key, so the rate limits and budgets of one test do not touch another."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from tests.support.api_server import MODEL, ApiServer
@@ -10,9 +11,12 @@ from tests.support.api_server import MODEL, ApiServer
 __all__ = ["MODEL"]
 
 
-@pytest.fixture(scope="module")
-def api(tmp_path_factory):
-    server = ApiServer(tmp_path_factory.mktemp("api"))
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def api(request, tmp_path_factory):
+    try:
+        server = ApiServer(tmp_path_factory.mktemp("api"), db_kind=request.param)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable: {exc}")
     yield server
     server.stop()
 

@@ -1,5 +1,6 @@
 """The API as it runs, for tests and bench/api.py: gunicorn serving ``app:create_app()`` with
-``INFERENCE_BACKEND=openai`` pointed at the fake model server, a fresh SQLite file, Redis DB 13."""
+``INFERENCE_BACKEND=openai`` pointed at the fake model server, a fresh SQLite file or PostgreSQL
+database, Redis DB 13."""
 
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from app.db import Database
 from app.security import BlindIndex
 from tests.support.env import make_env
 from tests.support.openai_server import FakeOpenAIServer
-from tests.support.stack import BIN, ROOT, free_port, wait_for
+from tests.support.stack import BIN, ROOT, TempDatabase, free_port, wait_for
 
 MODEL = "fake-glm"
 REDIS_URL = "redis://127.0.0.1:6379/13"
 
 
 class ApiServer:
-    def __init__(self, tmp: Path, workers: int = 2, threads: int = 4, model_delay_s: float = 0.0):
-        self.db_url = f"sqlite:///{tmp / 'api.sqlite3'}"
+    def __init__(self, tmp: Path, workers: int = 2, threads: int = 4, model_delay_s: float = 0.0,
+                 db_kind: str = "sqlite"):
+        self.temp_db = TempDatabase(db_kind, tmp)
+        self.db_url = self.temp_db.url
         migrate.upgrade(self.db_url)
         self.db = Database(self.db_url)
         self.model = FakeOpenAIServer(delay_s=model_delay_s).start()
@@ -79,3 +82,4 @@ class ApiServer:
         self.redis.flushdb()
         self.redis.close()
         self.db.dispose()
+        self.temp_db.drop()
