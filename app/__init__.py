@@ -1,4 +1,4 @@
-"""The Flask service: WeCom callback URL (and, in later areas, admin and API).
+"""The Flask service: WeCom callback URL, the OpenAI-compatible ``/v1`` API (and admin).
 
 ``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
 the environment, so a missing or malformed secret stops start-up with a message naming it.
@@ -33,13 +33,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.extensions["accept_hooks"] = [message_received_hook(services)]
 
-    from app import callback
+    from app import api, callback
 
     app.register_blueprint(callback.bp)
+    app.register_blueprint(api.bp)
 
-    from app.cli import audit, budgets, keys, prices
+    from app.cli import apikeys, audit, budgets, keys, prices
 
-    for group in (audit, budgets, keys, prices):
+    for group in (apikeys, audit, budgets, keys, prices):
         app.cli.add_command(group)
 
     @app.before_request
@@ -58,6 +59,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
+        if request.path.startswith("/v1/"):  # unknown API routes and methods, in OpenAI's shape
+            return api.http_error(exc)
         return jsonify(error=exc.description if exc.code != 413 else "body too large"), exc.code
 
     @app.errorhandler(Exception)

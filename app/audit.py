@@ -51,8 +51,9 @@ class EventType:
     ADMIN_CHANGE = "admin_change"
     EXPORT = "export"
     KEY_ROTATION = "key_rotation"
+    API_REQUEST = "api_request"  # one per authenticated /v1 call (app.api)
     ALL = (MESSAGE_RECEIVED, REPLY_SENT, REPLY_FAILED, BUDGET_ALERT, BUDGET_BLOCK, ADMIN_LOGIN,
-           ADMIN_CHANGE, EXPORT, KEY_ROTATION)
+           ADMIN_CHANGE, EXPORT, KEY_ROTATION, API_REQUEST)
 
 
 def request_fingerprint(secret: bytes | str, remote_addr: str | None, user_agent: str | None,

@@ -4,7 +4,8 @@
 - ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
 - ``audit verify`` / ``audit purge``: check the hash chain, drop events past the retention;
 - ``prices set`` / ``prices list``: the versioned price table;
-- ``budgets set`` / ``budgets list``: budgets per scope and period.
+- ``budgets set`` / ``budgets list``: budgets per scope and period;
+- ``apikeys create`` / ``apikeys list`` / ``apikeys disable``: keys of the ``/v1`` API.
 """
 
 from __future__ import annotations
@@ -194,7 +195,65 @@ def list_budgets() -> None:
                        f"{b.action}\t{b.thresholds}\t{'on' if b.enabled else 'off'}")
 
 
-for _group in (keys, audit, prices, budgets):
+# -- API keys --------------------------------------------------------------------------------------
+@click.group()
+def apikeys() -> None:
+    """Keys of internal applications for the OpenAI-compatible /v1 API."""
+
+
+@apikeys.command("create")
+@click.argument("name")
+@click.option("--rate-limit", default=60, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="requests per minute")
+def create_apikey(name: str, rate_limit: int) -> None:
+    """Create a key for application NAME and print it (once: only its hash is kept)."""
+    from app.api.keys import create_key
+    from app.audit import EventType
+
+    services = _services()
+    try:
+        with services.db.transaction() as session:
+            row, key = create_key(session, services.blind_index, name, rate_limit)
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"api_key": row.name, "action": "create",
+                                           "prefix": row.prefix, "rate_limit_per_min": rate_limit})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    click.echo(key)
+    click.echo(f"api key {row.name!r} ({row.prefix}...), {rate_limit}/min: store it now, "
+               "it is not shown again", err=True)
+
+
+@apikeys.command("list")
+def list_apikeys() -> None:
+    from app.api.keys import list_keys
+
+    with _services().db.session() as session:
+        for k in list_keys(session):
+            used = k.last_used_at.isoformat() if k.last_used_at else "never"
+            click.echo(f"{k.name}\t{k.prefix}...\t{'on' if k.enabled else 'off'}\t"
+                       f"{k.rate_limit_per_min}/min\t{k.created_at.isoformat()}\t{used}")
+
+
+@apikeys.command("disable")
+@click.argument("name")
+def disable_apikey(name: str) -> None:
+    """Refuse every further request made with NAME's key."""
+    from app.api.keys import disable_key
+    from app.audit import EventType
+
+    services = _services()
+    try:
+        with services.db.transaction() as session:
+            disable_key(session, name)
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"api_key": name, "action": "disable"})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    click.echo(f"api key {name!r} disabled")
+
+
+for _group in (keys, audit, prices, budgets, apikeys):
     cli.add_command(_group)
 
 

@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     top_p: float = 0.9
     system_prompt: str = "你是企业微信里的公司助手，回答简洁、准确、礼貌。"
 
+    # -- OpenAI-compatible API (app/api) -------------------------------------------------------
+    api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+
     @field_validator("wecom_aes_key")
     @classmethod
     def _aes_key_is_43_chars(cls, value: SecretStr) -> SecretStr:

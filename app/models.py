@@ -260,6 +260,26 @@ class BudgetAlert(Base):
     )
 
 
+# -- API keys (app.api) ----------------------------------------------------------------------------
+class ApiKey(Base):
+    """A key of one internal application for ``/v1``: only its HMAC is stored, never the key.
+
+    ``name`` is the key's identity everywhere else: the usage rows' ``api_key_id``, the scope
+    value of an ``api_key`` budget, the audit actor (``api_key:<name>``).
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the key's first characters, for display
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    rate_limit_per_min: Mapped[int] = mapped_column(Integer, default=60)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 # Every AES-GCM column: (table, primary key column, sealed columns). ``keys rotate`` walks these.
 ENCRYPTED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
     InboundMessage.__tablename__: ("id", ("user_enc", "payload_enc", "reply_enc")),

@@ -1,0 +1,120 @@
+"""The chat completion request, checked: anything malformed is a 400 that names the field."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from app.api.errors import invalid
+from worker.llm import GenerationParams
+
+ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 256
+MAX_STOP = 4
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict]
+    params: GenerationParams
+    stream: bool
+    include_usage: bool
+
+
+def _content(value, index: int) -> str:
+    """A string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts (text only)."""
+    param = f"messages[{index}].content"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise invalid("only text content parts are supported", param)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid("content must be a string or a list of text parts", param)
+
+
+def _messages(value) -> list[dict]:
+    if value is None:
+        raise invalid("'messages' is required", "messages")
+    if not isinstance(value, list) or not value:
+        raise invalid("'messages' must be a non-empty array", "messages")
+    if len(value) > MAX_MESSAGES:
+        raise invalid(f"at most {MAX_MESSAGES} messages", "messages")
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise invalid("each message must be an object", f"messages[{i}]")
+        role = message.get("role")
+        if role not in ROLES:
+            raise invalid(f"role must be one of {', '.join(ROLES)}", f"messages[{i}].role")
+        content = message.get("content")
+        if content is None and role == "assistant":
+            content = ""  # an assistant turn that only called tools; we keep its place
+        out.append({"role": role, "content": _content(content, i)})
+    return out
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float,
+            low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise invalid(f"'{name}' must be a number in {bracket}{low}, {high}]", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, default, low: int, high: int):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise invalid(f"'{name}' must be an integer in [{low}, {high}]", name)
+    return value
+
+
+def _stop(value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or len(value) > MAX_STOP \
+            or not all(isinstance(s, str) and s for s in value):
+        raise invalid(f"'stop' must be a string or up to {MAX_STOP} non-empty strings", "stop")
+    return tuple(value)
+
+
+def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
+                       defaults: GenerationParams) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise invalid("the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required", "model")
+    messages = _messages(body.get("messages"))
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid("'stream' must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object", "stream_options")
+    if _integer(body, "n", 1, 1, 1) != 1:
+        raise invalid("only n=1 is supported", "n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _integer({"max_tokens": max_tokens}, "max_tokens", default_max_tokens, 1,
+                          max_tokens_cap)
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", defaults.temperature, 0.0, 2.0),
+        top_p=_number(body, "top_p", defaults.top_p, 0.0, 1.0, low_open=True),
+        stop=_stop(body.get("stop")),
+        seed=_integer(body, "seed", None, -(2**63), 2**63 - 1),
+    )
+    return ChatRequest(model, messages, params, stream, bool(options.get("include_usage")))
