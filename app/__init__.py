@@ -1,4 +1,4 @@
-"""The Flask service: WeCom callback URL (and, in later areas, admin and API).
+"""The Flask service: WeCom callback URL and the admin area (``app.admin``, under ``/admin``).
 
 ``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
 the environment, so a missing or malformed secret stops start-up with a message naming it.
@@ -37,9 +37,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.register_blueprint(callback.bp)
 
-    from app.cli import audit, budgets, keys, prices
+    from app import admin
 
-    for group in (audit, budgets, keys, prices):
+    admin.init_app(app, services)
+
+    from app.cli import audit, budgets, keys, prices, users
+
+    for group in (audit, budgets, keys, prices, users):
         app.cli.add_command(group)
 
     @app.before_request

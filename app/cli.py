@@ -4,7 +4,8 @@
 - ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
 - ``audit verify`` / ``audit purge``: check the hash chain, drop events past the retention;
 - ``prices set`` / ``prices list``: the versioned price table;
-- ``budgets set`` / ``budgets list``: budgets per scope and period.
+- ``budgets set`` / ``budgets list``: budgets per scope and period;
+- ``users create NAME --role admin|finance|auditor`` / ``users list`` / ``users unlock``.
 """
 
 from __future__ import annotations
@@ -194,7 +195,66 @@ def list_budgets() -> None:
                        f"{b.action}\t{b.thresholds}\t{'on' if b.enabled else 'off'}")
 
 
-for _group in (keys, audit, prices, budgets):
+# -- admin accounts --------------------------------------------------------------------------------
+@click.group()
+def users() -> None:
+    """Local accounts of the admin area (roles: admin, finance, auditor)."""
+
+
+@users.command("create")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["admin", "finance", "auditor"]), required=True)
+@click.password_option("--password", prompt="Password", help="prompted for (hidden) if not given")
+def create_user(name: str, role: str, password: str) -> None:
+    """Create an admin account NAME with a role; the password is argon2-hashed."""
+    from app.admin.accounts import create_user as add_user
+    from app.audit import EventType
+
+    services = _services()
+    try:
+        with services.db.transaction() as session:
+            user = add_user(session, name, role, password)
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"action": "user_create", "user": name, "role": role})
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"user {user.name} ({user.role}) created")
+
+
+@users.command("list")
+def list_users() -> None:
+    from sqlalchemy import select
+
+    from app.models import AdminUser
+
+    with _services().db.session() as session:
+        for u in session.scalars(select(AdminUser).order_by(AdminUser.name)):
+            locked = u.locked_until.isoformat() if u.locked_until else "-"
+            click.echo(f"{u.name}\t{u.role}\t{'on' if u.enabled else 'off'}\tlocked until {locked}")
+
+
+@users.command("unlock")
+@click.argument("name")
+def unlock_user(name: str) -> None:
+    """Clear the failed-login lockout of NAME."""
+    from sqlalchemy import update
+
+    from app.audit import EventType
+    from app.models import AdminUser
+
+    services = _services()
+    with services.db.transaction() as session:
+        changed = session.execute(update(AdminUser).where(AdminUser.name == name)
+                                  .values(failed_attempts=0, locked_until=None)).rowcount
+        if changed:
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"action": "user_unlock", "user": name})
+    if not changed:
+        raise click.ClickException(f"no user {name!r}")
+    click.echo(f"user {name} unlocked")
+
+
+for _group in (keys, audit, prices, budgets, users):
     cli.add_command(_group)
 
 
