@@ -3,6 +3,7 @@
 - ``migrate``: bring the schema to the newest revision;
 - ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
 - ``audit verify`` / ``audit purge``: check the hash chain, drop events past the retention;
+- ``audit export --out FILE`` / ``audit verify-export FILE``: the signed compliance zip;
 - ``prices set`` / ``prices list``: the versioned price table;
 - ``budgets set`` / ``budgets list``: budgets per scope and period;
 - ``users create NAME --role admin|finance|auditor`` / ``users list`` / ``users unlock``.
@@ -111,6 +112,71 @@ def purge(days: int | None) -> None:
         click.echo(str(exc), err=True)
         sys.exit(1)
     click.echo(f"purged {removed} audit events older than {days} days")
+
+
+def _export_time(value: str | None, tz, default, end: bool = False):
+    """An ISO date (a whole company-local day; ``--until`` includes it) or date-time."""
+    from datetime import date, timedelta
+
+    if not value:
+        return default
+    try:
+        if len(value) == 10:
+            day = date.fromisoformat(value) + timedelta(days=1 if end else 0)
+            return datetime(day.year, day.month, day.day, tzinfo=tz)
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO date or date-time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=tz)
+
+
+@audit.command("export")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, writable=True))
+@click.option("--since", default=None, help="ISO date or date-time (default: the beginning)")
+@click.option("--until", default=None, help="ISO date (inclusive) or date-time (default: now)")
+@click.option("--type", "event_type", default=None, help="only this event type")
+@click.option("--reason", required=True, help="why: recorded in the audit log and the manifest")
+def export(out_path, since, until, event_type, reason) -> None:
+    """Write a signed zip (audit.csv, audit.jsonl, manifest.json) of the events in a range."""
+    from datetime import UTC
+
+    from app.admin.audit_export import ExportQuery, count_rows, export_stream
+    from app.audit import EventType
+    from app.db import utcnow
+
+    services = _services()
+    if len(reason.strip()) < 10:
+        raise click.BadParameter("give a real reason (at least 10 characters)", param_hint="--reason")
+    if event_type and event_type not in EventType.ALL:
+        raise click.BadParameter(f"one of {', '.join(EventType.ALL)}", param_hint="--type")
+    tz = services.settings.timezone
+    query = ExportQuery(_export_time(since, tz, datetime(1970, 1, 1, tzinfo=UTC)),
+                        _export_time(until, tz, utcnow(), end=True), event_type)
+    services.audit.record(services.db, EventType.EXPORT, actor="cli", outcome="ok",
+                          payload={"kind": "audit", "reason": reason, "out": out_path,
+                                   **query.as_json()})
+    total = count_rows(services.db, query)
+    with open(out_path, "wb") as out, click.progressbar(length=2 * total, label="exporting",
+                                                         file=sys.stderr) as bar:
+        for chunk in export_stream(services, query, reason=reason, exported_by="cli",
+                                   progress=bar.update):
+            out.write(chunk)
+    click.echo(f"wrote {out_path}: {total} events")
+
+
+@audit.command("verify-export")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+def verify_export(path) -> None:
+    """Check an export's signature, checksums, row counts and chain links (exit 1 if not)."""
+    from app.admin.audit_export import verify_export as check
+
+    problems = check(path, _services().settings.secret_key.get_secret_value())
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
+        click.echo(f"export BROKEN: {len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo("export ok: signature, checksums, row counts and links verify")
 
 
 # -- prices ----------------------------------------------------------------------------------------
