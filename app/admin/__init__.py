@@ -49,7 +49,7 @@ def init_app(app, services) -> None:
 
     csrf.exempt(callback.bp)  # WeCom signs its callbacks; it cannot send our token
 
-    from app.admin import audit_views, auth, budgets, dashboard, finance  # noqa: F401 - routes
+    from app.admin import audit_views, auth, budgets, dashboard, finance, users  # noqa: F401
 
     app.register_blueprint(bp)
 

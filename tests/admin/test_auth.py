@@ -94,3 +94,24 @@ def test_users_create_cli(app, services):
     with services.db.session() as session:
         user = session.scalar(select(AdminUser).where(AdminUser.name == "carol"))
     assert user.role == "auditor" and user.password_hash.startswith("$argon2id$")
+
+
+def test_admin_manages_accounts(as_role, services, app):
+    from tests.admin.conftest import post
+
+    client = as_role("admin")
+    short = post(client, "/admin/users", {"name": "bob", "role": "finance", "password": "short",
+                                          "confirm": "short"})
+    assert short.status_code == 400 and "at least 12 characters" in short.get_data(as_text=True)
+    created = post(client, "/admin/users", {"name": "bob", "role": "finance",
+                                            "password": PASSWORD, "confirm": PASSWORD})
+    assert created.status_code == 302
+    with services.db.session() as session:
+        bob = session.scalar(select(AdminUser).where(AdminUser.name == "bob"))
+    assert post(client, f"/admin/users/{bob.id}/disable", {}, form_page="/admin/users").status_code == 302
+    assert login(app.test_client(), "bob").status_code == 401  # disabled
+    assert client.get("/admin/users").status_code == 200
+
+
+def test_only_admins_manage_accounts(as_role):
+    assert as_role("auditor").get("/admin/users").status_code == 403
