@@ -115,3 +115,11 @@ def test_admin_manages_accounts(as_role, services, app):
 
 def test_only_admins_manage_accounts(as_role):
     assert as_role("auditor").get("/admin/users").status_code == 403
+
+
+def test_admin_pages_send_security_headers(client):
+    response = client.get("/admin/login")
+    assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert response.headers["Cache-Control"] == "no-store"
+    assert client.get("/healthz").headers.get("X-Frame-Options") is None  # only the admin area
