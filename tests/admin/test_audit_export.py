@@ -129,3 +129,26 @@ def test_export_streams_in_bounded_chunks(services, monkeypatch):
     assert len(sizes) >= 4 and max(sizes) < 32 * 1024 < sum(sizes)
     data = b"".join(chunks)
     assert audit_export.verify_export(io.BytesIO(data), services.settings.secret_key.get_secret_value()) == []
+
+
+def test_cli_export_range_and_type(app, services, tmp_path):
+    _events(services)
+    runner = app.test_cli_runner()
+    out = tmp_path / "replies.zip"
+    result = runner.invoke(args=["audit", "export", "--out", str(out), "--type", "reply_sent",
+                                 "--since", "2000-01-01", "--until", "2099-12-31",
+                                 "--reason", "reply audit for ticket 42"])
+    assert result.exit_code == 0, result.output
+    with zipfile.ZipFile(out) as archive:
+        manifest = json.loads(archive.read("manifest.json"))
+    assert manifest["rows"] == 1 and manifest["query"]["event_type"] == "reply_sent"
+    empty = tmp_path / "none.zip"
+    result = runner.invoke(args=["audit", "export", "--out", str(empty), "--until", "2001-01-01",
+                                 "--reason", "nothing should match here"])
+    assert result.exit_code == 0 and "0 events" in result.output
+    assert runner.invoke(args=["audit", "verify-export", str(empty)]).exit_code == 0
+    assert runner.invoke(args=["audit", "export", "--out", str(empty), "--reason", "why"]).exit_code != 0
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"not a zip")
+    broken = runner.invoke(args=["audit", "verify-export", str(junk)])
+    assert broken.exit_code == 1 and "not a readable zip" in broken.output
