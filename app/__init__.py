@@ -1,4 +1,4 @@
-"""The Flask service: WeCom callback URL, the OpenAI-compatible ``/v1`` API (and admin).
+"""The Flask service: WeCom callback URL, the OpenAI-compatible ``/v1`` API and the admin area.
 
 ``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
 the environment, so a missing or malformed secret stops start-up with a message naming it.
@@ -38,9 +38,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.register_blueprint(callback.bp)
     app.register_blueprint(api.bp)
 
-    from app.cli import apikeys, audit, budgets, keys, prices
+    from app import admin
 
-    for group in (apikeys, audit, budgets, keys, prices):
+    admin.init_app(app, services)
+
+    from app.cli import apikeys, audit, budgets, keys, prices, users
+
+    for group in (apikeys, audit, budgets, keys, prices, users):
         app.cli.add_command(group)
 
     @app.before_request

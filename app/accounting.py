@@ -219,6 +219,32 @@ def set_budget(session: Session, scope: str, scope_value: str, period: str, limi
     return budget
 
 
+def set_budget_enabled(session: Session, budget_id: int, enabled: bool) -> Budget:
+    """Switch a budget off (it stops applying; its history stays) or on again."""
+    budget = session.get(Budget, budget_id)
+    if budget is None:
+        raise LookupError(f"no budget {budget_id}")
+    budget.enabled = enabled
+    session.flush()
+    return budget
+
+
+def retire_price(session: Session, price_id: int, now: datetime | None = None) -> ModelPrice:
+    """Delete a price version that has not taken effect yet.
+
+    A version already in effect has priced calls (``usage_records.price_id``): it stays, and a
+    new version with a later ``valid_from`` replaces it from then on.
+    """
+    price = session.get(ModelPrice, price_id)
+    if price is None:
+        raise LookupError(f"no price version {price_id}")
+    if price.valid_from <= (now or utcnow()):
+        raise ValueError("this version is in effect already; add a new version instead")
+    session.delete(price)
+    session.flush()
+    return price
+
+
 def applicable_budgets(session: Session, user_hash: str, department: str,
                        api_key_id: str | None = None) -> list[Budget]:
     scopes = [and_(Budget.scope == BudgetScope.GLOBAL),

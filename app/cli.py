@@ -3,8 +3,10 @@
 - ``migrate``: bring the schema to the newest revision;
 - ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
 - ``audit verify`` / ``audit purge``: check the hash chain, drop events past the retention;
+- ``audit export --out FILE`` / ``audit verify-export FILE``: the signed compliance zip;
 - ``prices set`` / ``prices list``: the versioned price table;
 - ``budgets set`` / ``budgets list``: budgets per scope and period;
+- ``users create NAME --role admin|finance|auditor`` / ``users list`` / ``users unlock``.
 - ``apikeys create`` / ``apikeys list`` / ``apikeys disable``: keys of the ``/v1`` API.
 """
 
@@ -113,6 +115,71 @@ def purge(days: int | None) -> None:
     click.echo(f"purged {removed} audit events older than {days} days")
 
 
+def _export_time(value: str | None, tz, default, end: bool = False):
+    """An ISO date (a whole company-local day; ``--until`` includes it) or date-time."""
+    from datetime import date, timedelta
+
+    if not value:
+        return default
+    try:
+        if len(value) == 10:
+            day = date.fromisoformat(value) + timedelta(days=1 if end else 0)
+            return datetime(day.year, day.month, day.day, tzinfo=tz)
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO date or date-time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=tz)
+
+
+@audit.command("export")
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, writable=True))
+@click.option("--since", default=None, help="ISO date or date-time (default: the beginning)")
+@click.option("--until", default=None, help="ISO date (inclusive) or date-time (default: now)")
+@click.option("--type", "event_type", default=None, help="only this event type")
+@click.option("--reason", required=True, help="why: recorded in the audit log and the manifest")
+def export(out_path, since, until, event_type, reason) -> None:
+    """Write a signed zip (audit.csv, audit.jsonl, manifest.json) of the events in a range."""
+    from datetime import UTC
+
+    from app.admin.audit_export import ExportQuery, count_rows, export_stream
+    from app.audit import EventType
+    from app.db import utcnow
+
+    services = _services()
+    if len(reason.strip()) < 10:
+        raise click.BadParameter("give a real reason (at least 10 characters)", param_hint="--reason")
+    if event_type and event_type not in EventType.ALL:
+        raise click.BadParameter(f"one of {', '.join(EventType.ALL)}", param_hint="--type")
+    tz = services.settings.timezone
+    query = ExportQuery(_export_time(since, tz, datetime(1970, 1, 1, tzinfo=UTC)),
+                        _export_time(until, tz, utcnow(), end=True), event_type)
+    services.audit.record(services.db, EventType.EXPORT, actor="cli", outcome="ok",
+                          payload={"kind": "audit", "reason": reason, "out": out_path,
+                                   **query.as_json()})
+    total = count_rows(services.db, query)
+    with open(out_path, "wb") as out, click.progressbar(length=2 * total, label="exporting",
+                                                         file=sys.stderr) as bar:
+        for chunk in export_stream(services, query, reason=reason, exported_by="cli",
+                                   progress=bar.update):
+            out.write(chunk)
+    click.echo(f"wrote {out_path}: {total} events")
+
+
+@audit.command("verify-export")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+def verify_export(path) -> None:
+    """Check an export's signature, checksums, row counts and chain links (exit 1 if not)."""
+    from app.admin.audit_export import verify_export as check
+
+    problems = check(path, _services().settings.secret_key.get_secret_value())
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
+        click.echo(f"export BROKEN: {len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo("export ok: signature, checksums, row counts and links verify")
+
+
 # -- prices ----------------------------------------------------------------------------------------
 @click.group()
 def prices() -> None:
@@ -195,6 +262,65 @@ def list_budgets() -> None:
                        f"{b.action}\t{b.thresholds}\t{'on' if b.enabled else 'off'}")
 
 
+# -- admin accounts --------------------------------------------------------------------------------
+@click.group()
+def users() -> None:
+    """Local accounts of the admin area (roles: admin, finance, auditor)."""
+
+
+@users.command("create")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["admin", "finance", "auditor"]), required=True)
+@click.password_option("--password", prompt="Password", help="prompted for (hidden) if not given")
+def create_user(name: str, role: str, password: str) -> None:
+    """Create an admin account NAME with a role; the password is argon2-hashed."""
+    from app.admin.accounts import create_user as add_user
+    from app.audit import EventType
+
+    services = _services()
+    try:
+        with services.db.transaction() as session:
+            user = add_user(session, name, role, password)
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"action": "user_create", "user": name, "role": role})
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"user {user.name} ({user.role}) created")
+
+
+@users.command("list")
+def list_users() -> None:
+    from sqlalchemy import select
+
+    from app.models import AdminUser
+
+    with _services().db.session() as session:
+        for u in session.scalars(select(AdminUser).order_by(AdminUser.name)):
+            locked = u.locked_until.isoformat() if u.locked_until else "-"
+            click.echo(f"{u.name}\t{u.role}\t{'on' if u.enabled else 'off'}\tlocked until {locked}")
+
+
+@users.command("unlock")
+@click.argument("name")
+def unlock_user(name: str) -> None:
+    """Clear the failed-login lockout of NAME."""
+    from sqlalchemy import update
+
+    from app.audit import EventType
+    from app.models import AdminUser
+
+    services = _services()
+    with services.db.transaction() as session:
+        changed = session.execute(update(AdminUser).where(AdminUser.name == name)
+                                  .values(failed_attempts=0, locked_until=None)).rowcount
+        if changed:
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"action": "user_unlock", "user": name})
+    if not changed:
+        raise click.ClickException(f"no user {name!r}")
+    click.echo(f"user {name} unlocked")
+
+
 # -- API keys --------------------------------------------------------------------------------------
 @click.group()
 def apikeys() -> None:
@@ -253,7 +379,7 @@ def disable_apikey(name: str) -> None:
     click.echo(f"api key {name!r} disabled")
 
 
-for _group in (keys, audit, prices, budgets, apikeys):
+for _group in (keys, audit, prices, budgets, users, apikeys):
     cli.add_command(_group)
 
 

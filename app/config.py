@@ -105,6 +105,14 @@ class Settings(BaseSettings):
     alert_webhook_url: str | None = None
     alert_webhook_timeout_s: float = 3.0
 
+    # -- admin (see app/admin) -----------------------------------------------------------------
+    session_cookie_secure: bool = Field(default=True, description="false only for plain-http dev/tests")
+    admin_session_hours: int = 8
+    admin_lockout_attempts: int = 5
+    admin_lockout_minutes: int = 15
+    finance_accounting_subject: str = "研发费用-外部技术服务费"
+    finance_invoice_item: str = "AI模型调用服务费"
+
     # -- inference -----------------------------------------------------------------------------
     inference_backend: Literal["engine", "openai"] = "engine"
     model_dir: str = "models/demo"

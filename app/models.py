@@ -285,3 +285,43 @@ ENCRYPTED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
     InboundMessage.__tablename__: ("id", ("user_enc", "payload_enc", "reply_enc")),
     AuditEvent.__tablename__: ("seq", ("payload_enc",)),
 }
+
+
+# -- admin accounts (app.admin) --------------------------------------------------------------------
+class AdminRole:
+    ADMIN = "admin"  # budgets, prices, users
+    FINANCE = "finance"  # cost views, cost export
+    AUDITOR = "auditor"  # audit search and export
+    ALL = (ADMIN, FINANCE, AUDITOR)
+
+
+class AdminUser(Base):
+    """A local admin account: argon2 password hash, one role, lockout after failed logins."""
+
+    __tablename__ = "admin_users"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16))
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    failed_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    locked_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    # Flask-Login's protocol
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def is_active(self) -> bool:
+        return self.enabled
+
+    @property
+    def is_anonymous(self) -> bool:
+        return False
+
+    def get_id(self) -> str:
+        return str(self.id)

@@ -1,0 +1,261 @@
+"""Compliance export of the audit log: a zip streamed in constant memory, and its verification.
+
+The zip holds ``audit.csv`` and ``audit.jsonl`` (the same events, payloads decrypted) and
+``manifest.json``: per-file SHA-256 and row counts, the time range and filters, the first and
+last chain hash of the exported rows, the chain head and the result of verifying the whole chain
+at export time, who exported and why, and ``signature``: HMAC-SHA256 over the canonical JSON of
+everything else, keyed by a key derived from ``SECRET_KEY`` (``export_key``). ``verify_export``
+checks all of it; a changed byte in any member, or a changed manifest, fails.
+
+Constant memory: ``zipfile`` writes into ``_Sink``, an unseekable stream whose buffer the
+generator hands out and empties every ``CHUNK`` bytes (zipfile then writes data descriptors
+instead of seeking back), and the rows are read in keyset batches of short sessions (no long
+transaction holds SQLite's write lock while a slow client downloads).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import hmac
+import io
+import json
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+
+from app.db import utcnow
+from app.models import AuditChain, AuditEvent
+
+FORMAT = "wecom-bot-audit-export/1"
+CSV_NAME, JSONL_NAME, MANIFEST_NAME = "audit.csv", "audit.jsonl", "manifest.json"
+COLUMNS = ("seq", "created_at", "event_type", "actor", "outcome", "request_id", "fingerprint",
+           "payload", "prev_hash", "row_hash")
+CHUNK = 64 * 1024
+BATCH = 500
+
+
+def export_key(secret: bytes | str) -> bytes:
+    key = secret.encode() if isinstance(secret, str) else secret
+    return hmac.new(key, b"audit-export-v1", hashlib.sha256).digest()
+
+
+def sign(manifest: dict, secret: bytes | str) -> str:
+    unsigned = {k: v for k, v in manifest.items() if k != "signature"}
+    canonical = json.dumps(unsigned, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hmac.new(export_key(secret), canonical.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class ExportQuery:
+    since: datetime
+    until: datetime  # exclusive
+    event_type: str | None = None
+    actor: str | None = None  # a blind index or an admin actor, as stored
+
+    def conditions(self):
+        out = [AuditEvent.created_at >= self.since, AuditEvent.created_at < self.until]
+        if self.event_type:
+            out.append(AuditEvent.event_type == self.event_type)
+        if self.actor:
+            out.append(AuditEvent.actor == self.actor)
+        return out
+
+    def as_json(self) -> dict:
+        return {"since": self.since.astimezone(UTC).isoformat(),
+                "until": self.until.astimezone(UTC).isoformat(),
+                "event_type": self.event_type, "actor": self.actor}
+
+
+class _Sink(io.RawIOBase):
+    """A write-only, unseekable stream; the generator empties it."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.buffer += data
+        return len(data)
+
+    def drain(self) -> bytes:
+        data = bytes(self.buffer)
+        self.buffer.clear()
+        return data
+
+
+def count_rows(db, query: ExportQuery) -> int:
+    with db.session() as session:
+        return session.scalar(select(func.count()).select_from(AuditEvent)
+                              .where(*query.conditions())) or 0
+
+
+def _events(services, query: ExportQuery, upto_seq: int) -> Iterator[dict]:
+    after = 0
+    while True:
+        with services.db.session() as session:
+            rows = list(session.scalars(select(AuditEvent).where(
+                AuditEvent.seq > after, AuditEvent.seq <= upto_seq, *query.conditions())
+                .order_by(AuditEvent.seq).limit(BATCH)))
+            batch = [_as_dict(services.audit, row) for row in rows]
+        if not batch:
+            return
+        yield from batch
+        after = batch[-1]["seq"]
+
+
+def _as_dict(audit, row: AuditEvent) -> dict:
+    try:
+        payload = audit.payload_of(row)
+    except Exception:  # noqa: BLE001 - a row that does not decrypt is exported as such
+        payload = {"_error": "payload does not decrypt"}
+    return {"seq": row.seq, "created_at": row.created_at.astimezone(UTC).isoformat(),
+            "event_type": row.event_type, "actor": row.actor, "outcome": row.outcome,
+            "request_id": row.request_id or "", "fingerprint": row.fingerprint or "",
+            "payload": payload, "prev_hash": row.prev_hash, "row_hash": row.row_hash}
+
+
+def _csv_line(values) -> bytes:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow(values)
+    return out.getvalue().encode()
+
+
+def _encode_csv(event: dict) -> bytes:
+    return _csv_line([json.dumps(event[c], ensure_ascii=False, sort_keys=True) if c == "payload"
+                      else event[c] for c in COLUMNS])
+
+
+def _encode_jsonl(event: dict) -> bytes:
+    return (json.dumps(event, ensure_ascii=False, sort_keys=True) + "\n").encode()
+
+
+def export_stream(services, query: ExportQuery, *, reason: str, exported_by: str,
+                  progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
+    """Yield the export zip's bytes, chunk by chunk."""
+    with services.db.session() as session:
+        report = services.audit.verify(session)
+        head = session.get(AuditChain, 1)
+        head_seq, head_hash, anchor_seq = head.last_seq, head.last_hash, head.anchor_seq
+    sink = _Sink()
+    archive = zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_DEFLATED)
+    files, ends = {}, {}
+    for name, encode, header in ((CSV_NAME, _encode_csv, _csv_line(COLUMNS)),
+                                 (JSONL_NAME, _encode_jsonl, b"")):
+        digest, rows, first, last = hashlib.sha256(header), 0, None, None
+        with archive.open(name, "w", force_zip64=True) as member:
+            member.write(header)
+            for event in _events(services, query, head_seq):
+                data = encode(event)
+                digest.update(data)
+                member.write(data)
+                rows += 1
+                first = first or event
+                last = event
+                if progress is not None:
+                    progress(1)
+                if len(sink.buffer) >= CHUNK:
+                    yield sink.drain()
+        files[name] = {"sha256": digest.hexdigest(), "rows": rows}
+        ends[name] = (first, last)
+        yield sink.drain()
+    first, last = ends[JSONL_NAME]
+    manifest = {
+        "format": FORMAT,
+        "created_at": utcnow().isoformat(),
+        "exported_by": exported_by,
+        "reason": reason,
+        "query": query.as_json(),
+        "files": files,
+        "rows": files[JSONL_NAME]["rows"],
+        "first_seq": first["seq"] if first else None,
+        "last_seq": last["seq"] if last else None,
+        "first_prev_hash": first["prev_hash"] if first else None,
+        "first_hash": first["row_hash"] if first else None,
+        "last_hash": last["row_hash"] if last else None,
+        "chain": {"verified": report.ok, "issues": [str(i) for i in report.issues[:50]],
+                  "issue_count": len(report.issues), "head_seq": head_seq,
+                  "head_hash": head_hash, "anchor_seq": anchor_seq},
+        "signature_alg": "HMAC-SHA256, key = HMAC-SHA256(SECRET_KEY, 'audit-export-v1')",
+    }
+    manifest["signature"] = sign(manifest, services.settings.secret_key.get_secret_value())
+    archive.writestr(MANIFEST_NAME, json.dumps(manifest, ensure_ascii=False, indent=2,
+                                               sort_keys=True))
+    archive.close()
+    yield sink.drain()
+
+
+# -- verification ------------------------------------------------------------------------------------
+def verify_export(path_or_file, secret: bytes | str) -> list[str]:
+    """Every problem found in an export zip (an empty list: it is intact and ours)."""
+    problems: list[str] = []
+    try:
+        archive = zipfile.ZipFile(path_or_file)
+    except (zipfile.BadZipFile, OSError) as exc:
+        return [f"not a readable zip: {exc}"]
+    with archive:
+        names = set(archive.namelist())
+        if MANIFEST_NAME not in names:
+            return ["manifest.json is missing"]
+        try:
+            manifest = json.loads(archive.read(MANIFEST_NAME))
+        except (ValueError, zipfile.BadZipFile) as exc:
+            return [f"manifest.json does not parse: {exc}"]
+        if not hmac.compare_digest(str(manifest.get("signature", "")), sign(manifest, secret)):
+            problems.append("manifest signature does not verify (changed, or another server's key)")
+        expected = set(manifest.get("files", {})) | {MANIFEST_NAME}
+        if names != expected:
+            problems.append(f"unexpected members: {sorted(names ^ expected)}")
+        for name, meta in manifest.get("files", {}).items():
+            if name not in names:
+                problems.append(f"{name} is missing")
+                continue
+            try:
+                digest, rows = _digest_and_rows(archive, name, manifest, problems)
+            except (zipfile.BadZipFile, ValueError, KeyError) as exc:
+                problems.append(f"{name} does not read: {exc}")
+                continue
+            if digest != meta.get("sha256"):
+                problems.append(f"{name}: SHA-256 differs from the manifest")
+            if rows != meta.get("rows"):
+                problems.append(f"{name}: {rows} rows, the manifest says {meta.get('rows')}")
+    return problems
+
+
+def _digest_and_rows(archive, name: str, manifest: dict, problems: list[str]) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    with archive.open(name) as member:
+        for block in iter(lambda: member.read(CHUNK), b""):
+            digest.update(block)
+    rows = 0
+    with archive.open(name) as member:
+        text = io.TextIOWrapper(member, encoding="utf-8", newline="")
+        if name == CSV_NAME:
+            reader = csv.reader(text)
+            next(reader, None)
+            rows = sum(1 for _ in reader)
+        else:
+            rows = _check_links(text, manifest, problems)
+    return digest.hexdigest(), rows
+
+
+def _check_links(lines, manifest: dict, problems: list[str]) -> int:
+    """Consecutive exported rows must link (prev_hash = the previous row_hash); ends as stated."""
+    rows, previous = 0, None
+    for line in lines:
+        event = json.loads(line)
+        rows += 1
+        if rows == 1 and event.get("row_hash") != manifest.get("first_hash"):
+            problems.append("the first row is not the one the manifest names")
+        if previous is not None and event["seq"] == previous["seq"] + 1 \
+                and event["prev_hash"] != previous["row_hash"]:
+            problems.append(f"seq {event['seq']} does not link to seq {previous['seq']}")
+        previous = event
+    if previous is not None and previous.get("row_hash") != manifest.get("last_hash"):
+        problems.append("the last row is not the one the manifest names")
+    return rows
