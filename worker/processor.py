@@ -82,6 +82,13 @@ class PermanentFailure(Exception):
         self.notify = notify
 
 
+def _model_failure(exc: LLMError) -> Exception:
+    """A model error as the processor's failure kind: retry later, or give up with a notice."""
+    if exc.transient:
+        return TransientFailure(f"model: {exc}")
+    return PermanentFailure(f"model: {exc}"[:120])
+
+
 class LeaseKeeper:
     """Renews the row's lease in the background while a long generation runs."""
 
@@ -253,18 +260,19 @@ class MessageProcessor:
                     {"role": "user", "content": text}]
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p)
-        model = getattr(self.llm, "model_name", None) or self.settings.openai_model
-        charge = self.meter.reserve(row, user_id, messages, params.max_tokens, model)
+        try:
+            llm = self.llm  # loaded on first use: a missing model fails here, like a call does
+        except LLMError as exc:
+            raise _model_failure(exc) from exc
+        charge = self.meter.reserve(row, user_id, messages, params.max_tokens, llm.model_name)
         if charge.blocked:
             return charge.notice, "text", {}
         started = time.monotonic()
         try:
-            generation = self.llm.generate(messages, params)
+            generation = llm.generate(messages, params)
         except LLMError as exc:
             self.meter.release(charge)
-            if exc.transient:
-                raise TransientFailure(f"model: {exc}") from exc
-            raise PermanentFailure(f"model: {exc}"[:120]) from exc
+            raise _model_failure(exc) from exc
         except BaseException:
             self.meter.release(charge)
             raise
