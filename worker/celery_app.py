@@ -11,6 +11,7 @@ from __future__ import annotations
 from celery import Celery
 
 from app.config import Settings, get_settings
+from worker import heartbeat  # noqa: F401 - connects the worker/beat heartbeat receivers
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"

@@ -1,0 +1,153 @@
+"""Heartbeats in Redis for the Celery worker and beat, read by ``/readyz`` and health checks.
+
+A worker can be gone while the web service still accepts messages; a key that each worker
+refreshes with a TTL lets another process tell, without asking the worker over the broker, that
+it was alive a moment ago. A graceful shutdown deletes the key so readiness drops at once; a
+killed process's key simply expires. The receivers below are connected when this module is
+imported (``worker.celery_app`` does), and only fire inside ``celery worker`` / ``celery beat``.
+
+``python -m worker.heartbeat check worker|beat [--node NAME]`` exits 0 when this host's key is
+live: the container health check of the worker and beat services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from contextlib import suppress
+
+import redis
+from celery.signals import beat_init, worker_ready, worker_shutdown
+
+log = logging.getLogger(__name__)
+PREFIX = "heartbeat"
+ROLES = ("worker", "beat")
+
+
+def heartbeat_key(role: str, node: str) -> str:
+    return f"{PREFIX}:{role}:{node}"
+
+
+def default_node(role: str) -> str:
+    """The node name Celery gives a worker started without ``-n`` (and the same form for beat)."""
+    return f"{'celery' if role == 'worker' else 'beat'}@{socket.gethostname()}"
+
+
+def live_nodes(client: redis.Redis, role: str) -> list[str]:
+    """Nodes of ``role`` whose heartbeat has not expired (raises ``redis.RedisError``)."""
+    prefix = heartbeat_key(role, "")
+    keys = client.scan_iter(match=prefix + "*", count=1000)
+    return sorted((k.decode() if isinstance(k, bytes) else k)[len(prefix):] for k in keys)
+
+
+class Heartbeat:
+    """Refreshes ``heartbeat:<role>:<node>`` every ``ttl_s / 3`` seconds from a daemon thread."""
+
+    def __init__(self, client: redis.Redis, role: str, node: str, ttl_s: float):
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}")
+        if ttl_s < 3:
+            raise ValueError("ttl_s must be at least 3 seconds")
+        self.client = client
+        self.key = heartbeat_key(role, node)
+        self.ttl_ms = int(ttl_s * 1000)
+        self.interval_s = ttl_s / 3
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        """Write the key once (raises ``redis.RedisError``)."""
+        self.client.set(self.key, json.dumps({"at": time.time()}), px=self.ttl_ms)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # Redis down: readiness says so; keep trying
+                log.warning("heartbeat not written key=%s error=%s", self.key, type(exc).__name__)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop beating and delete the key, so a graceful shutdown shows at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 5)
+        with suppress(redis.RedisError):
+            self.client.delete(self.key)
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=1)
+
+
+# -- Celery signal receivers ---------------------------------------------------------------------
+_running: dict[str, Heartbeat] = {}
+
+
+def _start(role: str, node: str) -> None:
+    from app.config import get_settings
+
+    settings = get_settings()
+    _running[role] = Heartbeat(_client(settings.redis_url), role, node,
+                               settings.worker_heartbeat_ttl_s).start()
+    log.info("heartbeat started role=%s node=%s", role, node)
+
+
+@worker_ready.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_ready")
+def _on_worker_ready(sender=None, **_):
+    _start("worker", sender.hostname)
+
+
+@worker_shutdown.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_shutdown")
+def _on_worker_shutdown(sender=None, **_):
+    beat = _running.pop("worker", None)
+    if beat is not None:
+        beat.stop()
+
+
+@beat_init.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.beat_init")
+def _on_beat_init(sender=None, **_):
+    _start("beat", default_node("beat"))
+
+
+# -- health check command ------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.heartbeat")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="exit 0 when the heartbeat of this node is live")
+    check.add_argument("role", choices=ROLES)
+    check.add_argument("--node", help="node name (default: celery@HOST or beat@HOST)")
+    args = parser.parse_args(argv)
+
+    from app.config import ConfigError, get_settings
+
+    try:
+        url = get_settings().redis_url
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    node = args.node or default_node(args.role)
+    try:
+        live = _client(url).exists(heartbeat_key(args.role, node))
+    except redis.RedisError as exc:
+        print(f"redis unreachable: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    if not live:
+        print(f"no live heartbeat for {args.role} {node}", file=sys.stderr)
+        return 1
+    print(f"{args.role} {node} alive")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
