@@ -14,7 +14,7 @@ import redis
 from app import create_app
 from tests.support.env import make_env, settings_from
 from tests.support.stack import ROOT, TempDatabase, free_port, wait_for
-from worker.heartbeat import Heartbeat, heartbeat_key, live_nodes
+from worker.heartbeat import Heartbeat, default_node, heartbeat_key, live_nodes
 
 pytestmark = pytest.mark.integration
 REDIS_URL = "redis://127.0.0.1:6379/6"
@@ -125,6 +125,12 @@ def test_heartbeat_rejects_bad_arguments(r):
         Heartbeat(r, "web", "x", ttl_s=30)
     with pytest.raises(ValueError, match="ttl_s"):
         Heartbeat(r, "worker", "x", ttl_s=1)
+
+
+def test_default_node_is_celerys_own_default():
+    from celery.utils.nodenames import default_nodename
+
+    assert default_node("worker") == default_nodename(None)  # what the health check looks for
 
 
 def test_check_command_exit_status(r):

@@ -176,3 +176,8 @@ def test_docker_compose_accepts_the_files(tmp_path):
         argv = ["docker", "compose", *[a for f in files for a in ("-f", f)], "config", "-q"]
         result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
+
+
+def test_images_carry_only_the_demo_model():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ignored.index("models/*") < ignored.index("!models/demo")
