@@ -3,8 +3,8 @@
 A worker can be gone while the web service still accepts messages; a key that each worker
 refreshes with a TTL lets another process tell, without asking the worker over the broker, that
 it was alive a moment ago. A graceful shutdown deletes the key so readiness drops at once; a
-killed process's key simply expires. The receivers below are connected when this module is
-imported (``worker.celery_app`` does), and only fire inside ``celery worker`` / ``celery beat``.
+killed process's key simply expires. ``worker.celery_app`` starts and stops it from Celery's
+signals; this module itself needs only Redis, so the web process reads heartbeats without Celery.
 
 ``python -m worker.heartbeat check worker|beat [--node NAME]`` exits 0 when this host's key is
 live: the container health check of the worker and beat services.
@@ -22,7 +22,6 @@ import time
 from contextlib import suppress
 
 import redis
-from celery.signals import beat_init, worker_ready, worker_shutdown
 
 log = logging.getLogger(__name__)
 PREFIX = "heartbeat"
@@ -90,34 +89,19 @@ def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=1)
 
 
-# -- Celery signal receivers ---------------------------------------------------------------------
 _running: dict[str, Heartbeat] = {}
 
 
-def _start(role: str, node: str) -> None:
-    from app.config import get_settings
-
-    settings = get_settings()
-    _running[role] = Heartbeat(_client(settings.redis_url), role, node,
-                               settings.worker_heartbeat_ttl_s).start()
+def start(role: str, node: str, redis_url: str, ttl_s: float) -> None:
+    """Start this process's heartbeat (``worker.celery_app`` calls it on worker_ready/beat_init)."""
+    _running[role] = Heartbeat(_client(redis_url), role, node, ttl_s).start()
     log.info("heartbeat started role=%s node=%s", role, node)
 
 
-@worker_ready.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_ready")
-def _on_worker_ready(sender=None, **_):
-    _start("worker", sender.hostname)
-
-
-@worker_shutdown.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_shutdown")
-def _on_worker_shutdown(sender=None, **_):
-    beat = _running.pop("worker", None)
+def stop(role: str) -> None:
+    beat = _running.pop(role, None)
     if beat is not None:
         beat.stop()
-
-
-@beat_init.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.beat_init")
-def _on_beat_init(sender=None, **_):
-    _start("beat", default_node("beat"))
 
 
 # -- health check command ------------------------------------------------------------------------
