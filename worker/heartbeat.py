@@ -1,9 +1,10 @@
 """Heartbeats in Redis for the Celery worker and beat, read by ``/readyz`` and health checks.
 
-A worker can be gone while the web service still accepts messages; a key that each worker
-refreshes with a TTL lets another process tell, without asking the worker over the broker, that
-it was alive a moment ago. A graceful shutdown deletes the key so readiness drops at once; a
-killed process's key simply expires. ``worker.celery_app`` starts and stops it from Celery's
+A worker can be gone while the web service still accepts messages; an expiry time that each
+worker pushes forward lets another process tell, without asking the worker over the broker, that
+it was alive a moment ago. One sorted set per role (``heartbeat:worker``: node -> expiry, on
+Redis's clock) is read in one command however many other keys Redis holds. A graceful shutdown
+removes the node so readiness drops at once; a killed process's entry simply expires. ``worker.celery_app`` starts and stops it from Celery's
 signals; this module itself needs only Redis, so the web process reads heartbeats without Celery.
 
 ``python -m worker.heartbeat check worker|beat [--node NAME]`` exits 0 when this host's key is
@@ -13,12 +14,10 @@ live: the container health check of the worker and beat services.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import socket
 import sys
 import threading
-import time
 from contextlib import suppress
 
 import redis
@@ -28,8 +27,9 @@ PREFIX = "heartbeat"
 ROLES = ("worker", "beat")
 
 
-def heartbeat_key(role: str, node: str) -> str:
-    return f"{PREFIX}:{role}:{node}"
+def heartbeat_key(role: str) -> str:
+    """A sorted set per role: member = node name, score = when its heartbeat expires."""
+    return f"{PREFIX}:{role}"
 
 
 def default_node(role: str) -> str:
@@ -37,15 +37,25 @@ def default_node(role: str) -> str:
     return f"{'celery' if role == 'worker' else 'beat'}@{socket.gethostname()}"
 
 
+def redis_now(client: redis.Redis) -> float:
+    # Redis's clock, for writers and readers alike: containers' clocks may disagree.
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
 def live_nodes(client: redis.Redis, role: str) -> list[str]:
     """Nodes of ``role`` whose heartbeat has not expired (raises ``redis.RedisError``)."""
-    prefix = heartbeat_key(role, "")
-    keys = client.scan_iter(match=prefix + "*", count=1000)
-    return sorted((k.decode() if isinstance(k, bytes) else k)[len(prefix):] for k in keys)
+    members = client.zrangebyscore(heartbeat_key(role), f"({redis_now(client)}", "+inf")
+    return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+
+
+def is_live(client: redis.Redis, role: str, node: str) -> bool:
+    expires = client.zscore(heartbeat_key(role), node)
+    return expires is not None and expires > redis_now(client)
 
 
 class Heartbeat:
-    """Refreshes ``heartbeat:<role>:<node>`` every ``ttl_s / 3`` seconds from a daemon thread."""
+    """Every ``ttl_s / 3`` seconds, from a daemon thread, marks ``node`` alive for ``ttl_s``."""
 
     def __init__(self, client: redis.Redis, role: str, node: str, ttl_s: float):
         if role not in ROLES:
@@ -53,15 +63,21 @@ class Heartbeat:
         if ttl_s < 3:
             raise ValueError("ttl_s must be at least 3 seconds")
         self.client = client
-        self.key = heartbeat_key(role, node)
-        self.ttl_ms = int(ttl_s * 1000)
+        self.key = heartbeat_key(role)
+        self.node = node
+        self.ttl_s = ttl_s
         self.interval_s = ttl_s / 3
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
-        """Write the key once (raises ``redis.RedisError``)."""
-        self.client.set(self.key, json.dumps({"at": time.time()}), px=self.ttl_ms)
+        """Mark the node alive once, dropping nodes long expired (raises ``redis.RedisError``)."""
+        now = redis_now(self.client)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(self.key, {self.node: now + self.ttl_s})
+        pipe.zremrangebyscore(self.key, "-inf", now - 3600)  # keep killed nodes an hour, for a look
+        pipe.pexpire(self.key, int(3600 * 1000))
+        pipe.execute()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -77,12 +93,12 @@ class Heartbeat:
         return self
 
     def stop(self) -> None:
-        """Stop beating and delete the key, so a graceful shutdown shows at once."""
+        """Stop beating and remove the node, so a graceful shutdown shows at once."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.interval_s + 5)
         with suppress(redis.RedisError):
-            self.client.delete(self.key)
+            self.client.zrem(self.key, self.node)
 
 
 def _client(url: str) -> redis.Redis:
@@ -122,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     node = args.node or default_node(args.role)
     try:
-        live = _client(url).exists(heartbeat_key(args.role, node))
+        live = is_live(_client(url), args.role, node)
     except redis.RedisError as exc:
         print(f"redis unreachable: {type(exc).__name__}", file=sys.stderr)
         return 1

@@ -14,7 +14,7 @@ import redis
 from app import create_app
 from tests.support.env import make_env, settings_from
 from tests.support.stack import ROOT, TempDatabase, free_port, wait_for
-from worker.heartbeat import Heartbeat, default_node, heartbeat_key, live_nodes
+from worker.heartbeat import Heartbeat, default_node, heartbeat_key, live_nodes, redis_now
 
 pytestmark = pytest.mark.integration
 REDIS_URL = "redis://127.0.0.1:6379/6"
@@ -98,22 +98,29 @@ def test_readyz_on_postgresql(tmp_path, r):
         db.drop()
 
 
-def test_heartbeat_expires_and_stop_deletes_it(r):
+def test_heartbeat_marks_the_node_alive_for_its_ttl_and_stop_removes_it(r):
     beat = Heartbeat(r, "worker", "celery@hb", ttl_s=9)
     beat.beat()
-    assert 0 < r.pttl(heartbeat_key("worker", "celery@hb")) <= 9000
+    expires = r.zscore(heartbeat_key("worker"), "celery@hb")
+    assert 0 < expires - redis_now(r) <= 9
     assert live_nodes(r, "worker") == ["celery@hb"]
 
     beat.stop()
     assert live_nodes(r, "worker") == []
 
 
-def test_heartbeat_thread_keeps_the_key(r):
+def test_an_expired_heartbeat_is_not_live(r):
+    Heartbeat(r, "worker", "celery@alive", ttl_s=30).beat()
+    r.zadd(heartbeat_key("worker"), {"celery@killed": redis_now(r) - 1})  # as a killed worker leaves it
+    assert live_nodes(r, "worker") == ["celery@alive"]
+
+
+def test_heartbeat_thread_keeps_pushing_the_expiry(r):
     beat = Heartbeat(r, "beat", "beat@hb", ttl_s=3).start()
     try:
         wait_for(lambda: live_nodes(r, "beat") == ["beat@hb"], 10, what="first heartbeat")
-        first = r.get(heartbeat_key("beat", "beat@hb"))
-        wait_for(lambda: r.get(heartbeat_key("beat", "beat@hb")) not in (None, first), 10,
+        first = r.zscore(heartbeat_key("beat"), "beat@hb")
+        wait_for(lambda: (r.zscore(heartbeat_key("beat"), "beat@hb") or 0) > first, 10,
                  what="a refreshed heartbeat")
     finally:
         beat.stop()
