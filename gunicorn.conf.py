@@ -13,8 +13,11 @@ workers = int(os.environ.get("WEB_WORKERS", min(2 * multiprocessing.cpu_count() 
 worker_class = "gthread"
 threads = int(os.environ.get("WEB_THREADS", 8))
 timeout = int(os.environ.get("WEB_TIMEOUT", 60))
-graceful_timeout = 30
-keepalive = 5
+# A streamed /v1 answer may still be running at shutdown: it gets this long to finish.
+graceful_timeout = int(os.environ.get("WEB_GRACEFUL_TIMEOUT", 30))
+# Must exceed the proxy's upstream keepalive_timeout (4 s in docker/nginx/), so that nginx never
+# reuses a connection that gunicorn is closing.
+keepalive = int(os.environ.get("WEB_KEEPALIVE", 5))
 max_requests = int(os.environ.get("WEB_MAX_REQUESTS", 0))
 max_requests_jitter = 100
 accesslog = os.environ.get("WEB_ACCESS_LOG") or None

@@ -33,8 +33,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.extensions["accept_hooks"] = [message_received_hook(services)]
 
-    from app import api, callback
+    from app import api, callback, health
+    from app.proxy import trust_proxies
 
+    trust_proxies(app, settings.trusted_proxies)
+    app.register_blueprint(health.bp)
     app.register_blueprint(callback.bp)
     app.register_blueprint(api.bp)
 
@@ -56,10 +59,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     def _echo_request_id(response):
         response.headers["X-Request-Id"] = g.get("request_id", "")
         return response
-
-    @app.get("/healthz")
-    def healthz():
-        return jsonify(status="ok")
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

@@ -81,6 +81,10 @@ class Settings(BaseSettings):
     blind_index_key: SecretStr = Field(description="HMAC key for searchable/dedup fields")
     secret_key: SecretStr = Field(description="server secret: Flask sessions, fingerprints")
 
+    # -- behind a reverse proxy (app/proxy.py) ------------------------------------------------
+    trusted_proxies: int = Field(default=0, ge=0, le=10,
+                                 description="proxies in front whose X-Forwarded-* are believed; 0 = none")
+
     # -- callback ------------------------------------------------------------------------------
     callback_max_bytes: int = 64 * 1024
     callback_timestamp_window_s: int = 300
@@ -92,6 +96,7 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 30.0
     sweep_queued_after_s: float = 60.0
     task_max_retries: int = 5
+    worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/heartbeat.py")
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
 
     # -- audit, accounting, budgets (see app/audit.py, app/accounting.py) ----------------------

@@ -9,8 +9,10 @@ imports the task code (or the model).
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import beat_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
+from worker import heartbeat
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
@@ -49,6 +51,26 @@ def make_celery(settings: Settings) -> Celery:
         },
     )
     return app
+
+
+# The heartbeats /readyz and the container health checks read (worker/heartbeat.py); these
+# signals fire only inside ``celery worker`` and ``celery beat``, never in the web process.
+@worker_ready.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_ready")
+def _start_worker_heartbeat(sender=None, **_):
+    settings = get_settings()
+    heartbeat.start("worker", sender.hostname, settings.redis_url, settings.worker_heartbeat_ttl_s)
+
+
+@worker_shutdown.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_shutdown")
+def _stop_worker_heartbeat(sender=None, **_):
+    heartbeat.stop("worker")
+
+
+@beat_init.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.beat_init")
+def _start_beat_heartbeat(sender=None, **_):
+    settings = get_settings()
+    heartbeat.start("beat", heartbeat.default_node("beat"), settings.redis_url,
+                    settings.worker_heartbeat_ttl_s)
 
 
 def __getattr__(name: str):

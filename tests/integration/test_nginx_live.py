@@ -1,0 +1,159 @@
+"""docker/nginx/default.conf in a real nginx in front of the real app (skipped without nginx).
+
+Only the addresses change (``web:8080``, ports 80/443, the certificate folder); the rest is the
+file compose mounts. TLS 1.2 is refused at the handshake, a stream on ``/v1/`` reaches the client
+while the backend is still holding the rest of it back (it would stall if nginx buffered), and
+the app (``TRUSTED_PROXIES=1``) sees the client's address and scheme from nginx's headers, not the
+ones a client forged. ``NGINX_BIN`` names the binary when it is not on PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+
+import pytest
+import requests
+from flask import Response, request
+from werkzeug.serving import make_server
+
+from app import create_app
+from tests.support.env import make_env, settings_from
+from tests.support.stack import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+NGINX = os.environ.get("NGINX_BIN") or shutil.which("nginx")
+if not NGINX:
+    pytest.skip("nginx is not installed (NGINX_BIN names one elsewhere)", allow_module_level=True)
+
+
+def nginx_version() -> tuple[int, ...]:
+    out = subprocess.run([NGINX, "-v"], capture_output=True, text=True).stderr
+    return tuple(int(p) for p in re.search(r"nginx/(\d+)\.(\d+)\.(\d+)", out).groups())
+
+
+class Gate:
+    """A backend route that sends one SSE event, then waits for the test before the rest."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def view(self):
+        def events():
+            yield "data: first\n\n"
+            self.release.wait(30)
+            yield "data: [DONE]\n\n"
+
+        return Response(events(), mimetype="text/event-stream")
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("nginx")
+    app = create_app(settings_from(make_env(DATABASE_URL=f"sqlite:///{tmp / 'bot.sqlite3'}",
+                                            REDIS_URL="redis://127.0.0.1:6379/6", TRUSTED_PROXIES="1")))
+    gate = Gate()
+    app.add_url_rule("/v1/_gated", "gated", gate.view)
+    app.add_url_rule("/_seen", "seen", lambda: {
+        "ip": request.remote_addr, "url": request.url,
+        "headers": {k: v for k, v in request.headers.items() if k.startswith("X-")}})
+    backend = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=backend.serve_forever, daemon=True).start()
+
+    certs = tmp / "certs"
+    script = tmp / "make-cert.sh"  # the script writes beside itself
+    shutil.copy(ROOT / "docker/nginx/make-self-signed-cert.sh", script)
+    subprocess.run(["bash", str(script), "127.0.0.1"], check=True, capture_output=True)
+
+    http_port, https_port = free_port(), free_port()
+    conf = (ROOT / "docker/nginx/default.conf").read_text()
+    conf = conf.replace("server web:8080;", f"server 127.0.0.1:{backend.server_port};")
+    conf = re.sub(r"^\s*listen \[::\]:\d+( ssl)?;\n", "", conf, flags=re.M)
+    conf = conf.replace("listen 80;", f"listen 127.0.0.1:{http_port};")
+    conf = conf.replace("/etc/nginx/certs/", f"{certs}/")
+    if nginx_version() < (1, 25, 1):  # `http2 on;` is newer than this nginx
+        conf = conf.replace("http2 on;", "")
+        conf = conf.replace("listen 443 ssl;", f"listen 127.0.0.1:{https_port} ssl http2;")
+    else:
+        conf = conf.replace("listen 443 ssl;", f"listen 127.0.0.1:{https_port} ssl;")
+    (tmp / "default.conf").write_text(conf)
+    temp = {name: tmp / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
+    (tmp / "nginx.conf").write_text(f"""
+{"user root;" if os.geteuid() == 0 else ""}
+daemon off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{}}
+http {{
+    access_log off;
+    {"".join(f"{n}_temp_path {p};" if n != "body" else f"client_body_temp_path {p};" for n, p in temp.items())}
+    include {tmp}/default.conf;
+}}
+""")
+    proc = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+    def listening():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", https_port)) == 0
+
+    wait_for(listening, 15, what="nginx")
+    yield {"https": f"https://127.0.0.1:{https_port}", "http": f"http://127.0.0.1:{http_port}",
+           "port": https_port, "ca": str(certs / "tls.crt"), "gate": gate}
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=15)
+    gate.release.set()
+    backend.shutdown()
+
+
+def handshake(proxy, version: ssl.TLSVersion) -> str:
+    ctx = ssl.create_default_context(cafile=proxy["ca"])
+    ctx.minimum_version = ctx.maximum_version = version
+    with socket.create_connection(("127.0.0.1", proxy["port"]), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return tls.version()
+
+
+def test_tls_13_is_accepted_and_12_refused(proxy):
+    assert handshake(proxy, ssl.TLSVersion.TLSv1_3) == "TLSv1.3"
+    with pytest.raises(ssl.SSLError):
+        handshake(proxy, ssl.TLSVersion.TLSv1_2)
+
+
+def test_plain_http_redirects_to_https_and_answers_the_health_check(proxy):
+    resp = requests.get(f"{proxy['http']}/v1/models", allow_redirects=False, timeout=10)
+    assert resp.status_code == 301 and resp.headers["Location"].startswith("https://")
+    health = requests.get(f"{proxy['http']}/nginx-healthz", timeout=10)
+    assert health.status_code == 200 and health.text == "ok\n"
+
+
+def test_the_app_answers_through_nginx(proxy):
+    resp = requests.get(f"{proxy['https']}/healthz", verify=proxy["ca"], timeout=10)
+    assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    assert resp.headers["Strict-Transport-Security"].startswith("max-age=")
+
+
+def test_a_stream_on_v1_is_not_buffered(proxy):
+    with requests.get(f"{proxy['https']}/v1/_gated", verify=proxy["ca"], stream=True, timeout=10) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line) == b"data: first"  # while the backend waits
+        proxy["gate"].release.set()
+        assert next(line for line in lines if line) == b"data: [DONE]"
+
+
+def test_the_app_sees_the_client_not_forged_headers(proxy):
+    forged = {"X-Forwarded-For": "6.6.6.6", "X-Forwarded-Host": "evil.example",
+              "X-Forwarded-Proto": "http", "X-Forwarded-Prefix": "/evil", "X-Real-IP": "6.6.6.6"}
+    seen = requests.get(f"{proxy['https']}/_seen", headers=forged, verify=proxy["ca"], timeout=10).json()
+    assert seen["ip"] == "127.0.0.1"
+    assert seen["url"].startswith("https://127.0.0.1") and "evil" not in seen["url"]
+    assert seen["headers"]["X-Real-Ip"] == "127.0.0.1"
+    assert seen["headers"]["X-Forwarded-For"] == "6.6.6.6, 127.0.0.1"  # only the last hop is believed
+    assert "X-Forwarded-Prefix" not in seen["headers"]

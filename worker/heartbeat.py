@@ -1,0 +1,153 @@
+"""Heartbeats in Redis for the Celery worker and beat, read by ``/readyz`` and health checks.
+
+A worker can be gone while the web service still accepts messages; an expiry time that each
+worker pushes forward lets another process tell, without asking the worker over the broker, that
+it was alive a moment ago. One sorted set per role (``heartbeat:worker``: node -> expiry, on
+Redis's clock) is read in one command however many other keys Redis holds. A graceful shutdown
+removes the node so readiness drops at once; a killed process's entry simply expires. ``worker.celery_app`` starts and stops it from Celery's
+signals; this module itself needs only Redis, so the web process reads heartbeats without Celery.
+
+``python -m worker.heartbeat check worker|beat [--node NAME]`` exits 0 when this host's key is
+live: the container health check of the worker and beat services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import threading
+from contextlib import suppress
+
+import redis
+
+log = logging.getLogger(__name__)
+PREFIX = "heartbeat"
+ROLES = ("worker", "beat")
+
+
+def heartbeat_key(role: str) -> str:
+    """A sorted set per role: member = node name, score = when its heartbeat expires."""
+    return f"{PREFIX}:{role}"
+
+
+def default_node(role: str) -> str:
+    """The node name Celery gives a worker started without ``-n`` (and the same form for beat)."""
+    return f"{'celery' if role == 'worker' else 'beat'}@{socket.gethostname()}"
+
+
+def redis_now(client: redis.Redis) -> float:
+    # Redis's clock, for writers and readers alike: containers' clocks may disagree.
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
+def live_nodes(client: redis.Redis, role: str) -> list[str]:
+    """Nodes of ``role`` whose heartbeat has not expired (raises ``redis.RedisError``)."""
+    members = client.zrangebyscore(heartbeat_key(role), f"({redis_now(client)}", "+inf")
+    return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
+
+
+def is_live(client: redis.Redis, role: str, node: str) -> bool:
+    expires = client.zscore(heartbeat_key(role), node)
+    return expires is not None and expires > redis_now(client)
+
+
+class Heartbeat:
+    """Every ``ttl_s / 3`` seconds, from a daemon thread, marks ``node`` alive for ``ttl_s``."""
+
+    def __init__(self, client: redis.Redis, role: str, node: str, ttl_s: float):
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}")
+        if ttl_s < 3:
+            raise ValueError("ttl_s must be at least 3 seconds")
+        self.client = client
+        self.key = heartbeat_key(role)
+        self.node = node
+        self.ttl_s = ttl_s
+        self.interval_s = ttl_s / 3
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> None:
+        """Mark the node alive once, dropping nodes long expired (raises ``redis.RedisError``)."""
+        now = redis_now(self.client)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(self.key, {self.node: now + self.ttl_s})
+        pipe.zremrangebyscore(self.key, "-inf", now - 3600)  # keep killed nodes an hour, for a look
+        pipe.pexpire(self.key, int(3600 * 1000))
+        pipe.execute()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # Redis down: readiness says so; keep trying
+                log.warning("heartbeat not written key=%s error=%s", self.key, type(exc).__name__)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop beating and remove the node, so a graceful shutdown shows at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 5)
+        with suppress(redis.RedisError):
+            self.client.zrem(self.key, self.node)
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=1)
+
+
+_running: dict[str, Heartbeat] = {}
+
+
+def start(role: str, node: str, redis_url: str, ttl_s: float) -> None:
+    """Start this process's heartbeat (``worker.celery_app`` calls it on worker_ready/beat_init)."""
+    _running[role] = Heartbeat(_client(redis_url), role, node, ttl_s).start()
+    log.info("heartbeat started role=%s node=%s", role, node)
+
+
+def stop(role: str) -> None:
+    beat = _running.pop(role, None)
+    if beat is not None:
+        beat.stop()
+
+
+# -- health check command ------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.heartbeat")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="exit 0 when the heartbeat of this node is live")
+    check.add_argument("role", choices=ROLES)
+    check.add_argument("--node", help="node name (default: celery@HOST or beat@HOST)")
+    args = parser.parse_args(argv)
+
+    from app.config import ConfigError, get_settings
+
+    try:
+        url = get_settings().redis_url
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    node = args.node or default_node(args.role)
+    try:
+        live = is_live(_client(url), args.role, node)
+    except redis.RedisError as exc:
+        print(f"redis unreachable: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    if not live:
+        print(f"no live heartbeat for {args.role} {node}", file=sys.stderr)
+        return 1
+    print(f"{args.role} {node} alive")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
