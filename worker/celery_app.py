@@ -11,6 +11,7 @@ from __future__ import annotations
 from celery import Celery
 
 from app.config import Settings, get_settings
+from worker import observability  # noqa: F401 - connects the logging/metrics signal handlers
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
