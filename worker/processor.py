@@ -3,10 +3,11 @@
 The step order makes a redelivered or retried task safe:
 
 1. claim the outbox row with a lease (nobody else runs it; a dead worker's lease expires);
-2. if no reply is stored yet, compose it (command, welcome or the model) and store it encrypted
-   *before* sending, so a retry sends the same answer instead of generating a new one;
+2. if no reply is stored yet, compose it (over the user's rate limit: the polite notice or
+   nothing; else command, welcome or the model) and store it encrypted *before* sending, so a
+   retry sends the same answer instead of generating a new one;
 3. send the chunks not yet sent, recording each one, so a retry resumes where it stopped;
-4. mark the row answered (or failed with a reason, after a polite notice to the user).
+4. mark the row answered (or rate_limited, or failed with a reason after a polite notice).
 
 Then the next queued message of the same user is taken in order, so a burst is answered in the
 order it was written and each answer sees the previous one in the conversation.

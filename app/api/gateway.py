@@ -104,7 +104,7 @@ class Gateway:
                 completion_tokens=generation.completion_tokens,
                 cached_tokens=generation.cached_tokens,
                 latency_ms=int(generation.latency_s * 1000), api_key_id=caller.name))
-            metrics.generation(generation.model[:64], generation.completion_tokens,
+            metrics.generation(self.model_name[:64], generation.completion_tokens,
                                generation.latency_s)
         except Exception:  # noqa: BLE001 - the answer is out; the reservation expires later
             log.exception("usage not recorded api_key=%s", caller.name)
