@@ -8,12 +8,18 @@ from decimal import Decimal
 import pytest
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import func, select
 
 from app import create_app, ratelimit
 from app.accounting import set_budget
 from app.metrics_collectors import BudgetSpendCollector, QueueDepthCollector
+from app.models import InboundMessage, UsageRecord
 from app.services import Services
+from app.wecom.exceptions import WeComTransientError
+from tests.data.test_message_path import SENTINEL_REPLY, FakeLLM, FakeWeCom, ids_of, post_message
 from tests.support.env import make_env
+from worker.conversation import ConversationStore
+from worker.processor import RATE_LIMIT_NOTICE, MessageProcessor
 from worker.user_limit import UserRateLimit
 
 REDIS_URL = "redis://127.0.0.1:6379/5"
@@ -39,7 +45,8 @@ def redis_client():
 
 @pytest.fixture
 def env(database_url):
-    return make_env(DATABASE_URL=database_url, REDIS_URL=REDIS_URL, METRICS_TOKEN=TOKEN)
+    return make_env(DATABASE_URL=database_url, REDIS_URL=REDIS_URL, METRICS_TOKEN=TOKEN,
+                    WECOM_USER_RATE_LIMIT="2/min")
 
 
 def exposition(*collectors) -> str:
@@ -134,3 +141,42 @@ def test_user_limit_notices_once_per_window_and_keys_by_blind_index(redis_client
     assert limit.check("other" * 8, 1) is None
     assert all(user_hash in key.decode() or "other" in key.decode() for key in redis_client.scan_iter())
     assert UserRateLimit(redis_client, 0, 60).check(user_hash, 99) is None  # 0 = off
+
+
+class FlakyWeCom(FakeWeCom):
+    """Loses the n-th send (transient), like a WeCom 5xx."""
+
+    def __init__(self, fail_at: int):
+        super().__init__()
+        self.attempts, self.fail_at = 0, fail_at
+
+    def send(self, touser, kind, content, **kwargs):
+        self.attempts += 1
+        if self.attempts == self.fail_at:
+            raise WeComTransientError(-1, "system busy")
+        return super().send(touser, kind, content, **kwargs)
+
+
+def test_over_the_limit_one_notice_survives_a_retry_no_model_no_usage(services, monkeypatch):
+    monkeypatch.setattr("app.callback.enqueue", lambda message_id: True)
+    client = create_app(services=services).test_client()
+    for i in range(5):
+        assert post_message(client, services, f"question {i}", 100 + i).status_code == 200
+    llm, wecom = FakeLLM(), FlakyWeCom(fail_at=3)  # the third send is the notice
+    processor = MessageProcessor(services, llm, wecom,
+                                 ConversationStore(services.redis, services.cipher, 3600, 20))
+    first, _, third, _, _ = ids_of(services)
+    # The first task drains the user's queue in order until the notice's send is lost ...
+    assert processor.process(first).status == "done"
+    # ... and the retried task sends the stored notice, then drains the rest without a reply.
+    assert processor.process(third).status == "done"
+    assert llm.calls == 2
+    assert [content for _, _, content in wecom.sent] == [SENTINEL_REPLY, SENTINEL_REPLY,
+                                                        RATE_LIMIT_NOTICE]
+    with services.db.session() as session:
+        rows = list(session.scalars(select(InboundMessage).order_by(InboundMessage.id)))
+        assert [r.status for r in rows] == ["answered", "answered", "rate_limited", "rate_limited",
+                                            "rate_limited"]
+        assert rows[2].failure_reason == "rate limited: over 2 per 60s"
+        assert "notice already sent" in rows[3].failure_reason
+        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 2
