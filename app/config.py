@@ -136,6 +136,7 @@ class Settings(BaseSettings):
     metrics_token: SecretStr = Field(default=SecretStr(""),
                                      description="bearer token for /metrics from non-loopback")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="worker metrics port, 0 = off")
+    metrics_addr: str = Field(default="127.0.0.1", description="worker metrics bind address")
     wecom_user_rate_limit: str = Field(default="20/min", description="per WeCom user; 0 = off")
 
     # -- inference -----------------------------------------------------------------------------

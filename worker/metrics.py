@@ -101,16 +101,18 @@ def speculative_stats_of_runtime() -> list:
     return [stats] if stats is not None else []
 
 
-def serve(port: int, registry=REGISTRY) -> bool:
-    """Start the endpoint in a daemon thread; False (logged) when the port is taken."""
+def serve(port: int, addr: str = "127.0.0.1", registry=REGISTRY) -> bool:
+    """Start the endpoint in a daemon thread; False (logged) when the port is taken.
+
+    It has no authentication: bind it to loopback or a private network (``METRICS_ADDR``)."""
     if port <= 0:
         return False
     registry.register(EngineCollector(engine_of_runtime))
     registry.register(SpeculativeCollector(speculative_stats_of_runtime))
     try:
-        start_http_server(port, addr="0.0.0.0", registry=registry)  # noqa: S104 - a scrape target
+        start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
         log.error("worker metrics not served: port %s unavailable (%s)", port, exc.strerror)
         return False
-    log.info("worker metrics on port %s", port)
+    log.info("worker metrics on %s:%s", addr, port)
     return True

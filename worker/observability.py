@@ -39,4 +39,5 @@ def _serve_metrics(**_):
     from app.config import get_settings
     from worker import metrics
 
-    metrics.serve(get_settings().metrics_port)
+    settings = get_settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
