@@ -25,3 +25,34 @@ errorlog = "-"
 loglevel = os.environ.get("WEB_LOG_LEVEL", "info")
 # No preload: each worker opens its own database and Redis connections after the fork.
 preload_app = False
+
+# -- Prometheus multiprocess mode (app/metrics_view.py, docs/observability.md) ---------------------
+# Each worker writes its counters to files in this directory and /metrics adds them up. It must be
+# set before a worker creates a metric, so it is set here, in the master, if the operator did not;
+# a fresh private directory by default, emptied at start (old files would count twice), and a dead
+# worker's live gauges are dropped when it exits.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_own_metrics_dir = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+if _own_metrics_dir:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wecom-bot-metrics-")
+
+
+def on_starting(server):
+    directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):
+        if name.endswith(".db"):
+            os.remove(os.path.join(directory, name))
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    if _own_metrics_dir:
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)

@@ -11,6 +11,7 @@ import logging
 from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from app import logging_setup
 from app.config import Settings, get_settings
 from app.services import Services
 
@@ -21,6 +22,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     settings = settings or (services.settings if services else get_settings())
     services = services or Services(settings)
 
+    logging_setup.configure(settings)
     app = Flask(__name__)
     app.config.update(
         SECRET_KEY=settings.secret_key.get_secret_value(),
@@ -33,13 +35,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.extensions["accept_hooks"] = [message_received_hook(services)]
 
-    from app import api, callback, health
+    from app import api, callback, health, metrics_view
     from app.proxy import trust_proxies
 
     trust_proxies(app, settings.trusted_proxies)
     app.register_blueprint(health.bp)
     app.register_blueprint(callback.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(metrics_view.bp)
+    app.extensions["metrics_registry"] = metrics_view.scrape_registry(services)
 
     from app import admin
 
@@ -52,8 +56,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @app.before_request
     def _request_id():
-        incoming = request.headers.get("X-Request-Id", "")
-        g.request_id = incoming if incoming.isalnum() and len(incoming) <= 32 else callback.new_request_id()
+        g.request_id = (logging_setup.clean_request_id(request.headers.get("X-Request-Id"))
+                        or logging_setup.new_request_id())
+        g.request_id_token = logging_setup.request_id_var.set(g.request_id)
+
+    @app.teardown_request
+    def _forget_request_id(_exc):
+        token = g.pop("request_id_token", None)
+        if token is not None:
+            try:
+                logging_setup.request_id_var.reset(token)
+            except ValueError:  # torn down in another context (a streamed response)
+                logging_setup.request_id_var.set(None)
 
     @app.after_request
     def _echo_request_id(response):

@@ -16,7 +16,8 @@ import uuid
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import outbox
+from app import metrics, outbox
+from app.logging_setup import request_id_var, sensitive
 from app.wecom.exceptions import (
     ParseXmlError,
     ValidateCorpIdError,
@@ -31,16 +32,19 @@ bp = Blueprint("wecom", __name__)
 
 
 class CallbackRejected(Exception):
-    def __init__(self, status: int, reason: str):
+    """``reason`` is the client's explanation; ``code`` the metric label (``metrics.REJECT_REASONS``)."""
+
+    def __init__(self, status: int, reason: str, code: str):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.code = code
 
 
 @bp.errorhandler(CallbackRejected)
 def _rejected(exc: CallbackRejected):
-    log.info("callback rejected status=%s reason=%s request_id=%s", exc.status, exc.reason,
-             g.get("request_id"))
+    log.info("callback rejected status=%s reason=%s", exc.status, exc.reason)
+    metrics.callback("rejected", exc.code)
     return jsonify(error=exc.reason), exc.status
 
 
@@ -52,7 +56,7 @@ def _query(*names: str) -> list[str]:
     values = [request.args.get(name, "") for name in names]
     missing = [name for name, value in zip(names, values, strict=True) if not value]
     if missing:
-        raise CallbackRejected(400, f"missing query parameter: {', '.join(missing)}")
+        raise CallbackRejected(400, f"missing query parameter: {', '.join(missing)}", "missing_param")
     return values
 
 
@@ -61,20 +65,20 @@ def _check_timestamp(timestamp: str) -> None:
     try:
         sent = int(timestamp)
     except ValueError:
-        raise CallbackRejected(400, "timestamp is not an integer") from None
+        raise CallbackRejected(400, "timestamp is not an integer", "bad_timestamp") from None
     window = _services().settings.callback_timestamp_window_s
     if abs(time.time() - sent) > window:
-        raise CallbackRejected(403, "timestamp outside the accepted window")
+        raise CallbackRejected(403, "timestamp outside the accepted window", "stale_timestamp")
 
 
 def _crypto_rejection(exc: WeComCryptoError) -> CallbackRejected:
     if isinstance(exc, ValidateSignatureError):
-        return CallbackRejected(403, "signature mismatch")
+        return CallbackRejected(403, "signature mismatch", "signature")
     if isinstance(exc, ValidateCorpIdError):
-        return CallbackRejected(403, "receive id (CorpID) mismatch")
+        return CallbackRejected(403, "receive id (CorpID) mismatch", "corp_id")
     if isinstance(exc, ParseXmlError):
-        return CallbackRejected(400, "malformed xml")
-    return CallbackRejected(400, f"cannot decrypt message ({exc.code})")
+        return CallbackRejected(400, "malformed xml", "bad_xml")
+    return CallbackRejected(400, f"cannot decrypt message ({exc.code})", "decrypt")
 
 
 @bp.get("/wecom/callback")
@@ -92,12 +96,12 @@ def receive():
     services = _services()
     limit = services.settings.callback_max_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise CallbackRejected(413, "body too large")
+        raise CallbackRejected(413, "body too large", "too_large")
     signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
     _check_timestamp(timestamp)
     body = request.get_data(cache=False)
     if len(body) > limit:
-        raise CallbackRejected(413, "body too large")
+        raise CallbackRejected(413, "body too large", "too_large")
     try:
         xml = services.wecom_crypto.decrypt_message(body, signature, timestamp, nonce)
     except WeComCryptoError as exc:
@@ -105,31 +109,38 @@ def receive():
     try:
         message = parse_message(xml)
     except MessageParseError as exc:
-        raise CallbackRejected(400, f"malformed message: {exc}") from None
+        raise CallbackRejected(400, f"malformed message: {exc}", "bad_message") from None
     if message.agent_id is not None and message.agent_id != services.settings.wecom_agent_id:
-        raise CallbackRejected(403, "message is for another agent")
+        raise CallbackRejected(403, "message is for another agent", "wrong_agent")
 
-    try:
-        with services.db.transaction() as session:
-            accepted = outbox.accept(session, services.cipher, services.blind_index, message,
-                                     request_id=g.request_id)
-            for hook in current_app.extensions["accept_hooks"]:
-                hook(session, accepted, message)
-    except SQLAlchemyError:
-        log.exception("outbox write failed request_id=%s", g.request_id)
-        return jsonify(error="storage unavailable, retry later"), 503
+    with sensitive(message.from_user, getattr(message, "content", None)):
+        try:
+            with services.db.transaction() as session:
+                accepted = outbox.accept(session, services.cipher, services.blind_index, message,
+                                         request_id=g.request_id)
+                for hook in current_app.extensions["accept_hooks"]:
+                    hook(session, accepted, message)
+        except SQLAlchemyError:
+            log.exception("outbox write failed")
+            metrics.callback("error", "storage")
+            return jsonify(error="storage unavailable, retry later"), 503
 
     if accepted.created:
+        metrics.callback("accepted")
         enqueue(accepted.id)
     else:
-        log.info("duplicate callback message_id=%s request_id=%s", accepted.id, g.request_id)
+        metrics.callback("duplicate")
+        log.info("duplicate callback message_id=%s", accepted.id)
     return Response("", status=200, mimetype="text/plain")
 
 
 def enqueue(message_id: int) -> bool:
-    """Publish the task; on a broker failure keep the row queued for the sweeper."""
+    """Publish the task (the request id rides in its headers for the worker's logs); on a
+    broker failure keep the row queued for the sweeper."""
+    request_id = request_id_var.get()
     try:
-        _services().celery.send_task(HANDLE_MESSAGE, args=[message_id])
+        _services().celery.send_task(HANDLE_MESSAGE, args=[message_id],
+                                     headers={"request_id": request_id} if request_id else None)
         return True
     except Exception:  # noqa: BLE001 - any broker failure must leave the row to the sweeper
         log.warning("enqueue failed, left for the sweeper message_id=%s", message_id)

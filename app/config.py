@@ -57,6 +57,23 @@ def parse_thresholds(spec: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+RATE_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600,
+              "hour": 3600}
+
+
+def parse_rate(spec: str) -> tuple[int, int]:
+    """``"20/min"`` -> (20, 60): at most 20 per 60 s; ``"0"`` turns the limit off (0, 60)."""
+    count, _, unit = spec.strip().lower().partition("/")
+    try:
+        limit = int(count)
+    except ValueError:
+        raise ValueError("must look like '20/min' (a whole number per s, min or hour)") from None
+    window = RATE_UNITS.get(unit.strip() or "min")
+    if window is None or limit < 0:
+        raise ValueError("must look like '20/min' (a whole number per s, min or hour)")
+    return limit, window
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_file=".env", env_file_encoding="utf-8", extra="ignore",
@@ -117,6 +134,15 @@ class Settings(BaseSettings):
     admin_lockout_minutes: int = 15
     finance_accounting_subject: str = "研发费用-外部技术服务费"
     finance_invoice_item: str = "AI模型调用服务费"
+
+    # -- observability (docs/observability.md) ------------------------------------------------
+    log_format: Literal["json", "text"] = Field(default="json", description="text for development")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    metrics_token: SecretStr = Field(default=SecretStr(""),
+                                     description="bearer token for /metrics from non-loopback")
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="worker metrics port, 0 = off")
+    metrics_addr: str = Field(default="127.0.0.1", description="worker metrics bind address")
+    wecom_user_rate_limit: str = Field(default="20/min", description="per WeCom user; 0 = off")
 
     # -- inference -----------------------------------------------------------------------------
     inference_backend: Literal["engine", "openai"] = "engine"
@@ -192,6 +218,22 @@ class Settings(BaseSettings):
         parse_thresholds(value)
         return value
 
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _format_lower(cls, value):
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_upper(cls, value):
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("wecom_user_rate_limit")
+    @classmethod
+    def _rate_parses(cls, value: str) -> str:
+        parse_rate(value)
+        return value
+
     @field_validator("alert_webhook_url")
     @classmethod
     def _webhook_is_http(cls, value: str | None) -> str | None:
@@ -219,6 +261,10 @@ class Settings(BaseSettings):
     @property
     def timezone(self) -> ZoneInfo:
         return ZoneInfo(self.company_timezone)
+
+    @property
+    def user_rate_limit(self) -> tuple[int, int]:
+        return parse_rate(self.wecom_user_rate_limit)
 
     @property
     def thresholds(self) -> tuple[int, ...]:

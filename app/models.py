@@ -40,9 +40,10 @@ class MessageStatus:
     ANSWERED = "answered"
     FAILED = "failed"
     IGNORED = "ignored"
+    RATE_LIMITED = "rate_limited"  # over the per-user limit: a notice (once a window), no model
 
     PENDING = (QUEUED, PROCESSING)
-    FINAL = (ANSWERED, FAILED, IGNORED)
+    FINAL = (ANSWERED, FAILED, IGNORED, RATE_LIMITED)
 
 
 class InboundMessage(Base):

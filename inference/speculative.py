@@ -42,10 +42,12 @@ class SpeculativeStats:
     accepted: list[int] = field(default_factory=list)
     rounds: int = 0
     emitted: int = 0
+    length_counts: list[int] = field(default_factory=list)  # [n]: rounds that accepted n drafts
 
     def __post_init__(self) -> None:
         self.proposed = self.proposed or [0] * self.k
         self.accepted = self.accepted or [0] * self.k
+        self.length_counts = self.length_counts or [0] * (self.k + 1)
 
     @property
     def acceptance(self) -> list[float]:
@@ -249,3 +251,4 @@ class SpeculativeDecoder:
             stats.accepted[i] += i < accepted
         stats.rounds += 1
         stats.emitted += accepted + 1
+        stats.length_counts[accepted] += 1

@@ -43,6 +43,10 @@ def stack_env() -> dict[str, str]:
     env.setdefault("SWEEP_INTERVAL_S", "10")
     # The bundled demo model is small: its answers are most faithful to the handbook greedy.
     env.setdefault("TEMPERATURE", "0")
+    # Readable logs on a terminal (production keeps the JSON default); the worker's metrics
+    # endpoint beside gunicorn's /metrics (docs/observability.md).
+    env.setdefault("LOG_FORMAT", "text")
+    env.setdefault("METRICS_PORT", "9808")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -94,7 +98,9 @@ def main() -> None:
     except SystemExit:
         stop()
         raise
-    print(f"\n  WeCom emulator chat page: http://127.0.0.1:{EMULATOR_PORT}/\n  (Ctrl-C stops the stack)\n")
+    print(f"\n  WeCom emulator chat page: http://127.0.0.1:{EMULATOR_PORT}/\n"
+          f"  metrics: http://127.0.0.1:{WEB_PORT}/metrics (web), "
+          f"http://127.0.0.1:{env['METRICS_PORT']}/metrics (worker)\n  (Ctrl-C stops the stack)\n")
     while all(proc.poll() is None for proc in procs):
         time.sleep(1)
     print("a process of the stack exited; stopping the rest", file=sys.stderr)

@@ -12,7 +12,10 @@ from celery import Celery
 from celery.signals import beat_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
-from worker import heartbeat
+from worker import (
+    heartbeat,
+    observability,  # noqa: F401 - connects the logging/metrics signal handlers
+)
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"

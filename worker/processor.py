@@ -3,10 +3,11 @@
 The step order makes a redelivered or retried task safe:
 
 1. claim the outbox row with a lease (nobody else runs it; a dead worker's lease expires);
-2. if no reply is stored yet, compose it (command, welcome or the model) and store it encrypted
-   *before* sending, so a retry sends the same answer instead of generating a new one;
+2. if no reply is stored yet, compose it (over the user's rate limit: the polite notice or
+   nothing; else command, welcome or the model) and store it encrypted *before* sending, so a
+   retry sends the same answer instead of generating a new one;
 3. send the chunks not yet sent, recording each one, so a retry resumes where it stopped;
-4. mark the row answered (or failed with a reason, after a polite notice to the user).
+4. mark the row answered (or rate_limited, or failed with a reason after a polite notice).
 
 Then the next queued message of the same user is taken in order, so a burst is answered in the
 order it was written and each answer sees the previous one in the conversation.
@@ -23,8 +24,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from app import outbox
+from app import metrics, outbox
 from app.audit import EventType
+from app.db import utcnow
+from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
 from app.outbox import ClaimResult
 from app.services import Services
@@ -40,6 +43,7 @@ from worker import commands
 from worker.conversation import ConversationStore
 from worker.llm import GenerationParams, LLMBackend, LLMError
 from worker.metering import Meter
+from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
 TABLE = outbox.TABLE
@@ -65,6 +69,20 @@ class Outcome:
 
 
 DONE = Outcome("done")
+SILENT = object()  # over the rate limit, notice already sent: no reply at all
+RATE_LIMIT_NOTICE = ("您发送得太快了，请稍后再试。\n"
+                     "You're sending messages too fast, please wait a moment.")
+
+
+def _observe_finished(row, status: str) -> None:
+    """Count the final status and the time from the callback accepting the message."""
+    created = row.created_at
+    if created is not None and created.tzinfo is None:
+        created = created.replace(tzinfo=utcnow().tzinfo)
+    latency = (utcnow() - created).total_seconds() if created else None
+    metrics.message_finished(status, latency)
+    log.info("message finished message_id=%s status=%s latency_s=%.3f", row.id, status,
+             latency or 0.0)
 
 
 class LeaseLost(Exception):
@@ -132,6 +150,7 @@ class MessageProcessor:
         self.conversations = conversations
         self._llm_lock = threading.Lock()
         self.meter = Meter(services, wecom)
+        self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
 
     @property
     def llm(self) -> LLMBackend:
@@ -174,7 +193,8 @@ class MessageProcessor:
             row = claim.row
             session.expunge(row)
 
-        with LeaseKeeper(self.services, message_id, owner, lease_s) as lease:
+        with (request_context(row.request_id),
+              LeaseKeeper(self.services, message_id, owner, lease_s) as lease):
             try:
                 self._work(row, owner, lease)
                 return DONE
@@ -198,11 +218,21 @@ class MessageProcessor:
     def _work(self, row, owner: str, lease: LeaseKeeper) -> None:
         cipher = self.services.cipher
         user_id = cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
+        with sensitive(user_id):
+            self._work_as_user(row, owner, lease, user_id)
+
+    def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str) -> None:
+        cipher = self.services.cipher
         if row.reply_enc is None:
             payload = json.loads(cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.id))
-            composed = self._compose(row, user_id, payload, lease)
+            with sensitive(payload.get("content")):
+                composed = self._limited(row) or self._compose(row, user_id, payload, lease)
             if composed is None:
-                self._finish(row.id, owner, MessageStatus.IGNORED)
+                self._finish(row, owner, MessageStatus.IGNORED)
+                return
+            if composed is SILENT:
+                self._finish(row, owner, MessageStatus.RATE_LIMITED,
+                             failure_reason="rate limited: notice already sent in this window")
                 return
             reply, kind, usage = composed
             chunks = split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
@@ -223,8 +253,28 @@ class MessageProcessor:
             chunks = split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
 
         self._send_chunks(row, owner, user_id, kind, chunks, lease)
-        self._finish(row.id, owner, MessageStatus.ANSWERED)
+        if reply == RATE_LIMIT_NOTICE:
+            self._finish(row, owner, MessageStatus.RATE_LIMITED,
+                         failure_reason=f"rate limited: over {self.user_limit.describe()}")
+            self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks))
+            return
+        self._finish(row, owner, MessageStatus.ANSWERED)
         self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=kind)
+
+    def _limited(self, row):
+        """The polite notice (first time in the window), SILENT after it, None when within limit.
+
+        Counted per message id, so a retried task never counts its message twice; events
+        (entering the app) are not messages and are never limited.
+        """
+        if row.msg_type == "event":
+            return None
+        decision = self.user_limit.check(row.user_hash, row.id)
+        if decision is None:
+            return None
+        metrics.USER_RATE_LIMITED.labels(notified=str(decision).lower()).inc()
+        log.info("user over the rate limit message_id=%s notified=%s", row.id, decision)
+        return (RATE_LIMIT_NOTICE, "text", {}) if decision else SILENT
 
     def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper):
         """The reply to this message as (text, kind, usage columns), or None for no reply."""
@@ -276,7 +326,9 @@ class MessageProcessor:
         except BaseException:
             self.meter.release(charge)
             raise
-        self.meter.settle(charge, generation, time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        self.meter.settle(charge, generation, elapsed)
+        metrics.generation(llm.model_name[:64], generation.completion_tokens, elapsed)
         lease.check()
         reply = generation.text.strip() or "……"
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
@@ -306,10 +358,11 @@ class MessageProcessor:
             row.chunks_sent = index + 1
 
     # -- endings -------------------------------------------------------------------------------
-    def _finish(self, message_id: int, owner: str, status: str, **values) -> None:
+    def _finish(self, row, owner: str, status: str, **values) -> None:
         with self.services.db.session() as session:
-            if not outbox.finish(session, message_id, owner, status, **values):
+            if not outbox.finish(session, row.id, owner, status, **values):
                 raise LeaseLost()
+        _observe_finished(row, status)
 
     def _transient(self, row, owner: str, reason: str) -> Outcome:
         if row.attempts >= self.settings.task_max_retries:
@@ -333,4 +386,5 @@ class MessageProcessor:
                 log.warning("failure notice not delivered message_id=%s", row.id)
         with self.services.db.session() as session:
             outbox.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
+        _observe_finished(row, MessageStatus.FAILED)
         self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])

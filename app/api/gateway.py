@@ -21,6 +21,7 @@ import logging
 import threading
 from pathlib import Path
 
+from app import metrics
 from app.accounting import (
     Accounting,
     Admission,
@@ -103,6 +104,8 @@ class Gateway:
                 completion_tokens=generation.completion_tokens,
                 cached_tokens=generation.cached_tokens,
                 latency_ms=int(generation.latency_s * 1000), api_key_id=caller.name))
+            metrics.generation(self.model_name[:64], generation.completion_tokens,
+                               generation.latency_s)
         except Exception:  # noqa: BLE001 - the answer is out; the reservation expires later
             log.exception("usage not recorded api_key=%s", caller.name)
 

@@ -183,3 +183,15 @@ def test_an_assistant_turn_without_content_is_accepted(client):
         {"role": "user", "content": "a"}, {"role": "assistant", "content": None},
         {"role": "user", "content": "b"}])
     assert reply.choices[0].message.content == "答复#2: b"
+
+
+def _generated_tokens(api) -> float:
+    text = requests.get(f"{api.url}/metrics", timeout=5).text
+    series = f'wecom_bot_generated_tokens_total{{model="{MODEL}"}} '
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series))
+
+
+def test_api_generations_count_in_the_web_metrics(api, client):
+    before = _generated_tokens(api)
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=50)
+    assert _generated_tokens(api) == before + reply.usage.completion_tokens

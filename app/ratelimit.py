@@ -1,0 +1,81 @@
+"""Rate limits in Redis, shared by every process: one home for the API's and the chat's.
+
+``fixed_window`` (``INCR`` of a per-window counter) is the API keys' limit: one round trip, and
+it may let up to twice the limit through across a window boundary. ``sliding_window`` is the
+WeCom users' limit: a sorted set of the last window's admitted events keyed by a member (the
+message id), so a retried task never counts its message twice, the limit is exact at any
+instant, and refused events do not count (a user who pauses gets through again).
+Both fail open when Redis is down (logged): budgets still bound the spend, and the service
+should not go down with the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    retry_after_s: int = 0
+
+
+def fixed_window(redis, bucket: str, limit: int, window_s: int = 60,
+                 now: float | None = None) -> Verdict:
+    """At most ``limit`` calls per aligned ``window_s`` for ``bucket``."""
+    now = time.time() if now is None else now
+    window = int(now // window_s)
+    name = f"ratelimit:{bucket}:{window}"
+    try:
+        pipe = redis.pipeline()
+        pipe.incr(name)
+        pipe.expire(name, window_s + 5)
+        count, _ = pipe.execute()
+    except Exception:  # noqa: BLE001 - fail open, see the module docstring
+        log.warning("rate limit not checked: Redis unavailable")
+        return Verdict(True)
+    if count <= limit:
+        return Verdict(True)
+    return Verdict(False, max(1, int((window + 1) * window_s - now + 0.999)))
+
+
+def sliding_window(redis, bucket: str, member: str, limit: int, window_s: int = 60,
+                   now: float | None = None) -> Verdict:
+    """Is ``member`` among the first ``limit`` events of ``bucket`` in the last ``window_s``?
+
+    The member keeps the time it was first seen (``ZADD NX``), so asking again for the same
+    event gives the same answer until it slides out of the window.
+    """
+    now = time.time() if now is None else now
+    name = f"ratelimit:{bucket}"
+    try:
+        pipe = redis.pipeline()
+        pipe.zremrangebyscore(name, "-inf", now - window_s)
+        pipe.zadd(name, {member: now}, nx=True)
+        pipe.zrank(name, member)
+        pipe.zrange(name, 0, 0, withscores=True)
+        pipe.expire(name, window_s + 5)
+        _, _, rank, oldest, _ = pipe.execute()
+    except Exception:  # noqa: BLE001 - fail open, see the module docstring
+        log.warning("rate limit not checked: Redis unavailable")
+        return Verdict(True)
+    if rank is not None and rank < limit:
+        return Verdict(True)
+    try:  # a refused event does not count: the window frees up for a user who stops
+        redis.zrem(name, member)
+    except Exception:  # noqa: BLE001 - it then counts until it slides out; harmless
+        log.warning("rate limit: refused event not removed")
+    first = oldest[0][1] if oldest else now
+    return Verdict(False, max(1, int(first + window_s - now + 0.999)))
+
+
+def once_per_window(redis, bucket: str, window_s: int) -> bool:
+    """True the first time in ``window_s`` (e.g. one notice per window); True without Redis."""
+    try:
+        return bool(redis.set(f"ratelimit:{bucket}:once", "1", nx=True, ex=window_s))
+    except Exception:  # noqa: BLE001 - fail open: a second notice is better than none
+        return True

@@ -1,0 +1,43 @@
+"""Celery signal handlers: JSON logs with the request id, and the worker's metrics endpoint.
+
+Imported by ``worker.celery_app`` so the worker and beat processes pick them up; in the web
+process (which imports the Celery app only to publish) none of these signals fire.
+"""
+
+from __future__ import annotations
+
+from celery import signals
+
+from app import logging_setup
+
+
+@signals.setup_logging.connect
+def _configure_logging(**_):
+    """Replace Celery's logging with ours (``LOG_FORMAT``, ``LOG_LEVEL``, redaction)."""
+    from app.config import get_settings
+
+    logging_setup.configure(get_settings())
+
+
+@signals.task_prerun.connect
+def _bind_request_id(task=None, **_):
+    """The callback's request id travels in the task headers (``app.callback.enqueue``)."""
+    request = getattr(task, "request", None)
+    incoming = getattr(request, "request_id", None)
+    if incoming is None:
+        incoming = (getattr(request, "headers", None) or {}).get("request_id")
+    logging_setup.request_id_var.set(logging_setup.clean_request_id(incoming))
+
+
+@signals.task_postrun.connect
+def _unbind_request_id(**_):
+    logging_setup.request_id_var.set(None)
+
+
+@signals.worker_init.connect
+def _serve_metrics(**_):
+    from app.config import get_settings
+    from worker import metrics
+
+    settings = get_settings()
+    metrics.serve(settings.metrics_port, settings.metrics_addr)
