@@ -135,6 +135,14 @@ class Stack:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
+        self.stop_processes()
+        self.emulator.stop()
+        self.model.stop()
+        self.redis.flushdb()
+        self.db.drop()
+
+    def stop_processes(self) -> None:
+        """Stop gunicorn, the worker and beat (their logs are complete afterwards)."""
         for name in list(self.procs):
             proc = self.procs[name]
             with contextlib.suppress(ProcessLookupError):
@@ -146,10 +154,6 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             self.procs.pop(name)
-        self.emulator.stop()
-        self.model.stop()
-        self.redis.flushdb()
-        self.db.drop()
 
     def _web_ready(self) -> bool:
         try:
