@@ -71,8 +71,9 @@ class TempDatabase:
 class Stack:
     def __init__(self, tmp: Path, db_kind: str = "sqlite", redis_db: int = 9, model_delay_s: float = 0.0,
                  worker_concurrency: int = 8, extra_env: dict | None = None,
-                 redis_url: str | None = None, pg_admin: str = PG_ADMIN):
-        """``redis_url``/``pg_admin`` point the stack at private servers a test may restart."""
+                 redis_url: str | None = None, pg_admin: str = PG_ADMIN, directory=None):
+        """``redis_url``/``pg_admin`` point the stack at private servers a test may restart;
+        ``directory`` replaces the emulator's address book (bench/load.py's many employees)."""
         self.tmp = tmp
         self.db = TempDatabase(db_kind, tmp, pg_admin)
         self.redis_url = redis_url or f"redis://127.0.0.1:6379/{redis_db}"
@@ -93,7 +94,8 @@ class Stack:
             corp_id=self.env["WECOM_CORP_ID"], secret=self.env["WECOM_SECRET"],
             agent_id=int(self.env["WECOM_AGENT_ID"]), token=self.env["WECOM_TOKEN"],
             aes_key=self.env["WECOM_AES_KEY"], callback_url=self.callback_url,
-            retry_interval=1.0, callback_timeout=5.0))
+            retry_interval=1.0, callback_timeout=5.0,
+            **({"directory": directory} if directory is not None else {})))
         self.worker_concurrency = worker_concurrency
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
