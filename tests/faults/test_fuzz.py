@@ -3,8 +3,8 @@ parser, the WeCom crypto and the OpenAI-compatible API. Never a 500, never an un
 
 The callback and the API run in Flask's test client over a real SQLite file and Redis DB 3
 (the model is the fake OpenAI server), so a case costs milliseconds. The ``faults`` hypothesis
-profile (the default here) runs a few thousand cases in total; ``HYPOTHESIS_PROFILE=faults-long``
-runs about fourteen times more (about 4,500 cases by default).
+profile (the default here) runs about 4,500 cases in total; ``HYPOTHESIS_PROFILE=faults-long``
+runs about fourteen times more.
 """
 
 import base64
