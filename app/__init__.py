@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, g, jsonify, request
+from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from app import logging_setup
@@ -79,6 +80,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         if request.path.startswith("/v1/"):  # unknown API routes and methods, in OpenAI's shape
             return api.http_error(exc)
         return jsonify(error=exc.description if exc.code != 413 else "body too large"), exc.code
+
+    @app.errorhandler(sa_exc.OperationalError)
+    @app.errorhandler(sa_exc.InterfaceError)
+    @app.errorhandler(sa_exc.TimeoutError)
+    def _storage_unavailable(exc: Exception):
+        # The database is down or unreachable: a condition to retry, not a bug (500). The /v1
+        # blueprint answers these itself, in OpenAI's shape.
+        log.warning("storage unavailable (%s) request_id=%s", type(exc).__name__, g.get("request_id"))
+        return jsonify(error="storage unavailable, retry later"), 503, {"Retry-After": "5"}
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

@@ -100,7 +100,9 @@ def receive():
     signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
     _check_timestamp(timestamp)
     body = request.get_data(cache=False)
-    if len(body) > limit:
+    # A body without Content-Length (chunked) is cut at the limit by Werkzeug, not refused, so
+    # one that reaches the limit is taken as larger: refused, never parsed truncated.
+    if len(body) >= limit:
         raise CallbackRejected(413, "body too large", "too_large")
     try:
         xml = services.wecom_crypto.decrypt_message(body, signature, timestamp, nonce)

@@ -114,6 +114,10 @@ class Settings(BaseSettings):
     sweep_queued_after_s: float = 60.0
     task_max_retries: int = 5
     worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/heartbeat.py")
+    # WeCom's duplicate check on every reply chunk: a retried send whose first answer was lost
+    # (a timeout) is not delivered twice. The same reply to the same user within this window is
+    # dropped by WeCom too, so it only needs to span the retries (1..14400 s).
+    wecom_duplicate_check_s: int = Field(default=900, ge=1, le=14400)
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
 
     # -- audit, accounting, budgets (see app/audit.py, app/accounting.py) ----------------------

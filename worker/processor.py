@@ -336,9 +336,11 @@ class MessageProcessor:
         return reply, "text", usage
 
     def _send_chunks(self, row, owner, user_id, kind, chunks, lease: LeaseKeeper) -> None:
-        # On a retried row the previous attempt may have reached WeCom before failing: ask
-        # WeCom to drop an identical message sent within the last half hour.
-        duplicate_check = 1800 if row.attempts > 1 else None
+        # Any send may reach WeCom although its answer is lost (a timeout, a worker killed before
+        # recording the chunk), so every send asks WeCom to drop an identical one within the
+        # window. WeCom compares the whole request, so the first attempt must carry it too:
+        # switching the check on only for retries let a timed-out first send arrive twice.
+        duplicate_check = self.settings.wecom_duplicate_check_s
         for index in range(row.chunks_sent, len(chunks)):
             lease.check()
             try:

@@ -48,6 +48,7 @@ def dashboard():
             "budgets": reports.budget_utilisation(session, tz, filters.department),
             "alerts": reports.recent_alerts(session),
             "messages": reports.message_counts(session, filters, tz),
+            "failures": reports.delivery_failures(session, filters, tz),
             "currency": svc.settings.currency,
         }
     return render_template("admin/dashboard.html", **context)

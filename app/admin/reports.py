@@ -133,15 +133,47 @@ def recent_alerts(session: Session, limit: int = 20) -> list[tuple[BudgetAlert, 
                                 .order_by(BudgetAlert.created_at.desc()).limit(limit)).all())
 
 
-def message_counts(session: Session, filters: Filters, tz: ZoneInfo) -> dict[str, int]:
-    """Inbound messages by status (answered, failed, ...) received within the date range."""
+def _received_within(filters: Filters, tz: ZoneInfo) -> tuple:
     start = datetime(filters.since.year, filters.since.month, filters.since.day, tzinfo=tz)
     end_day = filters.until + timedelta(days=1)
     end = datetime(end_day.year, end_day.month, end_day.day, tzinfo=tz)
+    return InboundMessage.created_at >= start, InboundMessage.created_at < end
+
+
+def message_counts(session: Session, filters: Filters, tz: ZoneInfo) -> dict[str, int]:
+    """Inbound messages by status (answered, failed, ...) received within the date range."""
     rows = session.execute(select(InboundMessage.status, func.count())
-                           .where(InboundMessage.created_at >= start, InboundMessage.created_at < end)
+                           .where(*_received_within(filters, tz))
                            .group_by(InboundMessage.status))
     return {status: int(count) for status, count in rows}
+
+
+def delivery_failures(session: Session, filters: Filters, tz: ZoneInfo, limit: int = 10) -> dict:
+    """Why answers did not arrive: failed messages by reason, the latest ones, and those retrying.
+
+    The reasons are the processor's short codes (``wecom: HTTP 503 ...``, ``gave up after 5
+    attempts: ...``), never message text, so an admin may see them.
+    """
+    within = _received_within(filters, tz)
+    failed = (*within, InboundMessage.status == "failed")
+    count = func.count().label("n")
+    by_reason = session.execute(
+        select(InboundMessage.failure_reason, count).where(*failed)
+        .group_by(InboundMessage.failure_reason).order_by(count.desc()).limit(limit))
+    latest = session.execute(
+        select(InboundMessage.id, InboundMessage.created_at, InboundMessage.attempts,
+               InboundMessage.failure_reason)
+        .where(*failed).order_by(InboundMessage.id.desc()).limit(limit))
+    retrying = session.scalar(
+        select(func.count()).select_from(InboundMessage)
+        .where(*within, InboundMessage.status.in_(("queued", "processing")),
+               InboundMessage.failure_reason.is_not(None)))
+    return {
+        "by_reason": [{"reason": reason or "(none)", "count": int(n)} for reason, n in by_reason],
+        "latest": [{"id": row.id, "created_at": row.created_at.astimezone(tz), "attempts": row.attempts,
+                    "reason": row.failure_reason or "(none)"} for row in latest],
+        "retrying": int(retrying or 0),
+    }
 
 
 # -- finance export ----------------------------------------------------------------------------------

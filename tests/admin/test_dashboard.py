@@ -59,3 +59,19 @@ def test_money_sums_are_exact(services):
     with services.db.session() as session:
         result = spend(session, Filters(today, today))
     assert result["total_cost"] == Decimal("0.075000")
+
+
+def test_delivery_failures_panel_lists_reasons_and_retrying(as_role, services):
+    with services.db.transaction() as session:
+        for i, (status, reason) in enumerate((("failed", "wecom: errcode 40008"),
+                                              ("failed", "wecom: errcode 40008"),
+                                              ("failed", "gave up after 5 attempts: wecom: HTTP 503"),
+                                              ("queued", "wecom: HTTP 502 from /cgi-bin/message/send"),
+                                              ("answered", None))):
+            session.add(InboundMessage(dedup_hash=f"f{i}", user_hash="u", msg_type="text", attempts=i + 1,
+                                       wecom_create_time=0, status=status, failure_reason=reason))
+    page = as_role("admin").get("/admin/dashboard").get_data(as_text=True)
+    panel = page[page.index('id="delivery-failures"'):page.index("Top users")]
+    assert 'id="failures-total">3<' in panel and 'id="failures-retrying">1<' in panel
+    assert "<code>wecom: errcode 40008</code></td><td class=\"num\">2<" in panel
+    assert "gave up after 5 attempts: wecom: HTTP 503" in panel

@@ -26,6 +26,7 @@ class FakeOpenAIServer:
         self.delay_s = delay_s
         self.fail_next = 0
         self.calls = 0
+        self.in_flight = 0  # generations started and not yet answered
         self.lock = threading.Lock()
         self.app = self._build()
         self._server = make_server("127.0.0.1", 0, self.app, threaded=True)
@@ -51,7 +52,13 @@ class FakeOpenAIServer:
                     return jsonify(error={"message": "injected failure"}), 500
             body = request.get_json(force=True)
             if self.delay_s:
-                time.sleep(self.delay_s)
+                with self.lock:
+                    self.in_flight += 1
+                try:
+                    time.sleep(self.delay_s)
+                finally:
+                    with self.lock:
+                        self.in_flight -= 1
             text = reply_for(body["messages"])
             prompt_tokens = sum(len(m["content"]) for m in body["messages"])
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(text),

@@ -50,28 +50,33 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str 
 class TempDatabase:
     """A SQLite file or a throwaway PostgreSQL database."""
 
-    def __init__(self, kind: str, tmp: Path):
+    def __init__(self, kind: str, tmp: Path, pg_admin: str = PG_ADMIN):
         self.kind = kind
+        self.pg_admin = pg_admin
         if kind == "sqlite":
             self.url = f"sqlite:///{tmp / 'bot.sqlite3'}"
         else:
             self.name = f"it_{uuid.uuid4().hex[:12]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            with psycopg.connect(pg_admin, autocommit=True) as conn:
                 conn.execute(f'CREATE DATABASE "{self.name}"')
-            self.url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{self.name}"
+            server = pg_admin.split("://", 1)[1].rsplit("/", 1)[0]
+            self.url = f"postgresql+psycopg://{server}/{self.name}"
 
     def drop(self) -> None:
         if self.kind == "postgres":
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            with psycopg.connect(self.pg_admin, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
 class Stack:
     def __init__(self, tmp: Path, db_kind: str = "sqlite", redis_db: int = 9, model_delay_s: float = 0.0,
-                 worker_concurrency: int = 8, extra_env: dict | None = None):
+                 worker_concurrency: int = 8, extra_env: dict | None = None,
+                 redis_url: str | None = None, pg_admin: str = PG_ADMIN, directory=None):
+        """``redis_url``/``pg_admin`` point the stack at private servers a test may restart;
+        ``directory`` replaces the emulator's address book (bench/load.py's many employees)."""
         self.tmp = tmp
-        self.db = TempDatabase(db_kind, tmp)
-        self.redis_url = f"redis://127.0.0.1:6379/{redis_db}"
+        self.db = TempDatabase(db_kind, tmp, pg_admin)
+        self.redis_url = redis_url or f"redis://127.0.0.1:6379/{redis_db}"
         self.redis = redis.Redis.from_url(self.redis_url)
         self.redis.flushdb()
         self.model = FakeOpenAIServer(delay_s=model_delay_s).start()
@@ -89,7 +94,8 @@ class Stack:
             corp_id=self.env["WECOM_CORP_ID"], secret=self.env["WECOM_SECRET"],
             agent_id=int(self.env["WECOM_AGENT_ID"]), token=self.env["WECOM_TOKEN"],
             aes_key=self.env["WECOM_AES_KEY"], callback_url=self.callback_url,
-            retry_interval=1.0, callback_timeout=5.0))
+            retry_interval=1.0, callback_timeout=5.0,
+            **({"directory": directory} if directory is not None else {})))
         self.worker_concurrency = worker_concurrency
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
@@ -110,6 +116,8 @@ class Stack:
         return self
 
     def start_worker(self) -> None:
+        log = self.logs.get("worker")
+        self._worker_log_from = log.stat().st_size if log and log.exists() else 0
         self.start_process("worker", [str(BIN / "celery"), "-A", "worker.celery_app", "worker",
                                       "--pool", "threads", "--concurrency", str(self.worker_concurrency),
                                       "-Q", "chat", "--loglevel", "INFO", "-n", f"it-{uuid.uuid4().hex[:6]}@%h",
@@ -129,6 +137,14 @@ class Stack:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
+        self.stop_processes()
+        self.emulator.stop()
+        self.model.stop()
+        self.redis.flushdb()
+        self.db.drop()
+
+    def stop_processes(self) -> None:
+        """Stop gunicorn, the worker and beat (their logs are complete afterwards)."""
         for name in list(self.procs):
             proc = self.procs[name]
             with contextlib.suppress(ProcessLookupError):
@@ -140,10 +156,6 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             self.procs.pop(name)
-        self.emulator.stop()
-        self.model.stop()
-        self.redis.flushdb()
-        self.db.drop()
 
     def _web_ready(self) -> bool:
         try:
@@ -152,8 +164,10 @@ class Stack:
             return False
 
     def worker_ready(self) -> bool:
-        log = self.logs["worker"].read_text(errors="replace")
-        return " ready." in log
+        """The latest worker (not an earlier, killed one) says it is ready."""
+        with open(self.logs["worker"], "rb") as log:
+            log.seek(getattr(self, "_worker_log_from", 0))
+            return b" ready." in log.read()
 
     def log(self, name: str) -> str:
         return self.logs[name].read_text(errors="replace")

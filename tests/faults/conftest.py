@@ -1,0 +1,33 @@
+"""Fault tests: the real stack (tests/support/stack.py) with its parts killed, restarted or lied to.
+
+Each module starts its own stack, so a killed worker or a restarted server never leaks into
+another test. Redis DB indices 2 and 3 on the shared server belong to this folder; the servers a
+test restarts are private ones (tests/support/servers.py).
+"""
+
+import pytest
+
+from tests.support.stack import wait_for
+
+pytestmark = pytest.mark.integration
+
+KILL_DB = 2
+WECOM_DB = 3
+
+
+def wait_answered(stack, expected: dict[str, list[str]], timeout: float = 120.0) -> None:
+    """Wait until every user has at least as many replies as the texts expected of them."""
+    wait_for(lambda: all(len(stack.replies(u)) >= len(texts) for u, texts in expected.items()),
+             timeout=timeout, interval=0.5, what="every message answered")
+
+
+def answered_once(stack, expected: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Per user, what is wrong: texts answered zero or several times, or unexpected replies."""
+    problems = {}
+    for user, texts in expected.items():
+        replies = stack.replies(user)
+        counts = {text: sum(1 for r in replies if r.endswith(f": {text}")) for text in texts}
+        wrong = [f"{text!r} x{n}" for text, n in counts.items() if n != 1]
+        if wrong or len(replies) != len(texts):
+            problems[user] = wrong or replies
+    return problems
