@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.kv_cache import KVCache
+from inference.layers.linear import Int8Linear, weight_key
 from inference.layers.sampler import Sampler
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 from inference.sampling_params import SamplingParams
@@ -75,7 +76,10 @@ class _Chooser:
             return int(probs.argmax())
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
-    def choose(self, logits: torch.Tensor, history: list[int]) -> tuple[int, torch.Tensor | None]:
+    def choose(
+        self, logits: torch.Tensor, history: list[int] | None
+    ) -> tuple[int, torch.Tensor | None]:
+        """`history` may be None for plain greedy, which does not read it."""
         if self.plain_greedy:
             return int(logits[0].argmax()), None
         probs = self.probs(logits, history)
@@ -83,6 +87,36 @@ class _Chooser:
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
+
+
+class DraftHead:
+    """The lm head as drafts use it: on CPU an int8 (W8A16) copy, a quarter of the fp32 bytes,
+    made once per model and remade when the head's weight changes. The lm head is the largest
+    matrix of a small model and every draft position reads it, so this is most of a draft's cost;
+    drafts need not be exact (the main model verifies them, and rejection sampling uses the very
+    distribution a draft was drawn from), so greedy stays lossless and sampling exact."""
+
+    def __init__(self, model: Glm5SparseForCausalLM) -> None:
+        self.model = model
+        self._key: tuple[int, int] | None = None
+        self._head: torch.nn.Module | None = None
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.model.lm_head
+        if not isinstance(head, torch.nn.Linear) or hidden.device.type != "cpu":
+            return self.model.compute_logits(hidden)
+        key = weight_key(head.weight)
+        if key != self._key:
+            self._head, self._key = Int8Linear.from_linear(head), key
+        return self._head(hidden)
+
+
+def draft_head(model: Glm5SparseForCausalLM) -> DraftHead:
+    """The model's `DraftHead`, kept on the model so that every request shares it."""
+    head = model.__dict__.get("_draft_head")
+    if head is None:
+        head = model.__dict__["_draft_head"] = DraftHead(model)
+    return head
 
 
 class MTPDrafter:
@@ -98,6 +132,7 @@ class MTPDrafter:
         self.depths = min(k, heads)
         self.window = model.config.sliding_window or 2048
         self.first = model.config.num_hidden_layers  # cache layer of depth 0
+        self.head = draft_head(model)
         # pending[d]: depth d inputs not yet in its cache, for positions [length_d, ...): for
         # depth 0 the main model's verified hidden states, for depth d the verified outputs of
         # depth d-1 (one row between rounds).
@@ -108,7 +143,8 @@ class MTPDrafter:
 
     def add_verified(self, hidden: torch.Tensor) -> None:
         """Main-model hidden states of newly verified positions."""
-        self.pending[0] = torch.cat((self.pending[0], hidden))
+        pending = self.pending[0]
+        self.pending[0] = hidden if pending.shape[0] == 0 else torch.cat((pending, hidden))
 
     def _run(self, depth: int, hidden: torch.Tensor, ids: list[int], start: int) -> torch.Tensor:
         """Depth `depth` over positions `[start, start + len(ids))`, in pieces no longer than the
@@ -119,7 +155,7 @@ class MTPDrafter:
             positions = torch.arange(start + a, start + b, device=device)
             piece = torch.tensor(ids[a:b], device=device)
             outs.append(self.model.mtp_forward(depth, hidden[a:b], piece, positions, self.cache))
-        return torch.cat(outs)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def draft(
         self, tokens: list[int], k: int, chooser: _Chooser
@@ -129,29 +165,28 @@ class MTPDrafter:
         drafts: list[int] = []
         dists: list[torch.Tensor | None] = []
 
-        def token(i: int) -> int:
-            return tokens[i] if i <= m else drafts[i - m - 1]
+        def choose(hidden: torch.Tensor) -> None:
+            history = None if chooser.plain_greedy else tokens + drafts
+            choice, dist = chooser.choose(self.head(hidden), history)
+            drafts.append(choice)
+            dists.append(dist)
 
         out = None
         for d in range(min(k, self.depths)):
             layer = self.cache.layers[self.first + d]
             start = layer.length
             # depth d inputs for [start, m): its pending rows, then depth d-1's fresh outputs
-            inputs = self.pending[d] if d == 0 else torch.cat((self.pending[d], out))
+            pending = self.pending[d]
+            inputs = pending if d == 0 else out if pending.shape[0] == 0 else torch.cat((pending, out))
             assert inputs.shape[0] == m - start, "MTP caches out of step"
-            out = self._run(d, inputs, [token(j + d + 1) for j in range(start, m)], start)
-            choice, dist = chooser.choose(self.model.compute_logits(out[-1:]), tokens + drafts)
-            drafts.append(choice)
-            dists.append(dist)
+            # position j reads token j + d + 1: verified tokens, then the d drafts so far
+            out = self._run(d, inputs, tokens[start + d + 1 :] + drafts[max(0, start + d - m) :], start)
+            choose(out[-1:])
             if d == self.depths - 1:
                 hidden = out[-1:]
                 for _ in range(k - len(drafts)):  # past the last head: run it on autoregressively
                     hidden = self._run(d, hidden, [drafts[-1]], layer.length)
-                    choice, dist = chooser.choose(
-                        self.model.compute_logits(hidden), tokens + drafts
-                    )
-                    drafts.append(choice)
-                    dists.append(dist)
+                    choose(hidden)
             # keep only positions whose inputs are verified: j <= m - d - 1
             layer.truncate(m - d)
             keep = m - d - start  # rows of `inputs` now cached

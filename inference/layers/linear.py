@@ -15,6 +15,15 @@ _PREPACK = torch.backends.mkldnn.is_available()
 _PREPACK_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def weight_key(w: torch.Tensor) -> tuple[int, int]:
+    """What changes when a weight is replaced or modified in place: its storage and version
+    (tensors made under inference mode have no version and cannot be modified outside it)."""
+    try:
+        return w.data_ptr(), w._version
+    except RuntimeError:  # an inference tensor
+        return w.data_ptr(), 0
+
+
 class Linear(nn.Linear):
     """A plain dense linear layer (weight `[out, in]`, optional bias), as Hugging Face stores it.
 
@@ -30,11 +39,17 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if not _PREPACK or torch.is_grad_enabled() or w.device.type != "cpu" or w.dtype not in _PREPACK_DTYPES or x.dtype != w.dtype:
+        if (
+            not _PREPACK
+            or torch.is_grad_enabled()
+            or w.device.type != "cpu"
+            or w.dtype not in _PREPACK_DTYPES
+            or x.dtype != w.dtype
+        ):
             return F.linear(x, w, self.bias)
-        packed = self._packed
-        if packed is None or packed[1] != w.data_ptr() or packed[2] != w._version:
-            packed = self._packed = (torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1), w.data_ptr(), w._version)
+        packed, key = self._packed, weight_key(w)
+        if packed is None or packed[1:] != key:
+            packed = self._packed = (torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1), *key)
         return torch.ops.mkldnn._linear_pointwise(x, packed[0], self.bias, "none", [], "")
 
 
