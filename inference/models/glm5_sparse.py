@@ -75,7 +75,8 @@ class DecoderLayer(nn.Module):
     def qkv_and_gate(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Routed inference: q/k/v and the router in one matmul (the router alone is a whole
         matmul call for 3 outputs, one per layer and step); otherwise (None, the gate)."""
-        if self.router is None or torch.is_grad_enabled():
+        plain = isinstance(self.router, nn.Linear) and isinstance(self.self_attn.qkv_proj, nn.Linear)
+        if not plain or torch.is_grad_enabled():  # no router, int8 layers, or training
             return None, self.gate(x)
         both = self._fused_projection()(x)
         rows = self.self_attn.qkv_proj.out_features
@@ -168,15 +169,23 @@ class Glm5SparseForCausalLM(nn.Module):
         return self.model.norm(h)
 
     def mtp_forward(
-        self, depth: int, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache
+        self,
+        depth: int,
+        hidden: torch.Tensor,
+        next_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        module: MTPModule | None = None,
     ) -> torch.Tensor:
         """MTP depth `depth`: `hidden [L, hidden]` (the previous depth's output, depth 0 the
         model's) at `positions`, `next_ids [L]` the tokens one step ahead. Returns the normed
-        hidden state, ready for `compute_logits` or the next depth."""
+        hidden state, ready for `compute_logits` or the next depth. `module` stands in for
+        `model.mtp[depth]` (speculative decoding drafts with an int8 copy)."""
         rotations = self.rotary.rotations(positions)
         layer_cache = cache.layers[self.config.num_hidden_layers + depth]
         embeds = self.model.embed_tokens(next_ids)
-        return self.model.norm(self.model.mtp[depth](embeds, hidden, rotations, layer_cache))
+        module = self.model.mtp[depth] if module is None else module
+        return self.model.norm(module(embeds, hidden, rotations, layer_cache))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
