@@ -37,6 +37,12 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self._packed: tuple[torch.Tensor, int, int] | None = None  # (weight, data_ptr, version)
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight behind (an opaque oneDNN tensor that
+        cannot be copied); it is remade on first use."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {**state, "_packed": None}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if (
