@@ -4,20 +4,23 @@
    decoding against MTP speculative decoding at k = 1..4, with the mean accepted length (tokens
    per main-model forward) and the acceptance per draft position.
 2. Decode tokens/s at batch 1, fp32 vs bf16 vs int8 (W8A16), on the demo model and on a random
-   ~100M-parameter glm5_sparse model (where weight bandwidth, not per-op overhead, decides).
-   Batch 8 is not measured: `LLM` runs one request at a time (batching is the serving engine's).
+   ~100M-parameter glm5_sparse model (where weight bandwidth, not per-op overhead, decides);
+   and at batch 8, eight requests in one continuous batch of the serving engine.
+The machine is shared, so every comparison runs interleaved in one process and reports medians.
 Targets: MTP >= 1.6x plain with mean accepted length >= 2.5; int8 >= 1.4x fp32 at batch 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 
 from inference.config import ModelConfig
 from inference.demo.corpus import load_qa
+from inference.engine import EngineArgs, LLMEngine
 from inference.layers.linear import quantize_linears_
 from inference.llm import LLM
 from inference.models import MODELS
@@ -26,62 +29,78 @@ from inference.sampling_params import SamplingParams
 PROMPT, NEW_TOKENS = 16, 48
 
 
-def _demo_speculative(model_dir: str, questions: int) -> None:
+def _generation(llm: LLM, messages, params: SamplingParams, k: int) -> tuple[float, object]:
+    generation = llm.stream(messages, params, speculative_k=k)
+    start = time.perf_counter()
+    for _ in generation:
+        pass
+    rate = generation.result.completion_tokens / (time.perf_counter() - start)
+    return rate, generation.speculative_stats
+
+
+def _demo_speculative(model_dir: str, questions: int, repeats: int) -> None:
+    """Per question, plain and every k back to back (A/B/A/B), so that load from other
+    processes hits all of them alike; the figure is the median of the per-question ratios."""
     llm = LLM.from_pretrained(model_dir, dtype="float32")
     prompts = [
         [{"role": "user", "content": item["question"]}]
         for item in load_qa()[:: max(1, 334 // questions)]
-    ]
-    prompts = prompts[:questions]
+    ][:questions]
     params = SamplingParams(temperature=0, max_tokens=128)
-    llm.generate(prompts[0], params)  # warm up
-    print(f"1. demo model, {len(prompts)} handbook questions, greedy, fp32")
-    plain_rate = None
-    for k in (0, 1, 2, 3, 4):
-        tokens, seconds, rounds, emitted = 0, 0.0, 0, 0
-        accepted = [0] * k
-        proposed = [0] * k
-        for messages in prompts:
-            generation = llm.stream(messages, params, speculative_k=k)
-            start = time.perf_counter()
-            for _ in generation:
-                pass
-            seconds += time.perf_counter() - start
-            tokens += generation.result.completion_tokens
-            if k:
-                stats = generation.speculative_stats
-                rounds, emitted = rounds + stats.rounds, emitted + stats.emitted
-                accepted = [a + b for a, b in zip(accepted, stats.accepted, strict=True)]
-                proposed = [a + b for a, b in zip(proposed, stats.proposed, strict=True)]
-        rate = tokens / seconds
-        if not k:
-            plain_rate = rate
-            print(f"   plain      {rate:7.1f} tok/s  ({tokens} tokens)")
-            continue
-        per_position = " ".join(
-            f"{a / p:.2f}" if p else "-" for a, p in zip(accepted, proposed, strict=True)
-        )
-        print(
-            f"   MTP k={k}    {rate:7.1f} tok/s  {rate / plain_rate:4.2f}x  mean accepted length "
-            f"{emitted / rounds:4.2f}  acceptance per position {per_position}"
-        )
-
-
-def _decode_rate(llm: LLM, prompt: list[int], repeats: int = 2) -> float:
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm up
-    best = 0.0
+    ks = (0, 1, 2, 3, 4)
+    for k in ks:
+        llm.generate(prompts[0], params, speculative_k=k)  # warm up (prepacked weights, masks)
+    rates = {k: [] for k in ks}
+    ratios = {k: [] for k in ks}
+    totals = {k: [0, 0, [0] * k, [0] * k] for k in ks}  # rounds, emitted, accepted, proposed
     for _ in range(repeats):
-        cache = llm.model.new_cache()
-        logits = llm.prefill(prompt, cache)
-        start = time.perf_counter()
-        position = len(prompt)
-        for _ in range(params.max_tokens):
-            token = int(logits[0].argmax())
-            logits = llm.decode(token, position, cache)
-            position += 1
-        best = max(best, params.max_tokens / (time.perf_counter() - start))
-    return best
+        for messages in prompts:
+            row = {}
+            for k in ks:
+                row[k], stats = _generation(llm, messages, params, k)
+                rates[k].append(row[k])
+                if k:
+                    t = totals[k]
+                    t[0], t[1] = t[0] + stats.rounds, t[1] + stats.emitted
+                    t[2] = [a + b for a, b in zip(t[2], stats.accepted, strict=True)]
+                    t[3] = [a + b for a, b in zip(t[3], stats.proposed, strict=True)]
+            for k in ks:
+                ratios[k].append(row[k] / row[0])
+    print(f"1. demo model, {len(prompts)} handbook questions x {repeats}, greedy, fp32 (medians)")
+    print(f"   plain      {statistics.median(rates[0]):7.1f} tok/s")
+    for k in ks[1:]:
+        rounds, emitted, accepted, proposed = totals[k]
+        per_position = " ".join(f"{a / p:.2f}" if p else "-" for a, p in zip(accepted, proposed, strict=True))
+        print(
+            f"   MTP k={k}    {statistics.median(rates[k]):7.1f} tok/s  {statistics.median(ratios[k]):4.2f}x  "
+            f"mean accepted length {emitted / rounds:4.2f}  acceptance per position {per_position}"
+        )
+
+
+def _decode_rate(llm: LLM, prompt: list[int]) -> float:
+    """Greedy decode tokens/s at batch 1 after a prefill (the model step and the argmax)."""
+    cache = llm.model.new_cache()
+    logits = llm.prefill(prompt, cache)
+    start = time.perf_counter()
+    position = len(prompt)
+    for _ in range(NEW_TOKENS):
+        logits = llm.decode(int(logits[0].argmax()), position, cache)
+        position += 1
+    return NEW_TOKENS / (time.perf_counter() - start)
+
+
+def _batch_rate(model: torch.nn.Module, prompts: list[list[int]]) -> float:
+    """Decode tokens/s of the serving engine with all prompts in one continuous batch."""
+    engine = LLMEngine(model, args=EngineArgs(kv_cache_bytes=1 << 28), eos_token_ids=[])
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    engine.step()  # the prefill of every prompt (and the first tokens)
+    start, steps = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    return steps * len(prompts) / (time.perf_counter() - start)
 
 
 def _variants(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -96,16 +115,28 @@ def _variants(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     }
 
 
-def _dtype_table(name: str, model: torch.nn.Module) -> None:
-    prompt = torch.randint(
-        10, model.config.vocab_size, (PROMPT,), generator=torch.Generator().manual_seed(0)
-    ).tolist()
+def _dtype_table(name: str, model: torch.nn.Module, repeats: int) -> None:
+    """fp32, bf16 and int8 decode interleaved (A/B/C/A/B/C), medians of `repeats` runs."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, model.config.vocab_size, (PROMPT,), generator=gen).tolist() for _ in range(8)]
     params = sum(p.numel() for p in model.parameters())
-    rates = {kind: _decode_rate(LLM(m), prompt) for kind, m in _variants(model).items()}
-    line = "  ".join(f"{kind} {rate:6.1f} tok/s" for kind, rate in rates.items())
-    print(
-        f"   {name} ({params / 1e6:.0f}M params): {line}  int8/fp32 {rates['int8'] / rates['fp32']:.2f}x"
-    )
+    variants = _variants(model)
+    llms = {kind: LLM(m) for kind, m in variants.items()}
+    for llm in llms.values():
+        llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    for batch in (1, 8):
+        rates = {kind: [] for kind in variants}
+        for _ in range(repeats):
+            for kind in variants:
+                with torch.inference_mode():
+                    rate = _decode_rate(llms[kind], prompts[0]) if batch == 1 else _batch_rate(variants[kind], prompts)
+                rates[kind].append(rate)
+        med = {kind: statistics.median(r) for kind, r in rates.items()}
+        line = "  ".join(f"{kind} {rate:6.1f}" for kind, rate in med.items())
+        print(
+            f"   {name} ({params / 1e6:.0f}M params), batch {batch}: {line} tok/s  "
+            f"int8/fp32 {med['int8'] / med['fp32']:.2f}x  bf16/fp32 {med['bf16'] / med['fp32']:.2f}x"
+        )
 
 
 def _random_100m() -> torch.nn.Module:
@@ -128,14 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.speculative")
     parser.add_argument("--model", default="models/demo")
     parser.add_argument("--questions", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    _demo_speculative(args.model, args.questions)
-    print(f"2. decode at batch 1 ({PROMPT}-token prompt, {NEW_TOKENS} new tokens, best of 2)")
-    _dtype_table("demo model", LLM.from_pretrained(args.model, dtype="float32").model)
-    _dtype_table("random glm5_sparse", _random_100m())
-    print("   batch 8: not measured (LLM serves one request at a time)")
+    _demo_speculative(args.model, args.questions, args.repeats)
+    print(f"2. decode, fp32 vs bf16 vs int8 ({PROMPT}-token prompts, {NEW_TOKENS} new tokens, medians)")
+    _dtype_table("demo model", LLM.from_pretrained(args.model, dtype="float32").model, args.repeats)
+    _dtype_table("random glm5_sparse", _random_100m(), args.repeats)
 
 
 if __name__ == "__main__":

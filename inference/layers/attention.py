@@ -24,6 +24,8 @@ Decode (one query) needs no mask: the cache hands over exactly its window and va
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,6 +36,28 @@ from inference.layers.linear import Linear, PackedLinear
 from inference.layers.rotary import apply_rotary_
 
 QUERY_TILE = 256  # best of 128/256/512/1024 for the masked SDPA tiles on this CPU
+# Chunks up to this many queries (speculative verify: k + 1 <= 9; MTP drafts) take the lean
+# path: masks from a cache and skip decisions on the host, about 20 ops instead of 60 per call
+# (a tiny model's speculative round is bound by op count, not arithmetic).
+SMALL_CHUNK = 16
+
+
+@functools.lru_cache(maxsize=256)
+def _band_mask(queries: int, keys: int, offset: int, window: int, device: torch.device) -> torch.Tensor:
+    """Local mask `[queries, keys]`: query i (at key index offset + i) sees keys in
+    (offset + i - window, offset + i]. Cached: in steady decoding the arguments repeat."""
+    qpos = torch.arange(offset, offset + queries, device=device)[:, None]
+    kpos = torch.arange(keys, device=device)[None]
+    return (kpos <= qpos) & (kpos > qpos - window)
+
+
+@functools.lru_cache(maxsize=64)
+def _node_mask(seen: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
+    """Node mask `[queries, max(seen)]` (query i sees the first seen[i] nodes); None when every
+    query sees them all."""
+    if all(c == seen[-1] for c in seen):
+        return None
+    return torch.arange(seen[-1], device=device)[None] < torch.tensor(seen, device=device)[:, None]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -46,9 +70,15 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     """SDPA for `q [Hq, L, D]` against GQA keys `[Hkv, S, D]`."""
     heads, kv_heads = q.shape[0], k.shape[0]
     rep = heads // kv_heads
-    if q.shape[1] == 1 and mask is None:
+    n = q.shape[1]
+    if n == 1 and mask is None:
         # One query: fold each kv head's query group into its sequence axis, no key copies.
         return _sdpa(q.reshape(kv_heads, rep, -1), k, v).reshape(heads, 1, -1)
+    if rep > 1 and n <= SMALL_CHUNK:
+        # A few queries (speculative verify): the same fold, repeating the small mask rather
+        # than copying every key and value `rep` times.
+        mask = None if mask is None else mask.repeat(rep, 1)
+        return _sdpa(q.reshape(kv_heads, rep * n, -1), k, v, attn_mask=mask).reshape(heads, n, -1)
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
     return _sdpa(q, k, v, attn_mask=mask)
@@ -86,6 +116,59 @@ def _mix_paths(
     return out
 
 
+def _mix_one(
+    q: torch.Tensor, paths: list[tuple[torch.Tensor, torch.Tensor]], weights: torch.Tensor
+) -> torch.Tensor:
+    """`_mix_paths` for a single query (decode): the same sum in the same order, with the
+    skip decisions made on the host instead of by masked row gathers (a dozen ops fewer)."""
+    weights = weights.to(q.dtype)
+    out = None
+    for (keys, values), weight, on in zip(paths, weights, weights.tolist(), strict=True):
+        if on <= 0 or keys.shape[1] == 0:
+            continue
+        part = weight * _attend(q, keys, values, None)
+        out = part if out is None else out + part
+    return torch.zeros_like(q) if out is None else out
+
+
+def _small_chunk(
+    q: torch.Tensor, ctx: AttentionContext, window: int, interval: int, gate: torch.Tensor | None
+) -> torch.Tensor:
+    """One tile of the loop in `sparse_attention`, the same masks and the same sums, with the
+    masks cached and the row skipping of `_mix_paths` decided on the host."""
+    n, device = q.shape[1], q.device
+    lo = max(ctx.local_start, ctx.q_start - window + 1)
+    keys = slice(lo - ctx.local_start, ctx.q_start + n - ctx.local_start)
+    local_mask = _band_mask(n, keys.stop - keys.start, ctx.q_start - lo, window, device)
+    seen = tuple(max(0, ctx.q_start + i - window + 1) // interval for i in range(n))
+    count = seen[-1]
+    local_k, local_v = ctx.keys[:, keys], ctx.values[:, keys]
+    node_k = ctx.keys[:, ctx.num_local : ctx.num_local + count]
+    node_v = ctx.values[:, ctx.num_local : ctx.num_local + count]
+    node_mask = _node_mask(seen, device) if count else None
+    if gate is None:
+        if not count:
+            return _attend(q, local_k, local_v, local_mask)
+        if node_mask is None:
+            node_mask = torch.ones(n, count, dtype=torch.bool, device=device)
+        k, v = torch.cat((local_k, node_k), dim=1), torch.cat((local_v, node_v), dim=1)
+        return _attend(q, k, v, torch.cat((local_mask, node_mask), dim=1))
+    weights = gate.tolist()
+    local_on = [w[0] > 0 for w in weights]
+    node_on = [w[1] > 0 and c > 0 for w, c in zip(weights, seen, strict=True)]
+    if not (all(local_on) and (all(node_on) or not any(node_on))):
+        node_weight = torch.where(
+            torch.tensor(seen, device=device) > 0, gate[:, 1], torch.zeros_like(gate[:, 1])
+        )
+        paths = [(local_k, local_v, local_mask, gate[:, 0]), (node_k, node_v, node_mask, node_weight)]
+        return _mix_paths(q, paths)  # rows skipped: the general path
+    gate = gate.to(q.dtype)
+    out = gate[:, 0, None] * _attend(q, local_k, local_v, local_mask)
+    if any(node_on):
+        out = out + gate[:, 1, None] * _attend(q, node_k, node_v, node_mask)
+    return out
+
+
 def sparse_attention(
     q: torch.Tensor,
     ctx: AttentionContext,
@@ -105,7 +188,9 @@ def sparse_attention(
     if ctx.local_start is None:  # one query: the context is exactly its window and valid nodes
         if gate is None:
             return _attend(q, ctx.keys, ctx.values, None)
-        return _mix_paths(q, [(local_k, local_v, None, gate[:, 0]), (node_k, node_v, None, gate[:, 1])])
+        return _mix_one(q, [(local_k, local_v), (node_k, node_v)], gate[0])
+    if q.shape[1] <= SMALL_CHUNK:
+        return _small_chunk(q, ctx, window, interval, gate)
     tiles = []
     for a in range(0, q.shape[1], QUERY_TILE):
         b = min(a + QUERY_TILE, q.shape[1])
@@ -155,12 +240,15 @@ class Attention(nn.Module):
         cache: LayerCache,
         norms: torch.Tensor | None,
         gate: torch.Tensor | None = None,
+        qkv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`x [L, hidden]` normed input of the positions `[cache.length, cache.length + L)`;
-        `norms [L]` the L2 norms of the un-normed layer input (sparse node election)."""
+        `norms [L]` the L2 norms of the un-normed layer input (sparse node election); `qkv`
+        is `qkv_proj(x)` when the caller already has it."""
         n = x.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(n, heads + 2 * kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x) if qkv is None else qkv
+        qkv = qkv.view(n, heads + 2 * kv_heads, self.head_dim)
         apply_rotary_(qkv[:, : heads + kv_heads], rotations)  # q and k in one go
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)

@@ -30,7 +30,7 @@ from inference.config import ModelConfig
 from inference.kv_cache import KVCache, LayerCache
 from inference.layers.activation import silu_and_mul
 from inference.layers.attention import Attention
-from inference.layers.linear import Linear
+from inference.layers.linear import Linear, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
 
@@ -57,18 +57,55 @@ class DecoderLayer(nn.Module):
 
     def node_norms(self, h: torch.Tensor) -> torch.Tensor | None:
         """L2 norms of the un-normed layer input: what key-node election ranks (sparse only)."""
-        return None if self.self_attn.window is None else h.float().norm(dim=-1)
+        if self.self_attn.window is None:
+            return None
+        return torch.linalg.vector_norm(h, dim=-1, dtype=torch.float32)
 
-    def gate(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Routed mode: (p_local, p_global) of softmax(router(x)), zero where below the threshold."""
+    def gate(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Routed mode: (p_local, p_global) of softmax(router(x)), zero where below the threshold
+        (`logits`: router(x) when already computed)."""
         if self.router is None:
             return None
-        p = torch.softmax(self.router(x).float(), dim=-1)[:, :2]
+        logits = self.router(x) if logits is None else logits
+        p = torch.softmax(logits, dim=-1, dtype=torch.float32)[:, :2]
+        if self.route_threshold <= 0:  # probabilities are never below it: nothing to zero
+            return p
         return torch.where(p >= self.route_threshold, p, torch.zeros_like(p))
+
+    def qkv_and_gate(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Routed inference: q/k/v and the router in one matmul (the router alone is a whole
+        matmul call for 3 outputs, one per layer and step); otherwise (None, the gate)."""
+        plain = isinstance(self.router, nn.Linear) and isinstance(self.self_attn.qkv_proj, nn.Linear)
+        if not plain or torch.is_grad_enabled():  # no router, int8 layers, or training
+            return None, self.gate(x)
+        both = self._fused_projection()(x)
+        rows = self.self_attn.qkv_proj.out_features
+        return both[:, :rows], self.gate(x, both[:, rows : rows + 3])
+
+    def _fused_projection(self) -> Linear:
+        """`[qkv_proj ; router ; zero rows]` as one `Linear`, remade when either weight changes;
+        padded to a multiple of 8 rows so that q/k rows keep the even, aligned strides that the
+        in-place complex rotary needs."""
+        qkv, router = self.self_attn.qkv_proj, self.router
+        key = (weight_key(qkv.weight), weight_key(router.weight))
+        cached = self.__dict__.get("_fused")
+        if cached is None or cached[0] != key:
+            pad = -(qkv.out_features + 3) % 8
+            weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features)))
+            weight = weight.detach()
+            fused = Linear(weight.shape[1], weight.shape[0], bias=qkv.bias is not None)
+            fused.to(weight.device, weight.dtype)
+            fused.weight = nn.Parameter(weight, requires_grad=False)
+            if qkv.bias is not None:
+                bias = torch.cat((qkv.bias, qkv.bias.new_zeros(3 + pad))).detach()
+                fused.bias = nn.Parameter(bias, requires_grad=False)
+            cached = self.__dict__["_fused"] = (key, fused)
+        return cached[1]
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         x = self.input_layernorm(h)
-        h = h + self.self_attn(x, rotations, cache, self.node_norms(h), self.gate(x))
+        qkv, gate = self.qkv_and_gate(x)
+        h = h + self.self_attn(x, rotations, cache, self.node_norms(h), gate, qkv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -132,15 +169,23 @@ class Glm5SparseForCausalLM(nn.Module):
         return self.model.norm(h)
 
     def mtp_forward(
-        self, depth: int, hidden: torch.Tensor, next_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache
+        self,
+        depth: int,
+        hidden: torch.Tensor,
+        next_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        module: MTPModule | None = None,
     ) -> torch.Tensor:
         """MTP depth `depth`: `hidden [L, hidden]` (the previous depth's output, depth 0 the
         model's) at `positions`, `next_ids [L]` the tokens one step ahead. Returns the normed
-        hidden state, ready for `compute_logits` or the next depth."""
+        hidden state, ready for `compute_logits` or the next depth. `module` stands in for
+        `model.mtp[depth]` (speculative decoding drafts with an int8 copy)."""
         rotations = self.rotary.rotations(positions)
         layer_cache = cache.layers[self.config.num_hidden_layers + depth]
         embeds = self.model.embed_tokens(next_ids)
-        return self.model.norm(self.model.mtp[depth](embeds, hidden, rotations, layer_cache))
+        module = self.model.mtp[depth] if module is None else module
+        return self.model.norm(module(embeds, hidden, rotations, layer_cache))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

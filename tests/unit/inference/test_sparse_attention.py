@@ -73,7 +73,15 @@ def routed_gate(n, threshold=0.2):
 
 
 N = 300  # crosses the 256-query prefill tile, many windows and blocks
-CHUNKINGS = {"full": [N], "chunked": [5, 17, 1, 40, 237], "decode": [20] + [1] * (N - 20)}
+# "small": chunks of a few queries, as speculative verify and MTP drafts run them (the lean
+# path of `sparse_attention`), crossing window, block and node-visibility boundaries.
+SMALL = [3, 5, 2, 9, 4, 7, 1, 6]
+CHUNKINGS = {
+    "full": [N],
+    "chunked": [5, 17, 1, 40, 237],
+    "decode": [20] + [1] * (N - 20),
+    "small": SMALL * (N // sum(SMALL)) + [N % sum(SMALL)],
+}
 
 
 @pytest.mark.parametrize("chunks", CHUNKINGS.values(), ids=CHUNKINGS.keys())

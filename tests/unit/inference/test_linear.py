@@ -1,0 +1,48 @@
+"""The prepacked CPU inference path of `Linear` and the fused qkv+router projection."""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from inference.config import ModelConfig
+from inference.layers.linear import Linear
+from inference.models.glm5_sparse import DecoderLayer
+from tests.unit.inference.helpers import glm5_config
+
+
+def test_prepacked_inference_matches_f_linear_and_follows_weight_changes():
+    torch.manual_seed(0)
+    layer = Linear(32, 48, bias=True)
+    x = torch.randn(5, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        layer.weight.mul_(3)  # in place: the version changes, the packed copy is remade
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
+    layer.weight = torch.nn.Parameter(torch.randn(48, 32))  # replaced: new storage
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_a_used_layer_can_be_copied_and_still_trains():
+    layer = Linear(16, 8)
+    x = torch.randn(2, 16)
+    with torch.inference_mode():
+        expected = layer(x)
+    copied = copy.deepcopy(layer)
+    with torch.inference_mode():
+        torch.testing.assert_close(copied(x), expected)
+    layer(x).sum().backward()  # autograd on: the plain F.linear, gradients flow
+    assert layer.weight.grad is not None
+
+
+def test_routed_layer_fused_projection_equals_separate_matmuls():
+    torch.manual_seed(0)
+    layer = DecoderLayer(ModelConfig.from_dict(glm5_config(routed=True))).eval()
+    x = torch.randn(3, layer.self_attn.qkv_proj.in_features)
+    with torch.inference_mode():
+        qkv, gate = layer.qkv_and_gate(x)
+        torch.testing.assert_close(qkv, F.linear(x, layer.self_attn.qkv_proj.weight), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(gate, layer.gate(x, F.linear(x, layer.router.weight)), atol=1e-6, rtol=1e-5)
