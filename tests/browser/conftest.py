@@ -11,26 +11,25 @@ import os
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.support.admin_site import PASSWORD, USERS, AdminSite
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-
-from playwright.sync_api import sync_playwright  # noqa: E402
-
-from tests.support.admin_site import PASSWORD, USERS, AdminSite  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
     server = AdminSite(tmp_path_factory.mktemp("admin-site"))
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(site):
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
                                               args=["--no-sandbox"])
