@@ -157,7 +157,7 @@ def export(out_path, since, until, event_type, reason) -> None:
                           payload={"kind": "audit", "reason": reason, "out": out_path,
                                    **query.as_json()})
     total = count_rows(services.db, query)
-    with open(out_path, "wb") as out, click.progressbar(length=2 * total, label="exporting",
+    with open(out_path, "wb") as out, click.progressbar(length=total, label="exporting",
                                                          file=sys.stderr) as bar:
         for chunk in export_stream(services, query, reason=reason, exported_by="cli",
                                    progress=bar.update):
