@@ -33,9 +33,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.extensions["accept_hooks"] = [message_received_hook(services)]
 
-    from app import api, callback
+    from app import aibot_callback, api, callback
 
     app.register_blueprint(callback.bp)
+    app.register_blueprint(aibot_callback.bp)
     app.register_blueprint(api.bp)
 
     from app import admin

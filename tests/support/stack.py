@@ -68,13 +68,15 @@ class TempDatabase:
 
 class Stack:
     def __init__(self, tmp: Path, db_kind: str = "sqlite", redis_db: int = 9, model_delay_s: float = 0.0,
-                 worker_concurrency: int = 8, extra_env: dict | None = None):
+                 worker_concurrency: int = 8, extra_env: dict | None = None,
+                 model_stream_piece_delay_s: float = 0.0, emulator_options: dict | None = None):
         self.tmp = tmp
         self.db = TempDatabase(db_kind, tmp)
         self.redis_url = f"redis://127.0.0.1:6379/{redis_db}"
         self.redis = redis.Redis.from_url(self.redis_url)
         self.redis.flushdb()
-        self.model = FakeOpenAIServer(delay_s=model_delay_s).start()
+        self.model = FakeOpenAIServer(delay_s=model_delay_s,
+                                      stream_piece_delay_s=model_stream_piece_delay_s).start()
         self.web_port = free_port()
         self.callback_url = f"http://127.0.0.1:{self.web_port}/wecom/callback"
         self.env = make_env(DATABASE_URL=self.db.url, REDIS_URL=self.redis_url)
@@ -89,7 +91,10 @@ class Stack:
             corp_id=self.env["WECOM_CORP_ID"], secret=self.env["WECOM_SECRET"],
             agent_id=int(self.env["WECOM_AGENT_ID"]), token=self.env["WECOM_TOKEN"],
             aes_key=self.env["WECOM_AES_KEY"], callback_url=self.callback_url,
-            retry_interval=1.0, callback_timeout=5.0))
+            retry_interval=1.0, callback_timeout=5.0,
+            aibot_token=self.env.get("AIBOT_TOKEN", ""), aibot_aes_key=self.env.get("AIBOT_ENCODING_AES_KEY", ""),
+            aibot_callback_url=f"http://127.0.0.1:{self.web_port}/wecom/aibot",
+            aibot_name=self.env.get("AIBOT_NAME", ""), **(emulator_options or {})))
         self.worker_concurrency = worker_concurrency
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
