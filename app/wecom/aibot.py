@@ -146,7 +146,7 @@ def strip_mention(text: str, bot_name: str) -> str | None:
     """
     if not bot_name:
         return None
-    pattern = re.compile("@" + re.escape(bot_name) + f"(?=[{_SPACES}]|$)")
+    pattern = re.compile("@" + re.escape(bot_name) + f"(?:[{_SPACES}]|$)")
     if not pattern.search(text):
         return None
     return pattern.sub("", text).strip(_SPACES + "\n")

@@ -9,6 +9,9 @@ import pytest
 import requests
 from sqlalchemy import create_engine, text
 
+from app.aibot_streams import EXPIRED_NOTICE, TRUNCATED_NOTICE, StreamStore
+from app.config import parse_keyring
+from app.security import FieldCipher
 from app.wecom import aibot
 from app.wecom.crypto import WeComCrypto
 from scripts.dev_env import random_aes_key
@@ -115,20 +118,53 @@ def test_group_message_answered_only_when_mentioned(stack):
     assert len(aibot_rows(stack)) == before + 1
 
 
-def test_unknown_stream_gets_a_finished_empty_reply_and_bad_requests_are_4xx(stack):
+def poster(stack):
     crypto = WeComCrypto(stack.env["AIBOT_TOKEN"], stack.env["AIBOT_ENCODING_AES_KEY"], "")
     url = f"http://127.0.0.1:{stack.web_port}/wecom/aibot"
 
     def post(message: dict | None = None, *, body=None, signature=None):
         ts, nonce = str(int(time.time())), "nonce42"
-        encrypt = crypto.encrypt(json.dumps(message or {}))
+        encrypt = crypto.encrypt(json.dumps(message or {}, ensure_ascii=False))
         params = {"msg_signature": signature or crypto.signature(ts, nonce, encrypt),
                   "timestamp": ts, "nonce": nonce}
         return requests.post(url, params=params, data=body if body is not None else json.dumps({"encrypt": encrypt}),
                              timeout=10)
 
-    resp = post({"msgid": "x1", "msgtype": "stream", "stream": {"id": "no-such-stream"},
-                 "from": {"userid": "zhangwei"}, "chattype": "single"})
+    return crypto, post
+
+
+def refresh_of(stream_id: str) -> dict:
+    return {"msgid": f"r-{stream_id}", "msgtype": "stream", "stream": {"id": stream_id},
+            "from": {"userid": "zhangwei"}, "chattype": "single"}
+
+
+def test_a_stream_no_worker_finished_is_closed_by_the_callback_before_wecom_gives_up(stack):
+    store = StreamStore(stack.redis, FieldCipher(parse_keyring(stack.env["DATA_KEYS"])), 900)
+    crypto, post = poster(stack)
+    long_ago = time.time() - 345  # past the 330 s deadline and the callback's grace
+    store.open("stale-empty", 10**9, long_ago)
+    store.write("stale-partial", 10**9 + 1, long_ago, "年假一共", finish=False)
+    store.open("young", 10**9 + 2, time.time())
+    reply = aibot.decrypt_reply(crypto, post(refresh_of("stale-empty")).content)
+    assert reply == aibot.stream_message("stale-empty", EXPIRED_NOTICE, True)
+    reply = aibot.decrypt_reply(crypto, post(refresh_of("stale-partial")).content)
+    assert reply == aibot.stream_message("stale-partial", "年假一共" + TRUNCATED_NOTICE, True)
+    assert store.get("stale-partial").finished  # a late worker cannot change it any more
+    reply = aibot.decrypt_reply(crypto, post(refresh_of("young")).content)
+    assert reply["stream"]["finish"] is False
+
+
+def test_entering_the_chat_is_welcomed(stack):
+    crypto, post = poster(stack)
+    resp = post({"msgid": "e1", "msgtype": "event", "from": {"userid": "zhangwei"}, "chattype": "single",
+                 "event": {"eventtype": "enter_chat"}})
+    assert aibot.decrypt_reply(crypto, resp.content)["msgtype"] == "text"
+
+
+def test_unknown_stream_gets_a_finished_empty_reply_and_bad_requests_are_4xx(stack):
+    crypto, post = poster(stack)
+
+    resp = post(refresh_of("no-such-stream"))
     assert resp.status_code == 200
     assert aibot.decrypt_reply(crypto, resp.content) == aibot.stream_message("no-such-stream", "", True)
     assert post(body="not json").status_code == 400
