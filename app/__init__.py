@@ -36,12 +36,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     app.extensions["accept_hooks"] = [message_received_hook(services)]
 
-    from app import api, callback, health, metrics_view
+    from app import aibot_callback, api, callback, health, metrics_view
     from app.proxy import trust_proxies
 
     trust_proxies(app, settings.trusted_proxies)
     app.register_blueprint(health.bp)
     app.register_blueprint(callback.bp)
+    app.register_blueprint(aibot_callback.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(metrics_view.bp)
     app.extensions["metrics_registry"] = metrics_view.scrape_registry(services)

@@ -88,6 +88,16 @@ class Settings(BaseSettings):
     wecom_aes_key: SecretStr
     wecom_api_base: str = "https://qyapi.weixin.qq.com"
 
+    # -- AI bot (智能机器人) channel, /wecom/aibot: off unless token and key are both set ------
+    aibot_token: SecretStr | None = None
+    aibot_encoding_aes_key: SecretStr | None = None
+    aibot_name: str = Field(default="", description="the bot's name, to see @mentions in groups")
+    aibot_stream_deadline_s: float = Field(default=330.0, ge=10, le=345,
+                                           description="finish a stream before WeCom's 6 minutes")
+    aibot_stream_ttl_s: int = Field(default=900, ge=360)
+    aibot_refresh_throttle_s: float = Field(default=0.2, ge=0, le=5)
+    aibot_thinking_text: str = ""
+
     # -- storage and queue ---------------------------------------------------------------------
     database_url: str = "sqlite:///var/wecom-bot.sqlite3"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -167,9 +177,11 @@ class Settings(BaseSettings):
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
 
-    @field_validator("wecom_aes_key")
+    @field_validator("wecom_aes_key", "aibot_encoding_aes_key")
     @classmethod
-    def _aes_key_is_43_chars(cls, value: SecretStr) -> SecretStr:
+    def _aes_key_is_43_chars(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
         raw = value.get_secret_value()
         if len(raw) != 43:
             raise ValueError(f"must be the 43-character EncodingAESKey (got {len(raw)} characters)")
@@ -179,6 +191,11 @@ class Settings(BaseSettings):
         except (binascii.Error, ValueError) as exc:
             raise ValueError("is not a valid EncodingAESKey (base64 of 32 bytes)") from exc
         return value
+
+    @field_validator("aibot_token", "aibot_encoding_aes_key", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value):
+        return None if value is None or (isinstance(value, str) and not value.strip()) else value
 
     @field_validator("wecom_token", "wecom_secret", "secret_key", "blind_index_key")
     @classmethod
@@ -251,6 +268,17 @@ class Settings(BaseSettings):
         if len(value) != 3 or not value.isalpha():
             raise ValueError("must be a 3-letter currency code such as CNY")
         return value.upper()
+
+    @model_validator(mode="after")
+    def _aibot_needs_both(self) -> Settings:
+        if (self.aibot_token is None) != (self.aibot_encoding_aes_key is None):
+            raise ValueError("AIBOT_TOKEN and AIBOT_ENCODING_AES_KEY must be set together "
+                             "(or neither, to turn the AI bot channel off)")
+        return self
+
+    @property
+    def aibot_enabled(self) -> bool:
+        return self.aibot_token is not None and self.aibot_encoding_aes_key is not None
 
     @model_validator(mode="after")
     def _broker_defaults_to_redis(self) -> Settings:

@@ -60,6 +60,8 @@ class InboundMessage(Base):
     payload_enc: Mapped[str | None] = mapped_column(Text)
     wecom_create_time: Mapped[int] = mapped_column(BigInteger)
     request_id: Mapped[str | None] = mapped_column(String(32))
+    # The AI bot channel's stream id (WeCom polls it until the answer is finished); None for the app.
+    stream_id: Mapped[str | None] = mapped_column(String(32))
 
     status: Mapped[str] = mapped_column(String(16), default=MessageStatus.QUEUED)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
@@ -82,6 +84,7 @@ class InboundMessage(Base):
     __table_args__ = (
         Index("ix_inbound_user_order", "user_hash", "id"),
         Index("ix_inbound_status_enqueued", "status", "enqueued_at"),
+        UniqueConstraint("stream_id", name="uq_inbound_stream_id"),
     )
 
 

@@ -28,6 +28,7 @@ TABLE = InboundMessage.__tablename__
 class Accepted:
     id: int
     created: bool
+    stream_id: str | None = None  # the AI bot channel's stream (the first delivery's, on a retry)
 
 
 def user_hash(blind_index: BlindIndex, user_id: str) -> str:
@@ -35,7 +36,8 @@ def user_hash(blind_index: BlindIndex, user_id: str) -> str:
 
 
 def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, message,
-           request_id: str | None = None, channel: str = "app") -> Accepted:
+           request_id: str | None = None, channel: str = "app",
+           stream_id: str | None = None) -> Accepted:
     """Insert the message as a queued row, or find the row WeCom's retry duplicates.
 
     The caller owns the transaction. ``INSERT ... ON CONFLICT DO NOTHING`` on the unique dedup
@@ -48,20 +50,21 @@ def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, messa
         dedup_hash=dedup, channel=channel, agent_id=message.agent_id,
         user_hash=user_hash(blind_index, message.from_user), msg_type=message.msg_type,
         event=message.event, wecom_create_time=int(message.create_time), request_id=request_id,
-        status=MessageStatus.QUEUED, attempts=0, chunks_sent=0, created_at=now, updated_at=now,
+        stream_id=stream_id, status=MessageStatus.QUEUED, attempts=0, chunks_sent=0, created_at=now, updated_at=now,
         enqueued_at=now,
     ).on_conflict_do_nothing(index_elements=["dedup_hash"]).returning(InboundMessage.id)
     row_id = session.execute(insert).scalar()
     if row_id is None:
-        return Accepted(session.scalar(select(InboundMessage.id).where(InboundMessage.dedup_hash == dedup)),
-                        False)
+        existing = session.execute(select(InboundMessage.id, InboundMessage.stream_id)
+                                   .where(InboundMessage.dedup_hash == dedup)).one()
+        return Accepted(existing.id, False, existing.stream_id)
     payload = json.dumps(_payload_of(message), ensure_ascii=False, default=str)
     session.execute(
         update(InboundMessage).where(InboundMessage.id == row_id).values(
             user_enc=cipher.encrypt(message.from_user, TABLE, "user_enc", row_id),
             payload_enc=cipher.encrypt(payload, TABLE, "payload_enc", row_id))
         .execution_options(synchronize_session=False))
-    return Accepted(row_id, True)
+    return Accepted(row_id, True, stream_id)
 
 
 def _insert_for(session: Session):
@@ -170,6 +173,10 @@ def save_progress(session: Session, message_id: int, owner: str, **values) -> bo
     )
     session.commit()
     return result.rowcount == 1
+
+
+def by_stream_id(session: Session, stream_id: str) -> InboundMessage | None:
+    return session.scalar(select(InboundMessage).where(InboundMessage.stream_id == stream_id))
 
 
 def next_pending_of_user(session: Session, user_hash_value: str, after_id: int) -> int | None:

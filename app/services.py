@@ -47,6 +47,21 @@ class Services:
                            s.wecom_corp_id)
 
     @cached_property
+    def aibot_crypto(self) -> WeComCrypto | None:
+        """The AI bot channel's crypto: its own token and key, receive id "" (None when off)."""
+        s = self.settings
+        if not s.aibot_enabled:
+            return None
+        return WeComCrypto(s.aibot_token.get_secret_value(),
+                           s.aibot_encoding_aes_key.get_secret_value(), "")
+
+    @cached_property
+    def streams(self):
+        from app.aibot_streams import StreamStore
+
+        return StreamStore(self.redis, self.cipher, self.settings.aibot_stream_ttl_s)
+
+    @cached_property
     def redis(self) -> redis.Redis:
         # Short timeouts: a dead Redis must never hold a callback past WeCom's 5 s limit.
         return redis.Redis.from_url(self.settings.redis_url, socket_timeout=2,

@@ -16,6 +16,7 @@ class CommandContext:
     user_hash: str
     argument: str
     runtime: object  # worker.processor.MessageProcessor: conversations, services, ...
+    conversation_key: str | None = None  # whose history /reset clears (a group's is its own)
 
 
 Handler = Callable[[CommandContext], str]
@@ -56,7 +57,7 @@ def _help(_: CommandContext) -> str:
 
 @register("reset", "清空我的对话记录 / forget our conversation")
 def _reset(context: CommandContext) -> str:
-    context.runtime.conversations.reset(context.user_hash)
+    context.runtime.conversations.reset(context.conversation_key or context.user_hash)
     return "好的，我们重新开始吧。Conversation cleared."
 
 

@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass
 
 from app import metrics, outbox
+from app.accounting import estimate_prompt_tokens
+from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
 from app.logging_setup import request_context, sensitive
@@ -41,8 +43,9 @@ from app.wecom.exceptions import (
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands
 from worker.conversation import ConversationStore
-from worker.llm import GenerationParams, LLMBackend, LLMError
+from worker.llm import Generation, GenerationParams, LLMBackend, LLMError
 from worker.metering import Meter
+from worker.stream_reply import StreamWriter, fit
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,8 @@ UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你
                       "I can only read text messages for now; please type your question.")
 WELCOME_EVENTS = ("subscribe", "enter_agent")
 MAX_DRAIN = 20
+AIBOT = "aibot"  # the 智能机器人 channel: answered by streaming, not message/send
+QUESTION_TYPES = ("text", "mixed")
 
 
 @dataclass(frozen=True)
@@ -223,19 +228,27 @@ class MessageProcessor:
 
     def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str) -> None:
         cipher = self.services.cipher
+        stream = self._stream_of(row)
+        if stream is not None and row.reply_enc is None and stream.finished_already():
+            # The callback gave up on us at WeCom's deadline and told the employee so.
+            raise PermanentFailure("aibot: stream expired before the answer", notify=False)
         if row.reply_enc is None:
             payload = json.loads(cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.id))
             with sensitive(payload.get("content")):
-                composed = self._limited(row) or self._compose(row, user_id, payload, lease)
+                composed = self._limited(row) or self._compose(row, user_id, payload, lease, stream)
             if composed is None:
+                if stream is not None:
+                    stream.finish("")
                 self._finish(row, owner, MessageStatus.IGNORED)
                 return
             if composed is SILENT:
+                if stream is not None:
+                    stream.finish("")
                 self._finish(row, owner, MessageStatus.RATE_LIMITED,
                              failure_reason="rate limited: notice already sent in this window")
                 return
             reply, kind, usage = composed
-            chunks = split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+            chunks = self._chunks(row, kind, reply)
             lease.check()
             with self.services.db.session() as session:
                 stored = outbox.save_progress(
@@ -245,21 +258,28 @@ class MessageProcessor:
             if not stored:
                 raise LeaseLost()
             if usage and payload.get("content") is not None:
-                self.conversations.append_exchange(row.user_hash, row.id, payload["content"], reply)
+                self.conversations.append_exchange(self._conversation_key(row, payload), row.id,
+                                                   payload["content"], reply)
             row.reply_kind, row.chunks_total = kind, len(chunks)
         else:
             reply = cipher.decrypt(row.reply_enc, TABLE, "reply_enc", row.id)
             kind = row.reply_kind or "text"
-            chunks = split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+            chunks = self._chunks(row, kind, reply)
 
-        self._send_chunks(row, owner, user_id, kind, chunks, lease)
+        finish_values = {}
+        if stream is None:
+            self._send_chunks(row, owner, user_id, kind, chunks, lease)
+        elif not stream.finish(chunks[0]):
+            finish_values["failure_reason"] = "aibot: stream closed by the callback at the deadline"
         if reply == RATE_LIMIT_NOTICE:
             self._finish(row, owner, MessageStatus.RATE_LIMITED,
                          failure_reason=f"rate limited: over {self.user_limit.describe()}")
-            self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks))
+            self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks),
+                                   channel=row.channel)
             return
-        self._finish(row, owner, MessageStatus.ANSWERED)
-        self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=kind)
+        self._finish(row, owner, MessageStatus.ANSWERED, **finish_values)
+        self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=kind,
+                               channel=row.channel)
 
     def _limited(self, row):
         """The polite notice (first time in the window), SILENT after it, None when within limit.
@@ -276,23 +296,49 @@ class MessageProcessor:
         log.info("user over the rate limit message_id=%s notified=%s", row.id, decision)
         return (RATE_LIMIT_NOTICE, "text", {}) if decision else SILENT
 
-    def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper):
+    def _stream_of(self, row) -> StreamWriter | None:
+        """The AI bot stream this row answers into, or None for a message/send answer."""
+        if row.channel != AIBOT or not row.stream_id:
+            return None
+        s = self.settings
+        return StreamWriter(self.services.streams, row.stream_id, row.id, row.created_at.timestamp(),
+                            s.aibot_stream_deadline_s, s.aibot_refresh_throttle_s)
+
+    @staticmethod
+    def _chunks(row, kind: str, reply: str) -> list[str]:
+        if row.channel == AIBOT:
+            return [fit(reply)]  # one stream, not several messages
+        return split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+
+    def _conversation_key(self, row, payload: dict) -> str:
+        """Whose history a message continues: the user's own, or theirs within one group chat.
+
+        A group gets its own history so that nothing said in private reaches the group.
+        """
+        if payload.get("chat_type") == "group" and payload.get("chat_id"):
+            return self.services.blind_index("conversation", f"group:{payload['chat_id']}:{row.user_hash}")
+        return row.user_hash
+
+    def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper,
+                 stream: StreamWriter | None = None):
         """The reply to this message as (text, kind, usage columns), or None for no reply."""
         if row.msg_type == "event":
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return self.settings.welcome_message, "text", {}
             return None
-        if row.msg_type != "text":
+        if row.msg_type not in QUESTION_TYPES:
             return UNSUPPORTED_NOTICE, "text", {}
         text = (payload.get("content") or "").strip()
         if not text:
             return None
+        conversation = self._conversation_key(row, payload)
         command = commands.parse(text)
         if command is not None:
             name, argument = command
-            context = commands.CommandContext(user_id, row.user_hash, argument, self)
+            context = commands.CommandContext(user_id, row.user_hash, argument, self,
+                                              conversation_key=conversation)
             return commands.run(name, context), "text", {}
-        return self._generate(row, text, lease, user_id)
+        return self._generate(row, text, lease, user_id, conversation, stream)
 
     def _welcome_due(self, row) -> bool:
         """Welcome on subscribe, and on entering the app at most once a day."""
@@ -303,9 +349,11 @@ class MessageProcessor:
         except Exception:  # noqa: BLE001 - without Redis, welcoming is harmless
             return True
 
-    def _generate(self, row, text: str, lease: LeaseKeeper, user_id: str = ""):
+    def _generate(self, row, text: str, lease: LeaseKeeper, user_id: str = "",
+                  conversation: str | None = None, stream: StreamWriter | None = None):
         history = [{"role": t["role"], "content": t["content"]}
-                   for t in self.conversations.history(row.user_hash) if t.get("ref") != row.id]
+                   for t in self.conversations.history(conversation or row.user_hash)
+                   if t.get("ref") != row.id]
         messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                     {"role": "user", "content": text}]
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
@@ -319,7 +367,10 @@ class MessageProcessor:
             return charge.notice, "text", {}
         started = time.monotonic()
         try:
-            generation = llm.generate(messages, params)
+            if stream is None:
+                generation = llm.generate(messages, params)
+            else:
+                generation = stream_generation(llm, messages, params, stream)
         except LLMError as exc:
             self.meter.release(charge)
             raise _model_failure(exc) from exc
@@ -333,6 +384,9 @@ class MessageProcessor:
         reply = generation.text.strip() or "……"
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
                  "completion_tokens": generation.completion_tokens}
+        if generation.finish_reason == DEADLINE:
+            reply += TRUNCATED_NOTICE
+            usage["failure_reason"] = "aibot: answer cut short at the stream deadline"
         return reply, "text", usage
 
     def _send_chunks(self, row, owner, user_id, kind, chunks, lease: LeaseKeeper) -> None:
@@ -380,7 +434,10 @@ class MessageProcessor:
 
     def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
         log.warning("message failed message_id=%s reason=%s", row.id, reason)
-        if notify and row.msg_type == "text":
+        stream = self._stream_of(row)
+        if stream is not None:
+            stream.finish(FAILURE_NOTICE if notify else "")  # WeCom stops polling either way
+        elif notify and row.msg_type == "text":
             try:
                 user_id = self.services.cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
                 self.wecom.send(user_id, "text", FAILURE_NOTICE)
@@ -390,3 +447,31 @@ class MessageProcessor:
             outbox.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)
         self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])
+
+
+DEADLINE = "deadline"  # a streamed generation stopped at the AI bot stream's time limit
+
+
+def stream_generation(llm: LLMBackend, messages: list[dict], params: GenerationParams,
+                      on_text) -> Generation:
+    """Run the model through its streaming interface, handing ``on_text`` the text so far.
+
+    When ``on_text`` says stop, the generation is abandoned (closing the stream aborts it in the
+    engine or the HTTP request to the model server) and what was written is the answer; its
+    token counts are then estimated from the text, an upper bound like the budget's.
+    """
+    parts: list[str] = []
+    deltas = llm.stream(messages, params)
+    try:
+        for delta in deltas:
+            if delta.final is not None:
+                return delta.final
+            if delta.text:
+                parts.append(delta.text)
+                if not on_text("".join(parts)):
+                    break
+    finally:
+        deltas.close()
+    text = "".join(parts)
+    return Generation(text=text, model=llm.model_name, prompt_tokens=estimate_prompt_tokens(messages),
+                      completion_tokens=len(text), finish_reason=DEADLINE)

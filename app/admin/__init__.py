@@ -45,9 +45,10 @@ def init_app(app, services) -> None:
     )
     login_manager.init_app(app)
     csrf.init_app(app)
-    from app import api, callback
+    from app import aibot_callback, api, callback
 
     csrf.exempt(callback.bp)  # WeCom signs its callbacks; it cannot send our token
+    csrf.exempt(aibot_callback.bp)
     csrf.exempt(api.bp)  # API clients authenticate with a bearer key, not a session cookie
 
     from app.admin import audit_views, auth, budgets, dashboard, finance, users  # noqa: F401

@@ -3,7 +3,9 @@
 It answers deterministically from the request, so a test can tell which question an answer
 belongs to and whether the conversation history arrived: the reply names the number of user
 turns it saw and echoes the last one. ``delay_s`` makes generation take time (to kill a worker
-mid-generation); ``fail_next`` makes the next calls answer 500 (to test retries).
+mid-generation); ``fail_next`` makes the next calls answer 500 (to test retries);
+``stream_piece_delay_s`` streams an answer a few characters at a time with that pause between
+pieces, as a model writes it (to watch a stream grow).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ def reply_for(messages: list[dict]) -> str:
 
 
 class FakeOpenAIServer:
-    def __init__(self, delay_s: float = 0.0):
+    def __init__(self, delay_s: float = 0.0, stream_piece_delay_s: float = 0.0):
         self.delay_s = delay_s
+        self.stream_piece_delay_s = stream_piece_delay_s
         self.fail_next = 0
         self.calls = 0
         self.in_flight = 0  # generations started and not yet answered
@@ -64,8 +67,15 @@ class FakeOpenAIServer:
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(text),
                      "total_tokens": prompt_tokens + len(text)}
             if body.get("stream"):
+                def pieces():
+                    if not self.stream_piece_delay_s:
+                        return [text[: len(text) // 2], text[len(text) // 2 :]]
+                    return [text[i:i + 3] for i in range(0, len(text), 3)]
+
                 def events():
-                    for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+                    for index, piece in enumerate(pieces()):
+                        if index and self.stream_piece_delay_s:
+                            time.sleep(self.stream_piece_delay_s)
                         chunk = {"model": body["model"], "choices": [{"index": 0, "delta": {"content": piece}}]}
                         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
                     done = {"model": body["model"], "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],

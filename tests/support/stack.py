@@ -71,7 +71,8 @@ class TempDatabase:
 class Stack:
     def __init__(self, tmp: Path, db_kind: str = "sqlite", redis_db: int = 9, model_delay_s: float = 0.0,
                  worker_concurrency: int = 8, extra_env: dict | None = None,
-                 redis_url: str | None = None, pg_admin: str = PG_ADMIN, directory=None):
+                 redis_url: str | None = None, pg_admin: str = PG_ADMIN, directory=None,
+                 model_stream_piece_delay_s: float = 0.0, emulator_options: dict | None = None):
         """``redis_url``/``pg_admin`` point the stack at private servers a test may restart;
         ``directory`` replaces the emulator's address book (bench/load.py's many employees)."""
         self.tmp = tmp
@@ -79,7 +80,8 @@ class Stack:
         self.redis_url = redis_url or f"redis://127.0.0.1:6379/{redis_db}"
         self.redis = redis.Redis.from_url(self.redis_url)
         self.redis.flushdb()
-        self.model = FakeOpenAIServer(delay_s=model_delay_s).start()
+        self.model = FakeOpenAIServer(delay_s=model_delay_s,
+                                      stream_piece_delay_s=model_stream_piece_delay_s).start()
         self.web_port = free_port()
         self.callback_url = f"http://127.0.0.1:{self.web_port}/wecom/callback"
         self.env = make_env(DATABASE_URL=self.db.url, REDIS_URL=self.redis_url)
@@ -95,7 +97,10 @@ class Stack:
             agent_id=int(self.env["WECOM_AGENT_ID"]), token=self.env["WECOM_TOKEN"],
             aes_key=self.env["WECOM_AES_KEY"], callback_url=self.callback_url,
             retry_interval=1.0, callback_timeout=5.0,
-            **({"directory": directory} if directory is not None else {})))
+            aibot_token=self.env.get("AIBOT_TOKEN", ""), aibot_aes_key=self.env.get("AIBOT_ENCODING_AES_KEY", ""),
+            aibot_callback_url=f"http://127.0.0.1:{self.web_port}/wecom/aibot",
+            aibot_name=self.env.get("AIBOT_NAME", ""),
+            **({"directory": directory} if directory is not None else {}), **(emulator_options or {})))
         self.worker_concurrency = worker_concurrency
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}

@@ -34,6 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--callback-timeout", type=float, default=5.0)
     p.add_argument("--oversize", choices=("reject", "truncate"), default="reject",
                    help="over-long text/markdown: 45002 (default) or truncate like WeCom's docs")
+    p.add_argument("--aibot-callback-url", default=None,
+                   help="the app's /wecom/aibot (default $EMULATOR_AIBOT_CALLBACK_URL or "
+                        "http://127.0.0.1:5000/wecom/aibot); the AI bot needs $AIBOT_TOKEN and "
+                        "$AIBOT_ENCODING_AES_KEY")
+    p.add_argument("--aibot-poll-interval", type=float, default=1.0,
+                   help="seconds between the AI bot's stream refresh callbacks")
     p.add_argument("--directory", default=None, help="employees JSON (default: built-in)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -49,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host, port=args.port, token_ttl=args.token_ttl,
         token_reuse=not args.no_token_reuse, retry_interval=args.retry_interval,
         retries=args.retries, callback_timeout=args.callback_timeout, oversize=args.oversize,
+        aibot_callback_url=args.aibot_callback_url, aibot_poll_interval=args.aibot_poll_interval,
         directory=Directory.load(args.directory) if args.directory else None,
     )
     app, state = create_emulator(config)
@@ -69,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         state.stopping.set()
         server.server_close()
         app.extensions["wecom_emulator_deliverer"].join(2.0)
+        app.extensions["wecom_emulator_aibot"].join(2.0)
         log.info("WeCom emulator stopped")
     return 0
 

@@ -10,6 +10,7 @@ import logging
 
 from flask import Blueprint, current_app, jsonify, render_template, request
 
+from app.wecom.emulator.aibot import AibotDeliverer
 from app.wecom.emulator.callbacks import CallbackDeliverer, CallbackError
 from app.wecom.emulator.state import FAULT_APIS, EmulatorState, Fault
 
@@ -23,6 +24,10 @@ def state() -> EmulatorState:
 
 def deliverer() -> CallbackDeliverer:
     return current_app.extensions["wecom_emulator_deliverer"]
+
+
+def aibot() -> AibotDeliverer:
+    return current_app.extensions["wecom_emulator_aibot"]
 
 
 def bad_request(message: str, status: int = 400):
@@ -97,6 +102,39 @@ def send():
 @bp.post("/_emulator/verify")
 def verify():
     return jsonify(deliverer().verify())
+
+
+# -- the AI bot (智能机器人) -------------------------------------------------------------------
+@bp.post("/_emulator/aibot/send")
+def aibot_send():
+    """{"from_user", "content", "chat_type"?: single|group, "chat_id"?, "mention"?, "msg_id"?, "wait"?}."""
+    body = _json_body()
+    try:
+        wait = float(body.get("wait") or 0)
+    except (TypeError, ValueError):
+        return bad_request("wait must be a number of seconds")
+    try:
+        return jsonify(aibot().send(body, wait=wait))
+    except CallbackError as exc:
+        return bad_request(str(exc))
+
+
+@bp.get("/_emulator/aibot/conversations")
+def aibot_conversations():
+    """Every AI bot turn: its stream id, each refresh's content, the final text: ?delivery_id=."""
+    delivery_id = _int_arg("delivery_id") or None
+    found = aibot().conversations()
+    if delivery_id is not None:
+        found = [c for c in found if c["delivery_id"] == delivery_id]
+    return jsonify({"conversations": found})
+
+
+@bp.post("/_emulator/aibot/verify")
+def aibot_verify():
+    try:
+        return jsonify(aibot().verify())
+    except CallbackError as exc:
+        return bad_request(str(exc))
 
 
 # -- breaking WeCom ---------------------------------------------------------------------------

@@ -17,6 +17,8 @@ DEFAULT_AGENT_ID = 1000002
 DEFAULT_TOKEN = "emulatordemotoken"  # noqa: S105 - public demo value
 DEFAULT_AES_KEY = "cWluZ2hlLXdlY29tLWVtdWxhdG9yLWRlbW8ta2V5ISE"  # 43 chars, 32 bytes decoded
 DEFAULT_CALLBACK_URL = "http://127.0.0.1:5000/wecom/callback"
+DEFAULT_AIBOT_CALLBACK_URL = "http://127.0.0.1:5000/wecom/aibot"
+DEFAULT_AIBOT_NAME = "AI助手"
 # What WeCom's push servers send; the app must not depend on it, but logs and fingerprints see it.
 DEFAULT_USER_AGENT = "Mozilla/4.0"
 
@@ -45,6 +47,15 @@ class EmulatorConfig:
     oversize: str = "reject"
     max_items: int = 100_000
     user_agent: str = DEFAULT_USER_AGENT
+    # The 智能机器人 (AI bot): its own token and key (no AI bot without both), where its JSON
+    # callbacks go, and how often it polls an unfinished stream (WeCom: about once a second).
+    aibot_token: str = ""
+    aibot_aes_key: str = ""
+    aibot_callback_url: str = DEFAULT_AIBOT_CALLBACK_URL
+    aibot_name: str = DEFAULT_AIBOT_NAME
+    aibot_id: str = "aib-emulator"
+    aibot_poll_interval: float = 1.0
+    aibot_stream_expiry: float = 360.0  # WeCom stops polling a stream 6 minutes after it began
     directory: Directory = field(default_factory=Directory.default)
 
     @classmethod
@@ -57,6 +68,10 @@ class EmulatorConfig:
             "token": env.get("WECOM_TOKEN") or DEFAULT_TOKEN,
             "aes_key": env.get("WECOM_AES_KEY") or DEFAULT_AES_KEY,
             "callback_url": env.get("EMULATOR_CALLBACK_URL") or DEFAULT_CALLBACK_URL,
+            "aibot_token": env.get("AIBOT_TOKEN") or "",
+            "aibot_aes_key": env.get("AIBOT_ENCODING_AES_KEY") or "",
+            "aibot_callback_url": env.get("EMULATOR_AIBOT_CALLBACK_URL") or DEFAULT_AIBOT_CALLBACK_URL,
+            "aibot_name": env.get("AIBOT_NAME") or DEFAULT_AIBOT_NAME,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -76,4 +91,8 @@ class EmulatorConfig:
             "markdown_limit": self.markdown_limit,
             "oversize": self.oversize,
             "max_items": self.max_items,
+            "aibot": bool(self.aibot_token and self.aibot_aes_key),
+            "aibot_callback_url": self.aibot_callback_url,
+            "aibot_name": self.aibot_name,
+            "aibot_poll_interval": self.aibot_poll_interval,
         }

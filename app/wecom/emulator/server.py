@@ -10,6 +10,7 @@ from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, make_server
 
 from app.wecom.emulator import admin, api
+from app.wecom.emulator.aibot import AibotDeliverer
 from app.wecom.emulator.callbacks import CallbackDeliverer
 from app.wecom.emulator.config import EmulatorConfig
 from app.wecom.emulator.state import EmulatorState
@@ -42,6 +43,7 @@ def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, Emulat
     app.json.sort_keys = False
     app.extensions["wecom_emulator"] = state
     app.extensions["wecom_emulator_deliverer"] = CallbackDeliverer(state)
+    app.extensions["wecom_emulator_aibot"] = AibotDeliverer(state)
     app.register_blueprint(api.bp)
     app.register_blueprint(admin.bp)
     return app, state
@@ -88,6 +90,7 @@ class EmulatorServer:
         if self._thread is not None:
             self._thread.join(timeout)
         self.deliverer.join(timeout)
+        self.app.extensions["wecom_emulator_aibot"].join(timeout)
 
     def __enter__(self) -> EmulatorServer:
         self.start()

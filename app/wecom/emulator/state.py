@@ -63,6 +63,8 @@ class EmulatorState:
             self.inbound: deque[dict] = deque(maxlen=cap)
             self.callbacks: deque[dict] = deque(maxlen=cap)
             self.deliveries: OrderedDict[int, dict] = OrderedDict()
+            # AI bot conversations by delivery id: the stream each message got and its refreshes
+            self.aibot: OrderedDict[int, dict] = OrderedDict()
             self._duplicates: OrderedDict[tuple[str, str], float] = OrderedDict()
             self.stats: dict[str, dict] = {}
             if tokens:

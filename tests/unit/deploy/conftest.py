@@ -48,3 +48,26 @@ def nginx() -> list[dict]:
                               check_ctx=False, comments=False)
     assert parsed["status"] == "ok", parsed["errors"]
     return parsed["config"][0]["parsed"]
+
+
+@pytest.fixture(scope="session")
+def gunicorn_conf() -> dict:
+    """gunicorn.conf.py's settings, read with the environment it sees restored afterwards.
+
+    The file sets PROMETHEUS_MULTIPROC_DIR for gunicorn; left behind, it would switch every later
+    test's metrics into multiprocess mode.
+    """
+    import os
+    import runpy
+    import shutil
+
+    saved = dict(os.environ)
+    try:
+        settings = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+        created = os.environ.get("PROMETHEUS_MULTIPROC_DIR") != saved.get("PROMETHEUS_MULTIPROC_DIR")
+        if created:
+            shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return settings

@@ -4,7 +4,6 @@ the worker, health checks, migrations once before the app, a PostgreSQL volume, 
 from __future__ import annotations
 
 import re
-import runpy
 import shutil
 import subprocess
 import tomllib
@@ -65,13 +64,13 @@ def test_worker_reserves_an_nvidia_gpu_and_uses_the_threads_pool(services):
     assert command[command.index("-Q") + 1] == "chat"
 
 
-def test_web_runs_gunicorn_with_its_config_behind_one_proxy(services):
+def test_web_runs_gunicorn_with_its_config_behind_one_proxy(services, gunicorn_conf):
     web = services["web"]
     assert web["command"] == ["gunicorn", "-c", "gunicorn.conf.py", "app:create_app()"]
     assert web["environment"]["TRUSTED_PROXIES"] == "1"
     assert web["environment"]["WEB_BIND"] == "0.0.0.0:8080"
     assert web["build"]["dockerfile"] == "docker/Dockerfile.cpu"
-    graceful = runpy.run_path(str(ROOT / "gunicorn.conf.py"))["graceful_timeout"]
+    graceful = gunicorn_conf["graceful_timeout"]
     assert int(web["stop_grace_period"].removesuffix("s")) > graceful
 
 

@@ -5,7 +5,6 @@ the compose file, gunicorn's settings or the app's routes."""
 from __future__ import annotations
 
 import re
-import runpy
 
 import pytest
 
@@ -107,11 +106,11 @@ def test_plain_http_only_redirects_and_answers_the_health_check(nginx, services)
     assert "http://127.0.0.1/nginx-healthz" in services["nginx"]["healthcheck"]["test"]
 
 
-def test_upstream_is_the_web_service_and_closes_before_gunicorn(nginx, services):
+def test_upstream_is_the_web_service_and_closes_before_gunicorn(nginx, services, gunicorn_conf):
     upstream = one_block(nginx, "upstream", "web")
     assert one(upstream, "server") == ["web:8080"]
     assert "8080" in services["web"]["expose"]
-    gunicorn_keepalive = runpy.run_path(str(ROOT / "gunicorn.conf.py"))["keepalive"]
+    gunicorn_keepalive = gunicorn_conf["keepalive"]
     assert seconds(one(upstream, "keepalive_timeout")[0]) < gunicorn_keepalive
 
 

@@ -1,0 +1,197 @@
+"""The 智能机器人 (AI bot) callback URL, ``/wecom/aibot``: a second channel beside the app's.
+
+``GET`` verifies the URL; ``POST`` carries ``{"encrypt": ...}`` (signature, timestamp window and
+decryption with receive id "" as for the app, see ``app/wecom/aibot.py``). A question is written
+to the outbox (channel ``aibot``, dedup by msgid) with a fresh stream id, enqueued, and answered
+at once with that stream, unfinished; WeCom then polls the stream with refresh callbacks, each
+answered from Redis with the text the worker has produced so far (``app/aibot_streams.py``),
+until a reply says ``finish``. In a group chat the bot answers only when @mentioned.
+
+Bad JSON is a 400, a bad signature a 403, like the app's callback; an unknown stream id gets a
+finished empty stream, never an error, so WeCom stops polling it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import time
+
+import redis
+from flask import Blueprint, Response, current_app, g, jsonify, request
+from sqlalchemy.exc import SQLAlchemyError
+
+from app import outbox
+from app.aibot_streams import EXPIRED_NOTICE, TRUNCATED_NOTICE
+from app.callback import CallbackRejected, _check_timestamp, _crypto_rejection, _query, enqueue
+from app.models import MessageStatus
+from app.wecom import aibot
+from app.wecom.exceptions import MessageParseError, WeComCryptoError
+
+log = logging.getLogger(__name__)
+bp = Blueprint("aibot", __name__)
+CHANNEL = "aibot"
+# The worker finishes a stream itself at the deadline; the callback does only when no worker did.
+CALLBACK_GRACE_S = 10.0
+UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
+                      "I can only read text messages for now; please type your question.")
+
+
+@bp.errorhandler(CallbackRejected)
+def _rejected(exc: CallbackRejected):
+    log.info("aibot callback rejected status=%s reason=%s request_id=%s", exc.status, exc.reason,
+             g.get("request_id"))
+    return jsonify(error=exc.reason), exc.status
+
+
+def _services():
+    return current_app.extensions["services"]
+
+
+def _crypto():
+    crypto = _services().aibot_crypto
+    if crypto is None:
+        raise CallbackRejected(404, "the AI bot channel is not configured (AIBOT_TOKEN)")
+    return crypto
+
+
+@bp.get("/wecom/aibot")
+def verify_url():
+    crypto = _crypto()
+    signature, timestamp, nonce, echostr = _query("msg_signature", "timestamp", "nonce", "echostr")
+    try:
+        plain = crypto.verify_url(signature, timestamp, nonce, echostr)
+    except WeComCryptoError as exc:
+        raise _crypto_rejection(exc) from None
+    return Response(plain, mimetype="text/plain")
+
+
+@bp.post("/wecom/aibot")
+def receive():
+    crypto = _crypto()
+    limit = _services().settings.callback_max_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise CallbackRejected(413, "body too large")
+    signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
+    _check_timestamp(timestamp)
+    body = request.get_data(cache=False)
+    if len(body) > limit:
+        raise CallbackRejected(413, "body too large")
+    try:
+        encrypt = aibot.extract_encrypt(body)
+    except aibot.AibotRequestError as exc:
+        raise CallbackRejected(400, str(exc)) from None
+    try:
+        crypto.check_signature(signature, timestamp, nonce, encrypt)
+        message = aibot.parse_message(crypto.decrypt(encrypt), int(time.time()))
+    except WeComCryptoError as exc:
+        raise _crypto_rejection(exc) from None
+    except MessageParseError as exc:
+        raise CallbackRejected(400, f"malformed message: {exc}") from None
+
+    reply = answer(message)
+    if reply is None:
+        return Response("", status=200, mimetype="text/plain")
+    return jsonify(aibot.encrypt_reply(crypto, reply, timestamp, nonce))
+
+
+def answer(message: aibot.AibotMessage) -> dict | None:
+    """The reply message for one callback, or None for an empty 200 (nothing to say)."""
+    if message.msg_type == "stream":
+        return refresh(message.stream_id)
+    if message.msg_type == "event":
+        if message.event == "enter_chat":
+            return aibot.text_message(_services().settings.welcome_message)
+        return None
+    if message.msg_type not in aibot.QUESTION_TYPES:
+        return aibot.stream_message(new_stream_id(), UNSUPPORTED_NOTICE, True)
+    return question(message)
+
+
+def new_stream_id() -> str:
+    return secrets.token_urlsafe(16)
+
+
+def question(message: aibot.AibotMessage) -> dict | None:
+    services = _services()
+    settings = services.settings
+    content = message.content or ""
+    if message.is_group:
+        content = aibot.strip_mention(content, settings.aibot_name)
+        if content is None:
+            log.info("group message without @mention ignored request_id=%s", g.request_id)
+            return None
+    if not content.strip():
+        if message.msg_type == "mixed":
+            return aibot.stream_message(new_stream_id(), UNSUPPORTED_NOTICE, True)
+        return None
+    message = dataclasses.replace(message, content=content)
+    try:
+        with services.db.transaction() as session:
+            accepted = outbox.accept(session, services.cipher, services.blind_index, message,
+                                     request_id=g.request_id, channel=CHANNEL,
+                                     stream_id=new_stream_id())
+            for hook in current_app.extensions["accept_hooks"]:
+                hook(session, accepted, message)
+    except SQLAlchemyError:
+        log.exception("outbox write failed request_id=%s", g.request_id)
+        raise CallbackRejected(503, "storage unavailable, retry later") from None
+
+    if not accepted.created:
+        log.info("duplicate aibot callback message_id=%s request_id=%s", accepted.id, g.request_id)
+        return refresh(accepted.stream_id)
+    try:
+        services.streams.open(accepted.stream_id, accepted.id, time.time())
+    except redis.RedisError:  # refreshes fall back to the outbox row until the worker writes
+        log.warning("stream not opened in Redis message_id=%s", accepted.id)
+    enqueue(accepted.id)
+    return aibot.stream_message(accepted.stream_id, settings.aibot_thinking_text, False)
+
+
+def refresh(stream_id: str) -> dict:
+    """WeCom's poll: the stream's text so far, finished when the answer is complete."""
+    services = _services()
+    settings = services.settings
+    try:
+        state = services.streams.get(stream_id)
+    except redis.RedisError:
+        log.warning("stream state unavailable, answering from the outbox")
+        state = None
+    if state is None:
+        return aibot.stream_message(stream_id, *_from_outbox(stream_id))
+    if state.finished:
+        return aibot.stream_message(stream_id, state.text, True)
+    if state.age_s() > settings.aibot_stream_deadline_s + CALLBACK_GRACE_S:
+        text = state.text + TRUNCATED_NOTICE if state.text else EXPIRED_NOTICE
+        try:
+            if not services.streams.write(stream_id, state.message_id, state.started, text, True):
+                text = services.streams.get(stream_id).text  # the worker finished it just now
+        except redis.RedisError:
+            log.warning("stream not closed in Redis message_id=%s", state.message_id)
+        log.warning("stream closed by the callback at the deadline message_id=%s", state.message_id)
+        return aibot.stream_message(stream_id, text, True)
+    return aibot.stream_message(stream_id, state.text or settings.aibot_thinking_text, False)
+
+
+def _from_outbox(stream_id: str) -> tuple[str, bool]:
+    """(content, finish) from the durable row, when Redis has no state for the stream."""
+    services = _services()
+    settings = services.settings
+    try:
+        with services.db.session() as session:
+            row = outbox.by_stream_id(session, stream_id)
+            if row is not None:
+                session.expunge(row)
+    except SQLAlchemyError:
+        log.exception("outbox read failed request_id=%s", g.request_id)
+        raise CallbackRejected(503, "storage unavailable, retry later") from None
+    if row is None:
+        return "", True  # not ours, or long gone: finished, so WeCom stops asking
+    if row.status == MessageStatus.ANSWERED and row.reply_enc:
+        return services.cipher.decrypt(row.reply_enc, outbox.TABLE, "reply_enc", row.id), True
+    if row.status in MessageStatus.FINAL:
+        return ("" if row.status == MessageStatus.IGNORED else EXPIRED_NOTICE), True
+    if time.time() - row.created_at.timestamp() > settings.aibot_stream_deadline_s + CALLBACK_GRACE_S:
+        return EXPIRED_NOTICE, True
+    return settings.aibot_thinking_text, False

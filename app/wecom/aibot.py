@@ -1,0 +1,177 @@
+"""The 智能机器人 (AI bot) callback protocol: JSON in, encrypted JSON ``stream`` replies out.
+
+Same SHA1 signature and AES as the self-built app (``crypto.py``), but:
+
+* the receive id is "" (the bot belongs to no CorpID);
+* WeCom POSTs ``{"encrypt": "..."}`` and the plaintext is JSON: ``msgid``, ``aibotid``,
+  ``chattype`` (``single``/``group``), ``chatid`` (groups), ``from.userid``, ``response_url``,
+  ``msgtype`` (``text``, ``mixed``, ``image``, ``voice``, ``file``, ``stream``, ``event``);
+* the reply is the HTTP body, JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}`` around
+  a ``{"msgtype": "stream", "stream": {"id", "finish", "content"}}`` message. While ``finish`` is
+  false WeCom keeps POSTing ``msgtype: stream`` refresh callbacks carrying ``stream.id`` (about
+  once a second) and shows each reply's ``content`` as the whole text so far; a stream that is
+  not finished within 6 minutes expires (errcode 846608).
+
+This module parses and builds; it keeps no state (``app/aibot_streams.py`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from app.wecom.crypto import WeComCrypto
+from app.wecom.exceptions import MessageParseError
+
+#: The msgtypes that carry a question for the model.
+QUESTION_TYPES = ("text", "mixed")
+MAX_JSON_BYTES = 256 * 1024
+# WeCom separates an @mention from the text with a space or U+2005 (four-per-em space).
+_SPACES = " \t\u2005\u00a0\u3000"
+
+
+class AibotRequestError(ValueError):
+    """The POST body is not the AI bot's ``{"encrypt": ...}`` envelope."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AibotMessage:
+    """One decrypted callback. ``content`` is the text of ``text``/``mixed`` messages."""
+
+    msg_id: str
+    msg_type: str
+    from_user: str
+    chat_type: str = "single"
+    chat_id: str = ""
+    aibot_id: str = ""
+    response_url: str = ""
+    content: str | None = None
+    stream_id: str | None = None  # refresh callbacks
+    event: str | None = None  # event callbacks: enter_chat, template_card_event, ...
+    create_time: int = 0
+    agent_id: int | None = None  # the outbox's column; bots have none
+    raw_types: tuple[str, ...] = field(default=())  # item types of a mixed message
+
+    @property
+    def is_group(self) -> bool:
+        return self.chat_type == "group"
+
+    @property
+    def dedup_key(self) -> str:
+        return f"msg:{self.msg_id}"
+
+
+def extract_encrypt(body: bytes | str) -> str:
+    """The ``encrypt`` string of a POST body, or ``AibotRequestError`` saying what is wrong."""
+    if len(body) > MAX_JSON_BYTES:
+        raise AibotRequestError("body too large")
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise AibotRequestError("body is not JSON") from None
+    encrypt = data.get("encrypt") if isinstance(data, dict) else None
+    if not isinstance(encrypt, str) or not encrypt.strip():
+        raise AibotRequestError("body has no encrypt string")
+    return encrypt.strip()
+
+
+def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
+    """Decrypted JSON -> ``AibotMessage``; ``MessageParseError`` for anything WeCom never sends."""
+    try:
+        data = json.loads(plaintext)
+    except (ValueError, UnicodeDecodeError):
+        raise MessageParseError("decrypted message is not JSON") from None
+    if not isinstance(data, dict):
+        raise MessageParseError("decrypted message is not a JSON object")
+    msg_type = _string(data, "msgtype")
+    if not msg_type:
+        raise MessageParseError("msgtype is missing")
+    sender = data.get("from") if isinstance(data.get("from"), dict) else {}
+    fields = {
+        "msg_id": _string(data, "msgid"), "msg_type": msg_type,
+        "from_user": _string(sender, "userid"), "chat_type": _string(data, "chattype") or "single",
+        "chat_id": _string(data, "chatid"), "aibot_id": _string(data, "aibotid"),
+        "response_url": _string(data, "response_url"), "create_time": int(received_at),
+    }
+    if msg_type == "stream":
+        stream = data.get("stream") if isinstance(data.get("stream"), dict) else {}
+        stream_id = _string(stream, "id")
+        if not stream_id:
+            raise MessageParseError("stream refresh without stream.id")
+        return AibotMessage(**fields, stream_id=stream_id)
+    if msg_type == "event":
+        event = data.get("event") if isinstance(data.get("event"), dict) else {}
+        return AibotMessage(**fields, event=_string(event, "eventtype") or "unknown")
+    if not fields["msg_id"]:
+        raise MessageParseError("msgid is missing")
+    if not fields["from_user"]:
+        raise MessageParseError("from.userid is missing")
+    if fields["chat_type"] not in ("single", "group"):
+        raise MessageParseError("chattype must be single or group")
+    if fields["chat_type"] == "group" and not fields["chat_id"]:
+        raise MessageParseError("a group message needs chatid")
+    if msg_type == "text":
+        text = data.get("text") if isinstance(data.get("text"), dict) else {}
+        return AibotMessage(**fields, content=_string(text, "content"))
+    if msg_type == "mixed":
+        items = (data.get("mixed") or {}).get("msg_item") if isinstance(data.get("mixed"), dict) else None
+        if not isinstance(items, list):
+            raise MessageParseError("mixed message without msg_item list")
+        texts, kinds = [], []
+        for item in items:
+            if not isinstance(item, dict):
+                raise MessageParseError("mixed msg_item entries must be objects")
+            kinds.append(_string(item, "msgtype"))
+            if item.get("msgtype") == "text" and isinstance(item.get("text"), dict):
+                texts.append(_string(item["text"], "content"))
+        return AibotMessage(**fields, content="\n".join(t for t in texts if t), raw_types=tuple(kinds))
+    return AibotMessage(**fields)  # image, voice, file, ...: no text for the model
+
+
+def _string(data: dict, key: str) -> str:
+    value = data.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str | int):
+        raise MessageParseError(f"{key} must be a string")
+    return str(value)
+
+
+def strip_mention(text: str, bot_name: str) -> str | None:
+    """The question without its ``@bot`` mention, or None when the bot is not mentioned.
+
+    In a group the bot answers only when addressed; the mention may stand anywhere in the text
+    and must end at a space or the end of the text (``@助手呢`` is not ``@助手``).
+    """
+    if not bot_name:
+        return None
+    pattern = re.compile("@" + re.escape(bot_name) + f"(?:[{_SPACES}]|$)")
+    if not pattern.search(text):
+        return None
+    return pattern.sub("", text).strip(_SPACES + "\n")
+
+
+# -- replies -------------------------------------------------------------------------------------
+def stream_message(stream_id: str, content: str, finish: bool) -> dict:
+    return {"msgtype": "stream", "stream": {"id": stream_id, "finish": bool(finish), "content": content}}
+
+
+def text_message(content: str) -> dict:
+    """The passive text reply WeCom accepts for ``enter_chat`` (a welcome)."""
+    return {"msgtype": "text", "text": {"content": content}}
+
+
+def encrypt_reply(crypto: WeComCrypto, message: dict, timestamp: str, nonce: str) -> dict:
+    """A reply message as the encrypted JSON body WeCom expects (WXBizJsonMsgCrypt's shape)."""
+    encrypt = crypto.encrypt(json.dumps(message, ensure_ascii=False))
+    return {"encrypt": encrypt, "msgsignature": crypto.signature(timestamp, nonce, encrypt),
+            "timestamp": timestamp, "nonce": nonce}
+
+
+def decrypt_reply(crypto: WeComCrypto, body: bytes | str) -> dict:
+    """The other side of ``encrypt_reply`` (the emulator and tests): verify, decrypt, parse."""
+    data = json.loads(body)
+    crypto.check_signature(data.get("msgsignature", ""), str(data.get("timestamp", "")),
+                           str(data.get("nonce", "")), data.get("encrypt", ""))
+    return json.loads(crypto.decrypt(data["encrypt"]))

@@ -1,0 +1,243 @@
+"""The 智能机器人 (AI bot) calling the app, as WeCom does it: JSON callbacks and stream polling.
+
+A message is JSON (``msgid``, ``aibotid``, ``chattype``, ``chatid`` in groups, ``from.userid``,
+``response_url``, ``msgtype: text``), encrypted with receive id "" under the bot's own token and
+key, and POSTed as ``{"encrypt": ...}`` to ``aibot_callback_url?msg_signature=&timestamp=&nonce=``.
+The app answers with an encrypted ``stream`` reply; while it is not finished the bot POSTs a
+refresh callback (``msgtype: stream``, ``stream.id``) every ``aibot_poll_interval`` seconds and
+shows each reply's content as the whole answer so far, until ``finish`` or 6 minutes after the
+stream began (WeCom's errcode 846608: the stream expired). The final text is stored as a bot
+message (``source: "aibot_stream"``), every refresh in the conversation record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+
+import requests
+
+from app.wecom.aibot import decrypt_reply
+from app.wecom.crypto import WeComCrypto
+from app.wecom.emulator.callbacks import CallbackError, nonce
+from app.wecom.emulator.state import EmulatorState
+from app.wecom.exceptions import WeComCryptoError
+
+log = logging.getLogger("app.wecom.emulator")
+STREAM_EXPIRED = 846608
+
+
+class AibotDeliverer:
+    def __init__(self, state: EmulatorState):
+        self.state = state
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def enabled(self) -> bool:
+        cfg = self.state.config
+        return bool(cfg.aibot_token and cfg.aibot_aes_key)
+
+    def crypto(self) -> WeComCrypto:
+        cfg = self.state.config
+        return WeComCrypto(cfg.aibot_token, cfg.aibot_aes_key, "")
+
+    # -- a user writes to the bot -------------------------------------------------------------
+    def send(self, spec: dict, wait: float = 0.0) -> dict:
+        """Start one conversation turn; answer its ids (and, with ``wait``, how it ended)."""
+        st, cfg = self.state, self.state.config
+        if not self.enabled:
+            raise CallbackError("the AI bot is not configured (AIBOT_TOKEN, AIBOT_ENCODING_AES_KEY)")
+        body, info = self._message(spec)
+        delivery_id = st.next_delivery_id()
+        st.store_inbound({"delivery_id": delivery_id, "msg_id": body["msgid"], "channel": "aibot",
+                          "from_user": info["from_user"], "chat_id": info["chat_id"],
+                          "msg_type": "text", "content": body["text"]["content"], "time": st.wall()})
+        with st.lock:
+            st.aibot[delivery_id] = dict(info, delivery_id=delivery_id, msg_id=body["msgid"],
+                                         stream_id=None, status="pending", refreshes=[],
+                                         final=None, error=None)
+            while len(st.aibot) > cfg.max_items:
+                st.aibot.popitem(last=False)
+        done = threading.Event()
+        self._start(self._converse, delivery_id, body, done)
+        answer = {"msg_id": body["msgid"], "delivery_id": delivery_id}
+        if wait:
+            done.wait(min(float(wait), cfg.aibot_stream_expiry + 30))
+            answer["conversation"] = self.conversation(delivery_id)
+        return answer
+
+    def _message(self, spec: dict) -> tuple[dict, dict]:
+        st, cfg = self.state, self.state.config
+        if not isinstance(spec, dict):
+            raise CallbackError("body must be a JSON object")
+        user = st.directory.user(spec.get("from_user") or "")
+        if user is None:
+            raise CallbackError("from_user is not in the directory")
+        content = spec.get("content")
+        if not isinstance(content, str) or not content:
+            raise CallbackError("content must be a non-empty string")
+        chat_type = spec.get("chat_type") or "single"
+        if chat_type not in ("single", "group"):
+            raise CallbackError("chat_type must be single or group")
+        chat_id = str(spec.get("chat_id") or ("wr-emulator-group" if chat_type == "group" else ""))
+        if chat_type == "group" and spec.get("mention", True):
+            content = f"@{cfg.aibot_name} {content}"
+        msg_id = str(spec.get("msg_id") or secrets.token_hex(16))
+        body = {"msgid": msg_id, "aibotid": cfg.aibot_id, "chattype": chat_type,
+                "from": {"userid": user["userid"]}, "response_url": self._response_url(msg_id),
+                "msgtype": "text", "text": {"content": content}}
+        if chat_type == "group":
+            body["chatid"] = chat_id
+        return body, {"from_user": user["userid"], "chat_type": chat_type, "chat_id": chat_id}
+
+    def _response_url(self, msg_id: str) -> str:
+        return f"https://qyapi.weixin.qq.com/cgi-bin/aibot/response?response_code={msg_id}"
+
+    # -- the conversation: the message, then polling its stream ------------------------------
+    def _converse(self, delivery_id: int, body: dict, done: threading.Event) -> None:
+        st, cfg = self.state, self.state.config
+        try:
+            reply = self._post(body, delivery_id, "message")
+            if reply is None or reply.get("msgtype") != "stream":
+                self._end(delivery_id, "no_reply" if reply is None else "replied", reply=reply)
+                return
+            stream_id = reply["stream"]["id"]
+            began = time.monotonic()
+            self._update(delivery_id, stream_id=stream_id, status="streaming")
+            while not reply["stream"].get("finish"):
+                if time.monotonic() - began >= cfg.aibot_stream_expiry:
+                    self._end(delivery_id, "expired", error=STREAM_EXPIRED)
+                    return
+                if st.stopping.wait(cfg.aibot_poll_interval):
+                    self._end(delivery_id, "stopped")
+                    return
+                refresh = {"msgid": secrets.token_hex(16), "aibotid": cfg.aibot_id,
+                           "chattype": body["chattype"], "from": body["from"],
+                           "msgtype": "stream", "stream": {"id": stream_id}}
+                if "chatid" in body:
+                    refresh["chatid"] = body["chatid"]
+                reply = self._post(refresh, delivery_id, "refresh")
+                if reply is None or reply.get("msgtype") != "stream":
+                    self._end(delivery_id, "error", error="refresh answered without a stream")
+                    return
+            self._end(delivery_id, "finished", final=reply["stream"].get("content", ""))
+        except _Unanswered as exc:
+            self._end(delivery_id, "error", error=str(exc))
+        finally:
+            done.set()
+
+    def _post(self, message: dict, delivery_id: int, kind: str) -> dict | None:
+        """One encrypted callback; the decrypted reply, None for an empty 200."""
+        cfg = self.state.config
+        crypto = self.crypto()
+        encrypt = crypto.encrypt(json.dumps(message, ensure_ascii=False))
+        timestamp, nonce_ = str(int(self.state.wall())), nonce()
+        params = {"msg_signature": crypto.signature(timestamp, nonce_, encrypt),
+                  "timestamp": timestamp, "nonce": nonce_}
+        started = time.monotonic()
+        try:
+            resp = requests.post(cfg.aibot_callback_url, params=params,
+                                 data=json.dumps({"encrypt": encrypt}), timeout=cfg.callback_timeout,
+                                 headers={"Content-Type": "application/json",
+                                          "User-Agent": cfg.user_agent})
+        except requests.RequestException as exc:
+            raise _Unanswered(f"{kind}: {type(exc).__name__}") from None
+        latency_ms = round((time.monotonic() - started) * 1000, 1)
+        self.state.bump("aibot", f"{kind}_{resp.status_code}")
+        if resp.status_code != 200:
+            raise _Unanswered(f"{kind}: HTTP {resp.status_code}")
+        if not resp.content.strip():
+            return None
+        try:
+            reply = decrypt_reply(crypto, resp.content)
+        except (WeComCryptoError, ValueError, KeyError, TypeError) as exc:
+            raise _Unanswered(f"{kind}: invalid reply ({type(exc).__name__})") from None
+        if kind == "refresh" or reply.get("msgtype") == "stream":
+            stream = reply.get("stream") or {}
+            with self.state.lock:
+                self.state.aibot[delivery_id]["refreshes"].append({
+                    "kind": kind, "content": stream.get("content", ""),
+                    "finish": bool(stream.get("finish")), "stream_id": stream.get("id"),
+                    "latency_ms": latency_ms})
+        return reply
+
+    def _update(self, delivery_id: int, **changes) -> None:
+        with self.state.lock:
+            self.state.aibot[delivery_id].update(changes)
+
+    def _end(self, delivery_id: int, status: str, final: str | None = None, reply: dict | None = None,
+             error=None) -> None:
+        st = self.state
+        with st.lock:
+            record = st.aibot[delivery_id]
+            record.update(status=status, final=final, error=error)
+        if final is not None or reply is not None:
+            content = final if final is not None else (reply.get("text") or {}).get("content")
+            st.store_message({"msgid": None, "touser": record["from_user"], "chat_id": record["chat_id"],
+                              "msgtype": "stream" if final is not None else reply.get("msgtype"),
+                              "content": content, "payload": {}, "agentid": None, "time": st.wall(),
+                              "source": "aibot_stream", "delivery_id": delivery_id,
+                              "stream_id": record["stream_id"]})
+        st.bump("aibot", status)
+        log.info("aibot conversation delivery=%d status=%s refreshes=%d", delivery_id, status,
+                 len(record["refreshes"]))
+
+    def conversation(self, delivery_id: int) -> dict | None:
+        with self.state.lock:
+            record = self.state.aibot.get(delivery_id)
+            return json.loads(json.dumps(record)) if record is not None else None
+
+    def conversations(self) -> list[dict]:
+        with self.state.lock:
+            return json.loads(json.dumps(list(self.state.aibot.values())))
+
+    # -- URL verification ---------------------------------------------------------------------
+    def verify(self) -> dict:
+        cfg = self.state.config
+        if not self.enabled:
+            raise CallbackError("the AI bot is not configured (AIBOT_TOKEN, AIBOT_ENCODING_AES_KEY)")
+        crypto = self.crypto()
+        plain = str(10**18 + secrets.randbelow(9 * 10**18))
+        echostr = crypto.encrypt(plain)
+        timestamp, nonce_ = str(int(self.state.wall())), nonce()
+        params = {"msg_signature": crypto.signature(timestamp, nonce_, echostr),
+                  "timestamp": timestamp, "nonce": nonce_, "echostr": echostr}
+        try:
+            resp = requests.get(cfg.aibot_callback_url, params=params, timeout=cfg.callback_timeout)
+        except requests.RequestException as exc:
+            return {"ok": False, "status_code": None, "error": type(exc).__name__}
+        echoed = resp.text.strip() == plain
+        return {"ok": resp.status_code == 200 and echoed, "status_code": resp.status_code,
+                "echoed": echoed, "url": cfg.aibot_callback_url}
+
+    # -- threads ------------------------------------------------------------------------------
+    def _start(self, target, *args) -> None:
+        thread = threading.Thread(target=self._run, args=(target, *args), daemon=True,
+                                  name="wecom-emulator-aibot")
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def _run(self, target, *args) -> None:
+        try:
+            target(*args)
+        except Exception:  # a conversation thread must never die silently
+            log.exception("aibot conversation crashed")
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def join(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Unanswered(Exception):
+    """The app did not answer a callback with a readable 200."""
