@@ -22,7 +22,7 @@ import redis
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import outbox
+from app import metrics, outbox
 from app.aibot_streams import EXPIRED_NOTICE, TRUNCATED_NOTICE
 from app.callback import CallbackRejected, _check_timestamp, _crypto_rejection, _query, enqueue
 from app.models import MessageStatus
@@ -42,6 +42,7 @@ UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你
 def _rejected(exc: CallbackRejected):
     log.info("aibot callback rejected status=%s reason=%s request_id=%s", exc.status, exc.reason,
              g.get("request_id"))
+    metrics.callback("rejected", exc.code)
     return jsonify(error=exc.reason), exc.status
 
 
@@ -52,7 +53,7 @@ def _services():
 def _crypto():
     crypto = _services().aibot_crypto
     if crypto is None:
-        raise CallbackRejected(404, "the AI bot channel is not configured (AIBOT_TOKEN)")
+        raise CallbackRejected(404, "the AI bot channel is not configured (AIBOT_TOKEN)", "not_configured")
     return crypto
 
 
@@ -72,23 +73,24 @@ def receive():
     crypto = _crypto()
     limit = _services().settings.callback_max_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise CallbackRejected(413, "body too large")
+        raise CallbackRejected(413, "body too large", "too_large")
     signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
     _check_timestamp(timestamp)
     body = request.get_data(cache=False)
-    if len(body) > limit:
-        raise CallbackRejected(413, "body too large")
+    # A chunked body is cut at the limit by Werkzeug: one that reaches it is taken as larger.
+    if len(body) >= limit:
+        raise CallbackRejected(413, "body too large", "too_large")
     try:
         encrypt = aibot.extract_encrypt(body)
     except aibot.AibotRequestError as exc:
-        raise CallbackRejected(400, str(exc)) from None
+        raise CallbackRejected(400, str(exc), "bad_json") from None
     try:
         crypto.check_signature(signature, timestamp, nonce, encrypt)
         message = aibot.parse_message(crypto.decrypt(encrypt), int(time.time()))
     except WeComCryptoError as exc:
         raise _crypto_rejection(exc) from None
     except MessageParseError as exc:
-        raise CallbackRejected(400, f"malformed message: {exc}") from None
+        raise CallbackRejected(400, f"malformed message: {exc}", "bad_message") from None
 
     reply = answer(message)
     if reply is None:
@@ -136,7 +138,7 @@ def question(message: aibot.AibotMessage) -> dict | None:
                 hook(session, accepted, message)
     except SQLAlchemyError:
         log.exception("outbox write failed request_id=%s", g.request_id)
-        raise CallbackRejected(503, "storage unavailable, retry later") from None
+        raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
 
     if not accepted.created:
         log.info("duplicate aibot callback message_id=%s request_id=%s", accepted.id, g.request_id)
@@ -185,7 +187,7 @@ def _from_outbox(stream_id: str) -> tuple[str, bool]:
                 session.expunge(row)
     except SQLAlchemyError:
         log.exception("outbox read failed request_id=%s", g.request_id)
-        raise CallbackRejected(503, "storage unavailable, retry later") from None
+        raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
     if row is None:
         return "", True  # not ours, or long gone: finished, so WeCom stops asking
     if row.status == MessageStatus.ANSWERED and row.reply_enc:

@@ -33,7 +33,9 @@ USER_RATE_LIMITED = Counter(
 
 # Reasons a callback is refused: a fixed vocabulary, so the label set stays small.
 REJECT_REASONS = ("too_large", "missing_param", "bad_timestamp", "stale_timestamp", "signature",
-                  "corp_id", "bad_xml", "decrypt", "bad_message", "wrong_agent")
+                  "corp_id", "bad_xml", "decrypt", "bad_message", "wrong_agent",
+                  # the AI bot channel's own (app/aibot_callback.py)
+                  "not_configured", "bad_json", "storage")
 
 
 def callback(outcome: str, reason: str = "") -> None:

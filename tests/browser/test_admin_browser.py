@@ -32,8 +32,15 @@ PAINTED = """id => {
 def _chart(page, chart_id: str) -> dict:
     page.wait_for_function("id => { const n = document.getElementById(id);"
                            " return n && echarts.getInstanceByDom(n); }", arg=chart_id)
-    page.wait_for_timeout(0)
-    return page.evaluate(PAINTED, chart_id)
+    # ECharts animates its first draw: read the canvas once two reads 200 ms apart agree.
+    drawn = page.evaluate(PAINTED, chart_id)
+    for _ in range(25):
+        page.wait_for_timeout(200)
+        again = page.evaluate(PAINTED, chart_id)
+        if again["painted"] == drawn["painted"]:
+            break
+        drawn = again
+    return drawn
 
 
 def test_dashboard_draws_the_seeded_spend(page, site):

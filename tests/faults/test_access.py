@@ -22,7 +22,10 @@ from tests.admin.conftest import PASSWORD
 from tests.admin.conftest import login as login_with_token
 from tests.support.env import make_env, settings_from
 
-PUBLIC = {"static", "healthz", "admin.static", "admin.login", "wecom.verify_url", "wecom.receive"}
+# The callbacks are signed instead; health holds no data; /metrics answers loopback or its bearer
+# token only (tests/data/test_observability.py), and this test client is loopback.
+PUBLIC = {"static", "health.healthz", "health.readyz", "metrics.metrics", "admin.static",
+          "admin.login", "wecom.verify_url", "wecom.receive", "aibot.verify_url", "aibot.receive"}
 LOGIN_ONLY = {"admin.index", "admin.logout"}  # any signed-in role; they hold no data
 ROLES = (AdminRole.ADMIN, AdminRole.FINANCE, AdminRole.AUDITOR)
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -66,9 +66,11 @@ class FakeWeCom:
         return ok()
 
     def message_send(self):
+        sent = self.sent  # a send answered late (after a client timeout) stays with its own test
+
         def ok():
-            self.sent.append(request.get_json())
-            return jsonify(errcode=0, errmsg="ok", invaliduser="", msgid=f"m{len(self.sent)}")
+            sent.append(request.get_json())
+            return jsonify(errcode=0, errmsg="ok", invaliduser="", msgid=f"m{len(sent)}")
         return self._api("send", ok)
 
     def user_get(self):
