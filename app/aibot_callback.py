@@ -19,12 +19,18 @@ import secrets
 import time
 
 import redis
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import metrics, outbox
 from app.aibot_streams import EXPIRED_NOTICE, TRUNCATED_NOTICE
-from app.callback import CallbackRejected, _check_timestamp, _crypto_rejection, _query, enqueue
+from app.callback import (
+    CallbackRejected,
+    _crypto_rejection,
+    _query,
+    enqueue,
+    read_signed_body,
+)
 from app.models import MessageStatus
 from app.wecom import aibot
 from app.wecom.exceptions import MessageParseError, WeComCryptoError
@@ -71,15 +77,7 @@ def verify_url():
 @bp.post("/wecom/aibot")
 def receive():
     crypto = _crypto()
-    limit = _services().settings.callback_max_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise CallbackRejected(413, "body too large", "too_large")
-    signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
-    _check_timestamp(timestamp)
-    body = request.get_data(cache=False)
-    # A chunked body is cut at the limit by Werkzeug: one that reaches it is taken as larger.
-    if len(body) >= limit:
-        raise CallbackRejected(413, "body too large", "too_large")
+    signature, timestamp, nonce, body = read_signed_body(_services().settings.callback_max_bytes)
     try:
         encrypt = aibot.extract_encrypt(body)
     except aibot.AibotRequestError as exc:

@@ -91,10 +91,8 @@ def verify_url():
     return Response(plain, mimetype="text/plain")
 
 
-@bp.post("/wecom/callback")
-def receive():
-    services = _services()
-    limit = services.settings.callback_max_bytes
+def read_signed_body(limit: int) -> tuple[str, str, str, bytes]:
+    """The signature, timestamp, nonce and body of a POSTed callback, within size and time limits."""
     if request.content_length is not None and request.content_length > limit:
         raise CallbackRejected(413, "body too large", "too_large")
     signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
@@ -104,6 +102,13 @@ def receive():
     # one that reaches the limit is taken as larger: refused, never parsed truncated.
     if len(body) >= limit:
         raise CallbackRejected(413, "body too large", "too_large")
+    return signature, timestamp, nonce, body
+
+
+@bp.post("/wecom/callback")
+def receive():
+    services = _services()
+    signature, timestamp, nonce, body = read_signed_body(services.settings.callback_max_bytes)
     try:
         xml = services.wecom_crypto.decrypt_message(body, signature, timestamp, nonce)
     except WeComCryptoError as exc:

@@ -22,6 +22,7 @@ import requests
 
 from app.wecom.aibot import decrypt_reply
 from app.wecom.crypto import WeComCrypto
+from app.wecom.emulator.background import BackgroundThreads
 from app.wecom.emulator.callbacks import CallbackError, nonce
 from app.wecom.emulator.state import EmulatorState
 from app.wecom.exceptions import WeComCryptoError
@@ -33,8 +34,7 @@ STREAM_EXPIRED = 846608
 class AibotDeliverer:
     def __init__(self, state: EmulatorState):
         self.state = state
-        self._threads: set[threading.Thread] = set()
-        self._lock = threading.Lock()
+        self._background = BackgroundThreads("wecom-emulator-aibot", "aibot conversation")
 
     @property
     def enabled(self) -> bool:
@@ -216,27 +216,10 @@ class AibotDeliverer:
 
     # -- threads ------------------------------------------------------------------------------
     def _start(self, target, *args) -> None:
-        thread = threading.Thread(target=self._run, args=(target, *args), daemon=True,
-                                  name="wecom-emulator-aibot")
-        with self._lock:
-            self._threads.add(thread)
-        thread.start()
-
-    def _run(self, target, *args) -> None:
-        try:
-            target(*args)
-        except Exception:  # a conversation thread must never die silently
-            log.exception("aibot conversation crashed")
-        finally:
-            with self._lock:
-                self._threads.discard(threading.current_thread())
+        self._background.start(target, *args)
 
     def join(self, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._background.join(timeout)
 
 
 class _Unanswered(Exception):

@@ -19,6 +19,7 @@ import requests
 from defusedxml import ElementTree
 
 from app.wecom.crypto import WeComCrypto, extract_encrypt
+from app.wecom.emulator.background import BackgroundThreads
 from app.wecom.emulator.state import EmulatorState
 from app.wecom.exceptions import WeComCryptoError
 
@@ -119,8 +120,7 @@ class CallbackDeliverer:
 
     def __init__(self, state: EmulatorState):
         self.state = state
-        self._threads: set[threading.Thread] = set()
-        self._lock = threading.Lock()
+        self._background = BackgroundThreads("wecom-emulator-callback", "callback delivery")
 
     def crypto(self) -> WeComCrypto:
         cfg = self.state.config
@@ -155,20 +155,7 @@ class CallbackDeliverer:
         return answer
 
     def _start(self, target, *args) -> None:
-        thread = threading.Thread(target=self._run, args=(target, *args), daemon=True,
-                                  name="wecom-emulator-callback")
-        with self._lock:
-            self._threads.add(thread)
-        thread.start()
-
-    def _run(self, target, *args) -> None:
-        try:
-            target(*args)
-        except Exception:  # a delivery thread must never die silently
-            log.exception("callback delivery crashed")
-        finally:
-            with self._lock:
-                self._threads.discard(threading.current_thread())
+        self._background.start(target, *args)
 
     def _deliver(self, delivery_id: int, xml: str, spec: dict, msg_id: int | None,
                  force_retry: bool, first_done: threading.Event, result: dict) -> None:
@@ -284,8 +271,4 @@ class CallbackDeliverer:
 
     # -- shutdown -----------------------------------------------------------------------------
     def join(self, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        self._background.join(timeout)
