@@ -15,7 +15,7 @@ from app.security import FieldCipher
 from app.wecom import aibot
 from app.wecom.crypto import WeComCrypto
 from scripts.dev_env import random_aes_key
-from tests.support.stack import Stack, wait_for
+from tests.support.stack import Stack, select_rows, wait_for
 
 pytestmark = pytest.mark.integration
 BOT = "小星"
@@ -47,14 +47,9 @@ def finished(stack, delivery_id: int, timeout: float = 60) -> dict:
 
 
 def aibot_rows(stack) -> list[dict]:
-    engine = create_engine(stack.db.url)
-    try:
-        with engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(text(
+    return select_rows(stack.db.url,
                 "SELECT id, status, stream_id, failure_reason, completion_tokens FROM inbound_messages "
-                "WHERE channel = 'aibot' ORDER BY id"))]
-    finally:
-        engine.dispose()
+                "WHERE channel = 'aibot' ORDER BY id")
 
 
 def usage_count(stack, message_id: int) -> int:

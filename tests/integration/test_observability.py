@@ -6,9 +6,8 @@ from decimal import Decimal
 
 import pytest
 import requests
-from sqlalchemy import create_engine, text
 
-from tests.support.stack import Stack, free_port, wait_for
+from tests.support.stack import Stack, free_port, select_rows, wait_for
 
 pytestmark = pytest.mark.integration
 LIMIT = 3
@@ -56,14 +55,9 @@ def worker_metrics(stack):
 
 
 def rows_of(stack) -> list[dict]:
-    engine = create_engine(stack.db.url)
-    try:
-        with engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(text(
+    return select_rows(stack.db.url,
                 "SELECT id, user_hash, status, failure_reason, request_id, msg_type "
-                "FROM inbound_messages ORDER BY id"))]
-    finally:
-        engine.dispose()
+                "FROM inbound_messages ORDER BY id")
 
 
 def json_lines(log: str) -> list[dict]:

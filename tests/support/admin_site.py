@@ -4,10 +4,8 @@ through the real code paths (``Accounting.settle``, ``AuditLog.append``), Redis 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
 import subprocess
 from datetime import timedelta
 from decimal import Decimal
@@ -25,7 +23,7 @@ from app.models import InboundMessage
 from app.outbox import user_hash
 from app.services import Services
 from tests.support.env import make_env, settings_from
-from tests.support.stack import BIN, ROOT, TempDatabase, free_port, wait_for
+from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for
 
 PASSWORD = "correct horse battery"
 USERS = {"admin": "alice", "finance": "fiona", "auditor": "otto"}
@@ -114,13 +112,7 @@ class AdminSite:
             return False
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        terminate_group(self.proc)
         self.services.db.dispose()
         self.redis.flushdb()
         self.redis.close()

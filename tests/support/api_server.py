@@ -4,9 +4,7 @@ database, Redis DB 13."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -21,7 +19,7 @@ from app.db import Database
 from app.security import BlindIndex
 from tests.support.env import make_env
 from tests.support.openai_server import FakeOpenAIServer
-from tests.support.stack import BIN, ROOT, TempDatabase, free_port, wait_for
+from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for
 
 MODEL = "fake-glm"
 REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -71,13 +69,7 @@ class ApiServer:
                              **kwargs)
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        terminate_group(self.proc)
         self.model.stop()
         self.redis.flushdb()
         self.redis.close()

@@ -47,6 +47,29 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str 
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def terminate_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM a server's process group, SIGKILL it if it has not gone within ``grace_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def select_rows(db_url: str, sql: str) -> list[dict]:
+    """The rows of one read-only query, on a connection of its own (the stack's processes hold theirs)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(text(sql))]
+    finally:
+        engine.dispose()
+
+
 class TempDatabase:
     """A SQLite file or a throwaway PostgreSQL database."""
 
@@ -196,16 +219,9 @@ class Stack:
         return [_content(item) for item in items]
 
     def outbox_rows(self) -> list[dict]:
-        from sqlalchemy import create_engine, text
-
-        engine = create_engine(self.db.url)
-        try:
-            with engine.connect() as conn:
-                return [dict(row._mapping) for row in conn.execute(text(
-                    "SELECT id, status, attempts, msg_type, failure_reason, chunks_sent, chunks_total "
-                    "FROM inbound_messages ORDER BY id"))]
-        finally:
-            engine.dispose()
+        return select_rows(self.db.url,
+                           "SELECT id, status, attempts, msg_type, failure_reason, chunks_sent, chunks_total "
+                           "FROM inbound_messages ORDER BY id")
 
 
 def _content(item: dict) -> str:
