@@ -10,7 +10,7 @@ from safetensors import safe_open
 from torch import nn
 
 from inference.config import ModelConfig, default_device
-from inference.layers.linear import PackedLinear, quantize_linears_
+from inference.layers.linear import PackedLinear, input_major, quantize_linears_
 from inference.models import MODELS
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 
@@ -113,11 +113,23 @@ def load_model(
         for name, parts in layout.items()
     }
     model.load_state_dict(state, strict=False, assign=True)
+    if device.type == "cpu" and config.dtype == torch.float32:
+        store_input_major_(model)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     if config.quantization == "w8a16":
         quantize_linears_(model)
     return model.eval()
+
+
+def store_input_major_(model: nn.Module) -> None:
+    """Lay every linear weight out input-major, the layout fp32 CPU matmuls read fastest (see
+    `inference.layers.linear`); tied weights are left to the embedding, whose row lookups want
+    the checkpoint's layout."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            weight = module.weight
+            module.weight = nn.Parameter(input_major(weight.detach()), requires_grad=weight.requires_grad)
 
 
 def safe_open_tensor(path: Path, name: str, device: torch.device) -> torch.Tensor:

@@ -6,13 +6,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# oneDNN with a weight reordered once ("prepacked") against `F.linear` (MKL sgemm, which packs
-# the weight on every call), fp32 on this 2-core CPU, in microseconds:
-#   [4096 x 256]  1 row 115 -> 78,  5 rows 267 -> 96,  8 rows 320 -> 128
-#   [1280 x 256]  1 row  50 -> 39,  5 rows 100 -> 43,  8 rows 114 -> 66
-# so a decode step and above all a speculative verify forward (k + 1 rows) get cheaper.
-_PREPACK = torch.backends.mkldnn.is_available()
-_PREPACK_DTYPES = (torch.float32, torch.bfloat16)
+# Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight.
+# In fp32, MKL reads a weight stored input-major (`[in, out]` in memory, what
+# `w.t().contiguous()` holds) faster than the checkpoint's `[out, in]` or a oneDNN-packed copy;
+# all linears of a 132M GLM-4 (418 MiB, weights cold in cache) on this 2-core CPU, in ms:
+#                 1 row   5 rows   8 rows   64 rows
+#   [out, in]     16.3    30.8     40.6     71.8
+#   [in, out]     14.7    27.1     29.7     69.2
+#   oneDNN packed 19.5    26.6     28.8     62.9
+# and the 7M demo model 0.36 / 0.44 / 0.49 / 1.89 against oneDNN's 0.75 / 1.09 / 1.13 / 2.48.
+# The loader therefore stores fp32 CPU weights input-major (`input_major`): same shape, same
+# values, other strides, no extra memory. bf16 is the other way round: `F.linear` reorders the
+# weight for oneDNN on every call, so a copy packed once is faster (demo model 447 vs 383 tok/s).
+_MKLDNN = torch.backends.mkldnn.is_available()
+
+
+def input_major(w: torch.Tensor) -> torch.Tensor:
+    """`w` ([out, in]) with its storage laid out as `[in, out]`: the view `F.linear` reads fastest
+    on CPU in fp32."""
+    return w if w.t().is_contiguous() else w.t().contiguous().t()
+
+
+def onednn_packed(w: torch.Tensor) -> torch.Tensor:
+    """`w` reordered once for oneDNN (an opaque tensor for `mkldnn._linear_pointwise`)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
 
 
 def weight_key(w: torch.Tensor) -> tuple[int, int]:
@@ -27,36 +44,40 @@ def weight_key(w: torch.Tensor) -> tuple[int, int]:
 class Linear(nn.Linear):
     """A plain dense linear layer (weight `[out, in]`, optional bias), as Hugging Face stores it.
 
-    Inference on CPU (no autograd) runs oneDNN on a reordered copy of the weight, made on the
-    first such call and remade when the weight tensor is replaced or bumped in place (its
-    storage or version changes). The copy doubles the layer's weight memory; training (autograd
-    on) keeps the plain `F.linear`.
+    Inference on CPU (no autograd) reads an fp32 weight input-major and a bf16 weight packed for
+    oneDNN. The loader stores fp32 weights input-major already; any other weight gets its CPU
+    copy on the first such call, remade when the weight's storage or version changes (a bf16
+    model thus holds its weights twice). Training (autograd on) uses the weight as it is.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self._packed: tuple[torch.Tensor, int, int] | None = None  # (weight, data_ptr, version)
+        self._copy: tuple[torch.Tensor, int, int] | None = None  # (CPU weight, data_ptr, version)
 
     def __getstate__(self) -> dict:
-        """Copies and pickles leave the packed weight behind (an opaque oneDNN tensor that
-        cannot be copied); it is remade on first use."""
+        """Copies and pickles leave the CPU copy behind (a packed one is an opaque oneDNN tensor
+        that cannot be copied); it is remade on first use."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {**state, "_packed": None}
+        return {**state, "_copy": None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if (
-            not _PREPACK
-            or torch.is_grad_enabled()
-            or w.device.type != "cpu"
-            or w.dtype not in _PREPACK_DTYPES
-            or x.dtype != w.dtype
-        ):
+        if torch.is_grad_enabled() or w.device.type != "cpu" or x.dtype != w.dtype:
             return F.linear(x, w, self.bias)
-        packed, key = self._packed, weight_key(w)
-        if packed is None or packed[1:] != key:
-            packed = self._packed = (torch.ops.mkldnn._reorder_linear_weight(w.detach(), 1), *key)
-        return torch.ops.mkldnn._linear_pointwise(x, packed[0], self.bias, "none", [], "")
+        if w.dtype == torch.float32:
+            if w.t().is_contiguous():
+                return F.linear(x, w, self.bias)
+            return F.linear(x, self._cpu_weight(w, input_major), self.bias)
+        if w.dtype == torch.bfloat16 and _MKLDNN:
+            packed = self._cpu_weight(w, onednn_packed)
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
+        return F.linear(x, w, self.bias)
+
+    def _cpu_weight(self, w: torch.Tensor, make) -> torch.Tensor:
+        copy, key = self._copy, weight_key(w)
+        if copy is None or copy[1:] != key:
+            copy = self._copy = (make(w.detach()), *key)
+        return copy[0]
 
 
 class PackedLinear(Linear):
@@ -112,7 +133,7 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel int8: `weight ~ q * scale[:, None]`, q in [-127, 127]."""
     w = weight.float()
     scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     return q, scales
 
 

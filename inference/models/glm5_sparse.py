@@ -30,7 +30,7 @@ from inference.config import ModelConfig
 from inference.kv_cache import KVCache, LayerCache
 from inference.layers.activation import silu_and_mul
 from inference.layers.attention import Attention
-from inference.layers.linear import Linear, weight_key
+from inference.layers.linear import Linear, input_major, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
 
@@ -93,6 +93,8 @@ class DecoderLayer(nn.Module):
             pad = -(qkv.out_features + 3) % 8
             weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features)))
             weight = weight.detach()
+            if weight.device.type == "cpu" and weight.dtype == torch.float32:
+                weight = input_major(weight)
             fused = Linear(weight.shape[1], weight.shape[0], bias=qkv.bias is not None)
             fused.to(weight.device, weight.dtype)
             fused.weight = nn.Parameter(weight, requires_grad=False)

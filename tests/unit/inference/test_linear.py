@@ -1,4 +1,4 @@
-"""The prepacked CPU inference path of `Linear` and the fused qkv+router projection."""
+"""The input-major CPU inference path of `Linear` and the fused qkv+router projection."""
 
 import copy
 
@@ -7,18 +7,19 @@ import torch.nn.functional as F
 
 from inference.config import ModelConfig
 from inference.layers.linear import Linear
+from inference.loader import load_model
 from inference.models.glm5_sparse import DecoderLayer
-from tests.unit.inference.helpers import glm5_config
+from tests.unit.inference.helpers import glm5_config, write_checkpoint
 
 
-def test_prepacked_inference_matches_f_linear_and_follows_weight_changes():
+def test_input_major_inference_matches_f_linear_and_follows_weight_changes():
     torch.manual_seed(0)
     layer = Linear(32, 48, bias=True)
     x = torch.randn(5, 32)
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
     with torch.no_grad():
-        layer.weight.mul_(3)  # in place: the version changes, the packed copy is remade
+        layer.weight.mul_(3)  # in place: the version changes, the input-major copy is remade
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
     layer.weight = torch.nn.Parameter(torch.randn(48, 32))  # replaced: new storage
@@ -46,3 +47,14 @@ def test_routed_layer_fused_projection_equals_separate_matmuls():
         qkv, gate = layer.qkv_and_gate(x)
         torch.testing.assert_close(qkv, F.linear(x, layer.self_attn.qkv_proj.weight), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(gate, layer.gate(x, F.linear(x, layer.router.weight)), atol=1e-6, rtol=1e-5)
+
+
+def test_loaded_linear_weights_are_input_major_without_a_second_copy(tmp_path):
+    raw = glm5_config()
+    model = load_model(write_checkpoint(tmp_path, raw), ModelConfig.from_dict(raw), "cpu")
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.t().is_contiguous() for m in linears)
+    x = torch.randn(3, linears[0].in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(linears[0](x), x @ linears[0].weight.t())
+    assert all(m._copy is None for m in linears)  # read in place: no input-major copy was made
