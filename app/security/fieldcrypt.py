@@ -3,6 +3,10 @@
 A stored value is ``v1:<key id>:<base64url(nonce || ciphertext || tag)>``: the key id lets old rows
 be read after the primary key rotates, and the associated data ``table.column:row`` binds a value
 to its place, so a ciphertext copied into another row or column fails to decrypt.
+
+The cipher is `cryptography`'s AESGCM, which keeps one key schedule per key: a field costs a few
+microseconds, where building a pycryptodome GCM object per call cost 65 µs (the callback encrypts
+three fields per message). The bytes are plain GCM either way.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ from __future__ import annotations
 import base64
 import os
 
-from Crypto.Cipher import AES
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 VERSION = "v1"
 NONCE_BYTES = 12
@@ -33,16 +38,14 @@ class FieldCipher:
         for kid, key in keyring.items():
             if len(key) != 32:
                 raise ValueError(f"key {kid!r} is not 32 bytes")
-        self._keys = dict(keyring)
+        self._aead = {kid: AESGCM(key) for kid, key in keyring.items()}
         self.primary_id = next(iter(keyring))
 
     def encrypt(self, plaintext: str | bytes, table: str, column: str, row: str | int) -> str:
         data = plaintext.encode() if isinstance(plaintext, str) else plaintext
         nonce = os.urandom(NONCE_BYTES)
-        cipher = AES.new(self._keys[self.primary_id], AES.MODE_GCM, nonce=nonce)
-        cipher.update(associated_data(table, column, row))
-        ciphertext, tag = cipher.encrypt_and_digest(data)
-        blob = base64.urlsafe_b64encode(nonce + ciphertext + tag).decode().rstrip("=")
+        sealed = self._aead[self.primary_id].encrypt(nonce, data, associated_data(table, column, row))
+        blob = base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
         return f"{VERSION}:{self.primary_id}:{blob}"
 
     def decrypt_bytes(self, stored: str, table: str, column: str, row: str | int) -> bytes:
@@ -52,8 +55,8 @@ class FieldCipher:
             raise FieldDecryptError("not an encrypted field") from None
         if version != VERSION:
             raise FieldDecryptError(f"unknown format {version!r}")
-        key = self._keys.get(kid)
-        if key is None:
+        aead = self._aead.get(kid)
+        if aead is None:
             raise FieldDecryptError(f"unknown key id {kid!r}")
         try:
             raw = base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))
@@ -61,12 +64,9 @@ class FieldCipher:
             raise FieldDecryptError("bad encoding") from None
         if len(raw) < NONCE_BYTES + 16:
             raise FieldDecryptError("value too short")
-        nonce, ciphertext, tag = raw[:NONCE_BYTES], raw[NONCE_BYTES:-16], raw[-16:]
-        cipher = AES.new(key, AES.MODE_GCM, nonce=nonce)
-        cipher.update(associated_data(table, column, row))
         try:
-            return cipher.decrypt_and_verify(ciphertext, tag)
-        except ValueError:
+            return aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], associated_data(table, column, row))
+        except InvalidTag:
             raise FieldDecryptError("authentication failed (tampered, moved or wrong key)") from None
 
     def decrypt(self, stored: str, table: str, column: str, row: str | int) -> str:

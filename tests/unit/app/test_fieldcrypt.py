@@ -59,3 +59,24 @@ def test_blind_index_is_keyed_and_domain_separated():
     assert a("user", "zhangwei") == a("user", "zhangwei")
     assert a("user", "zhangwei") != b("user", "zhangwei")
     assert a("user", "zhangwei") != a("dedup", "zhangwei")
+
+
+def test_values_are_plain_gcm_readable_by_any_implementation():
+    """Rows written before the switch to `cryptography` (pycryptodome's GCM) still decrypt, and
+    new values decrypt with pycryptodome: the stored bytes are nonce || ciphertext || tag."""
+    from Crypto.Cipher import AES
+
+    secret, aad = key(), b"inbound_messages.payload_enc:42"
+    nonce = os.urandom(12)
+    old = AES.new(secret, AES.MODE_GCM, nonce=nonce)
+    old.update(aad)
+    ciphertext, tag = old.encrypt_and_digest("工资单 payroll".encode())
+    stored = "v1:k1:" + base64.urlsafe_b64encode(nonce + ciphertext + tag).decode().rstrip("=")
+    cipher = FieldCipher({"k1": secret})
+    assert cipher.decrypt(stored, "inbound_messages", "payload_enc", 42) == "工资单 payroll"
+
+    raw = cipher.encrypt("新值", "inbound_messages", "payload_enc", 42).split(":", 2)[2]
+    raw = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+    reader = AES.new(secret, AES.MODE_GCM, nonce=raw[:12])
+    reader.update(aad)
+    assert reader.decrypt_and_verify(raw[12:-16], raw[-16:]).decode() == "新值"
