@@ -9,11 +9,12 @@ nobody is working on. A user's messages are claimed strictly in arrival order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
@@ -43,35 +44,57 @@ def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, messa
     The caller owns the transaction. ``INSERT ... ON CONFLICT DO NOTHING`` on the unique dedup
     hash makes concurrent deliveries of one message race safely to a single row; the encrypted
     fields follow in an UPDATE because their associated data binds the row id the INSERT made.
+    The statements are built once per dialect and run on the session's connection: this is the
+    callback's hot path.
     """
     dedup = blind_index("wecom-dedup", f"{channel}:{message.dedup_key}")
     now = utcnow()
-    insert = _insert_for(session)(InboundMessage).values(
-        dedup_hash=dedup, channel=channel, agent_id=message.agent_id,
-        user_hash=user_hash(blind_index, message.from_user), msg_type=message.msg_type,
-        event=message.event, wecom_create_time=int(message.create_time), request_id=request_id,
-        stream_id=stream_id, status=MessageStatus.QUEUED, attempts=0, chunks_sent=0, created_at=now, updated_at=now,
-        enqueued_at=now,
-    ).on_conflict_do_nothing(index_elements=["dedup_hash"]).returning(InboundMessage.id)
-    row_id = session.execute(insert).scalar()
+    connection = session.connection()
+    statements = _statements(connection.dialect.name)
+    row_id = connection.execute(statements.insert, {
+        "dedup_hash": dedup, "channel": channel, "agent_id": message.agent_id,
+        "user_hash": user_hash(blind_index, message.from_user), "msg_type": message.msg_type,
+        "event": message.event, "wecom_create_time": int(message.create_time), "request_id": request_id,
+        "stream_id": stream_id, "status": MessageStatus.QUEUED, "attempts": 0, "chunks_sent": 0,
+        "created_at": now, "updated_at": now, "enqueued_at": now,
+    }).scalar()
     if row_id is None:
-        existing = session.execute(select(InboundMessage.id, InboundMessage.stream_id)
-                                   .where(InboundMessage.dedup_hash == dedup)).one()
+        existing = connection.execute(statements.find, {"dedup_hash": dedup}).one()
         return Accepted(existing.id, False, existing.stream_id)
     payload = json.dumps(_payload_of(message), ensure_ascii=False, default=str)
-    session.execute(
-        update(InboundMessage).where(InboundMessage.id == row_id).values(
-            user_enc=cipher.encrypt(message.from_user, TABLE, "user_enc", row_id),
-            payload_enc=cipher.encrypt(payload, TABLE, "payload_enc", row_id))
-        .execution_options(synchronize_session=False))
+    connection.execute(statements.seal, {
+        "row_id": row_id,
+        "user_enc": cipher.encrypt(message.from_user, TABLE, "user_enc", row_id),
+        "payload_enc": cipher.encrypt(payload, TABLE, "payload_enc", row_id),
+    })
     return Accepted(row_id, True, stream_id)
 
 
-def _insert_for(session: Session):
-    """The dialect's INSERT, which knows ON CONFLICT (PostgreSQL and SQLite both do)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return postgresql.insert
-    return sqlite.insert
+@dataclass(frozen=True)
+class _AcceptStatements:
+    insert: object
+    find: object
+    seal: object
+
+
+_INSERT_COLUMNS = ("dedup_hash", "channel", "agent_id", "user_hash", "msg_type", "event",
+                   "wecom_create_time", "request_id", "stream_id", "status", "attempts", "chunks_sent",
+                   "created_at", "updated_at", "enqueued_at")
+
+
+@functools.cache
+def _statements(dialect: str) -> _AcceptStatements:
+    """``accept``'s three statements for a dialect (PostgreSQL's and SQLite's INSERT both know
+    ON CONFLICT)."""
+    table = InboundMessage.__table__
+    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return _AcceptStatements(
+        insert=dialect_insert(table).values({name: bindparam(name) for name in _INSERT_COLUMNS})
+        .on_conflict_do_nothing(index_elements=["dedup_hash"]).returning(table.c.id),
+        find=select(table.c.id, table.c.stream_id).where(table.c.dedup_hash == bindparam("dedup_hash")),
+        seal=update(table).where(table.c.id == bindparam("row_id"))
+        .values(user_enc=bindparam("user_enc"), payload_enc=bindparam("payload_enc")),
+    )
 
 
 def _payload_of(message) -> dict:
