@@ -9,10 +9,20 @@ commit on their own): a unit of work is then really atomic (the callback's outbo
 event commit or roll back together), and a transaction that reads before it writes cannot fail
 with a stale snapshot, because it holds the single write lock from the start and waits for it
 under the busy timeout instead.
+
+Waiting for that lock is SQLite's busy handler, which sleeps in growing steps (up to 100 ms)
+and retries: under a burst of callbacks from several gunicorn workers a few unlucky ones waited
+over a second. So writers first queue on a file lock (``flock`` beside the database, plus a
+thread lock inside the process, since ``flock`` does not tell one process's threads apart): the
+kernel wakes a waiter the moment the lock is free, and BEGIN IMMEDIATE then finds SQLite's lock
+free. The busy timeout stays as the guard against other programs opening the file.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import threading
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -97,16 +107,71 @@ def make_engine(url: str, **kwargs) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
+        queue = WriterQueue(parsed.database) if parsed.database and parsed.database != ":memory:" else None
+
         @event.listens_for(engine, "begin")
         def _sqlite_begin(connection):
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            if queue is not None:
+                queue.acquire()
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            except BaseException:
+                if queue is not None:
+                    queue.release()
+                raise
 
+        if queue is not None:
+            # Whichever way the transaction ends (commit, rollback, a connection thrown away or
+            # returned to the pool mid-transaction), the turn passes on.
+            for name in ("commit", "rollback"):
+                event.listen(engine, name, lambda _connection: queue.release())
+            event.listen(engine, "checkin", lambda _dbapi, _record: queue.release())
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 5)
     kwargs.setdefault("max_overflow", 10)
     kwargs.setdefault("connect_args", {"connect_timeout": 3})
     return create_engine(url, **kwargs)
+
+
+class WriterQueue:
+    """One SQLite transaction at a time across processes (``flock``) and threads (a lock), with
+    waiters woken as soon as the holder is done. Releasing when this thread holds nothing is a
+    no-op, so every way a transaction can end may release."""
+
+    def __init__(self, database: str):
+        self._path = f"{database}.writer-lock"
+        self._pid: int | None = None
+        self._fd = -1
+
+    def _for_this_process(self) -> None:
+        """A forked child starts with its own file description, lock and no holder."""
+        if self._pid != os.getpid():
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            self._thread_lock = threading.Lock()
+            self._held = threading.local()
+            self._pid = os.getpid()
+
+    def acquire(self) -> None:
+        self._for_this_process()
+        if getattr(self._held, "yes", False):
+            return
+        self._thread_lock.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread_lock.release()
+            raise
+        self._held.yes = True
+
+    def release(self) -> None:
+        if self._pid != os.getpid() or not getattr(self._held, "yes", False):
+            return
+        self._held.yes = False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread_lock.release()
 
 
 class Database:
