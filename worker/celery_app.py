@@ -26,6 +26,9 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("wecom_bot", include=["worker.tasks"])
     app.conf.update(
         broker_url=settings.celery_broker_url,
+        # Plain redis:// gets kombu's Redis transport with one client per channel (worker/broker.py);
+        # other schemes (rediss://, sentinel://) keep kombu's own choice.
+        broker_transport="worker.broker:Transport" if settings.celery_broker_url.startswith("redis://") else None,
         task_ignore_result=True,
         result_backend=None,
         task_serializer="json",
