@@ -32,10 +32,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         JSON_AS_ASCII=False,
     )
     app.extensions["services"] = services
-    from app.audit import message_received_hook
-
-    app.extensions["accept_hooks"] = [message_received_hook(services)]
-
     from app import aibot_callback, api, callback, health, metrics_view
     from app.proxy import trust_proxies
 

@@ -29,8 +29,10 @@ from app.callback import (
     _crypto_rejection,
     _query,
     enqueue,
+    fingerprint,
     read_signed_body,
 )
+from app.intake import IntakeUnavailable
 from app.models import MessageStatus
 from app.wecom import aibot
 from app.wecom.exceptions import MessageParseError, WeComCryptoError
@@ -128,14 +130,10 @@ def question(message: aibot.AibotMessage) -> dict | None:
         return None
     message = dataclasses.replace(message, content=content)
     try:
-        with services.db.transaction() as session:
-            accepted = outbox.accept(session, services.cipher, services.blind_index, message,
-                                     request_id=g.request_id, channel=CHANNEL,
-                                     stream_id=new_stream_id())
-            for hook in current_app.extensions["accept_hooks"]:
-                hook(session, accepted, message)
-    except SQLAlchemyError:
-        log.exception("outbox write failed request_id=%s", g.request_id)
+        accepted = services.intake.accept(
+            outbox.Arrival(message, g.request_id, CHANNEL, new_stream_id()), fingerprint())
+    except IntakeUnavailable as exc:
+        log.warning("outbox write failed request_id=%s: %s", g.request_id, exc)
         raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
 
     if not accepted.created:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -71,6 +70,18 @@ def request_fingerprint(secret: bytes | str, remote_addr: str | None, user_agent
 def chain_key(secret: bytes | str) -> bytes:
     key = secret.encode() if isinstance(secret, str) else secret
     return hmac.new(key, b"audit-chain-v1", hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Event:
+    """An event to append: what ``AuditLog.append`` takes, for many at once."""
+
+    event_type: str
+    actor: str
+    outcome: str = "ok"
+    payload: dict | None = None
+    request_id: str | None = None
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,30 +137,40 @@ class AuditLog:
     def append(self, session: Session, event_type: str, *, actor: str, outcome: str = "ok",
                payload: dict | None = None, request_id: str | None = None,
                fingerprint: str | None = None) -> AuditEvent:
-        """Add one event at the chain's end, inside the caller's transaction.
+        """Add one event at the chain's end, inside the caller's transaction."""
+        return self.append_many(session, [Event(event_type, actor, outcome, payload, request_id, fingerprint)])[0]
 
-        Three prepared Core statements on the session's connection (the callback appends one
-        event per message, so the ORM's unit of work was most of its cost): bump the head's
-        seq, which locks the head row until commit (PostgreSQL's row lock; SQLite's one write
-        lock), insert the sealed row, and move the head's hash. The returned row is not in the
-        session.
+    def append_many(self, session: Session, events: list[Event]) -> list[AuditEvent]:
+        """Add events at the chain's end in their order, inside the caller's transaction.
+
+        Three prepared Core statements however many events (the callback's group commit writes
+        one per message): move the head's seq past them all, which locks the head row until
+        commit (PostgreSQL's row lock; SQLite's one write lock), insert the sealed rows, and move
+        the head's hash. The returned rows are not in the session.
         """
-        if event_type not in EventType.ALL:
-            raise ValueError(f"unknown audit event type {event_type!r}")
+        for event in events:
+            if event.event_type not in EventType.ALL:
+                raise ValueError(f"unknown audit event type {event.event_type!r}")
+        if not events:
+            return []
         connection = session.connection()
-        seq, prev_hash = connection.execute(_BUMP_HEAD).one()
-        row = AuditEvent(
-            seq=seq, created_at=utcnow(), event_type=event_type, actor=actor[:80],
-            outcome=outcome[:16], request_id=request_id, fingerprint=fingerprint,
-            payload_enc=self.cipher.encrypt(
-                json.dumps(payload or {}, ensure_ascii=False, sort_keys=True, default=str),
-                TABLE, "payload_enc", seq),
-            prev_hash=prev_hash,
-        )
-        row.row_hash = self.seal(row)
-        connection.execute(_INSERT_EVENT, {column: getattr(row, column) for column in _EVENT_COLUMNS})
-        connection.execute(_MOVE_HEAD, {"last_hash": row.row_hash, "updated_at": row.created_at})
-        return row
+        last_seq, prev_hash = connection.execute(_BUMP_HEAD, {"count": len(events)}).one()
+        rows, now = [], utcnow()
+        for seq, event in enumerate(events, start=last_seq - len(events) + 1):
+            row = AuditEvent(
+                seq=seq, created_at=now, event_type=event.event_type, actor=event.actor[:80],
+                outcome=event.outcome[:16], request_id=event.request_id, fingerprint=event.fingerprint,
+                payload_enc=self.cipher.encrypt(
+                    json.dumps(event.payload or {}, ensure_ascii=False, sort_keys=True, default=str),
+                    TABLE, "payload_enc", seq),
+                prev_hash=prev_hash,
+            )
+            row.row_hash = prev_hash = self.seal(row)
+            rows.append(row)
+        connection.execute(_INSERT_EVENT, [{column: getattr(row, column) for column in _EVENT_COLUMNS}
+                                           for row in rows])
+        connection.execute(_MOVE_HEAD, {"last_hash": prev_hash, "updated_at": now})
+        return rows
 
     def record(self, db, event_type: str, **kwargs) -> AuditEvent:
         """Append in a transaction of its own (worker events, CLI commands)."""
@@ -313,7 +334,7 @@ class AuditLog:
 _HEAD = AuditChain.__table__
 _EVENTS = AuditEvent.__table__
 _EVENT_COLUMNS = tuple(column.name for column in _EVENTS.columns)
-_BUMP_HEAD = (update(_HEAD).where(_HEAD.c.id == 1).values(last_seq=_HEAD.c.last_seq + 1)
+_BUMP_HEAD = (update(_HEAD).where(_HEAD.c.id == 1).values(last_seq=_HEAD.c.last_seq + bindparam("count"))
               .returning(_HEAD.c.last_seq, _HEAD.c.last_hash))
 _INSERT_EVENT = insert(_EVENTS)
 _MOVE_HEAD = (update(_HEAD).where(_HEAD.c.id == 1)
@@ -360,40 +381,3 @@ def _missing_issues(seen: bytearray, anchor_seq: int) -> list[Issue]:
             issues.append(Issue("deleted", a, "missing" if a == b else f"seq {a}..{b} missing"))
             start = None
     return issues
-
-
-class AuditWriteError(SQLAlchemyError):
-    """The audit event could not be written; a storage error, so the callback answers 503."""
-
-
-def message_received_hook(services):
-    """The callback's accept hook: the ``message_received`` event, in the outbox transaction.
-
-    Fail closed: if the event cannot be written the whole transaction (the outbox row too) rolls
-    back and WeCom gets a 503, so it delivers the message again later.
-    """
-    from flask import g, request
-
-    from app.outbox import user_hash
-
-    secret = services.settings.secret_key.get_secret_value()
-
-    def hook(session: Session, accepted, message) -> None:
-        if not accepted.created:
-            return  # WeCom's retry of a message already recorded
-        try:
-            services.audit.append(
-                session, EventType.MESSAGE_RECEIVED,
-                actor=user_hash(services.blind_index, message.from_user), outcome="accepted",
-                request_id=g.get("request_id"),
-                fingerprint=request_fingerprint(secret, request.remote_addr,
-                                                request.headers.get("User-Agent")),
-                payload={"message_id": accepted.id, "msg_type": message.msg_type,
-                         "event": getattr(message, "event", None),
-                         "agent_id": getattr(message, "agent_id", None)})
-        except SQLAlchemyError:
-            raise
-        except Exception as exc:
-            raise AuditWriteError(f"audit event not written: {type(exc).__name__}") from exc
-
-    return hook

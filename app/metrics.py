@@ -26,6 +26,10 @@ GENERATED_TOKENS = Counter(
 GENERATION_SECONDS = Counter(
     "wecom_bot_generation_seconds",
     "Wall seconds spent in model generation; rate(tokens)/rate(seconds) is tokens/s", ["model"])
+CALLBACK_BATCH = Histogram(
+    "wecom_bot_callback_batch_size",
+    "Messages written per group commit of the callbacks' outbox rows (app/intake.py)",
+    buckets=(1, 2, 4, 8, 16, 32, 64, float("inf")))
 USER_RATE_LIMITED = Counter(
     "wecom_bot_user_rate_limited",
     "Messages refused by the per-WeCom-user rate limit (notified: the polite reply went out)",

@@ -36,38 +36,72 @@ def user_hash(blind_index: BlindIndex, user_id: str) -> str:
     return blind_index("wecom-user", user_id)
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """A message to accept, with where it came from."""
+
+    message: object
+    request_id: str | None = None
+    channel: str = "app"
+    stream_id: str | None = None  # the AI bot channel's new stream
+
+
 def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, message,
            request_id: str | None = None, channel: str = "app",
            stream_id: str | None = None) -> Accepted:
-    """Insert the message as a queued row, or find the row WeCom's retry duplicates.
+    """``accept_many`` for one message."""
+    return accept_many(session, cipher, blind_index, [Arrival(message, request_id, channel, stream_id)])[0]
 
-    The caller owns the transaction. ``INSERT ... ON CONFLICT DO NOTHING`` on the unique dedup
-    hash makes concurrent deliveries of one message race safely to a single row; the encrypted
-    fields follow in an UPDATE because their associated data binds the row id the INSERT made.
-    The statements are built once per dialect and run on the session's connection: this is the
-    callback's hot path.
+
+def accept_many(session: Session, cipher: FieldCipher, blind_index: BlindIndex,
+                arrivals: list[Arrival]) -> list[Accepted]:
+    """Insert the messages as queued rows, in order, or find the rows WeCom's retries duplicate.
+
+    The caller owns the transaction. ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on the
+    unique dedup hash makes concurrent deliveries of one message race safely to a single row
+    (a retry within the same batch included), and what it returns names the rows this call
+    created; the encrypted fields follow in an UPDATE because their associated data binds the
+    row id the INSERT made. Prepared statements, one round each for the whole batch: this is
+    the callback's hot path.
     """
-    dedup = blind_index("wecom-dedup", f"{channel}:{message.dedup_key}")
+    if not arrivals:
+        return []
     now = utcnow()
     connection = session.connection()
     statements = _statements(connection.dialect.name)
-    row_id = connection.execute(statements.insert, {
-        "dedup_hash": dedup, "channel": channel, "agent_id": message.agent_id,
-        "user_hash": user_hash(blind_index, message.from_user), "msg_type": message.msg_type,
-        "event": message.event, "wecom_create_time": int(message.create_time), "request_id": request_id,
-        "stream_id": stream_id, "status": MessageStatus.QUEUED, "attempts": 0, "chunks_sent": 0,
+    params = [{
+        "dedup_hash": blind_index("wecom-dedup", f"{a.channel}:{a.message.dedup_key}"), "channel": a.channel,
+        "agent_id": a.message.agent_id, "user_hash": user_hash(blind_index, a.message.from_user),
+        "msg_type": a.message.msg_type, "event": a.message.event,
+        "wecom_create_time": int(a.message.create_time), "request_id": a.request_id,
+        "stream_id": a.stream_id, "status": MessageStatus.QUEUED, "attempts": 0, "chunks_sent": 0,
         "created_at": now, "updated_at": now, "enqueued_at": now,
-    }).scalar()
-    if row_id is None:
-        existing = connection.execute(statements.find, {"dedup_hash": dedup}).one()
-        return Accepted(existing.id, False, existing.stream_id)
-    payload = json.dumps(_payload_of(message), ensure_ascii=False, default=str)
-    connection.execute(statements.seal, {
-        "row_id": row_id,
-        "user_enc": cipher.encrypt(message.from_user, TABLE, "user_enc", row_id),
-        "payload_enc": cipher.encrypt(payload, TABLE, "payload_enc", row_id),
-    })
-    return Accepted(row_id, True, stream_id)
+    } for a in arrivals]
+    created = {row.dedup_hash: row.id for row in connection.execute(statements.insert, params)}
+    existing = {}
+    missing = [p["dedup_hash"] for p in params if p["dedup_hash"] not in created]
+    if missing:
+        existing = {row.dedup_hash: row for row in connection.execute(statements.find, {"hashes": missing})}
+    results, seals, first_stream = [], [], {}
+    for arrival, p in zip(arrivals, params, strict=True):
+        dedup = p["dedup_hash"]
+        row_id = created.get(dedup)
+        if row_id is None:  # a retry of a message accepted before
+            known = existing[dedup]
+            results.append(Accepted(known.id, False, known.stream_id))
+            continue
+        if dedup in first_stream:  # a retry of a message earlier in this batch
+            results.append(Accepted(row_id, False, first_stream[dedup]))
+            continue
+        first_stream[dedup] = arrival.stream_id
+        payload = json.dumps(_payload_of(arrival.message), ensure_ascii=False, default=str)
+        seals.append({"row_id": row_id,
+                      "user_enc": cipher.encrypt(arrival.message.from_user, TABLE, "user_enc", row_id),
+                      "payload_enc": cipher.encrypt(payload, TABLE, "payload_enc", row_id)})
+        results.append(Accepted(row_id, True, arrival.stream_id))
+    if seals:
+        connection.execute(statements.seal, seals)
+    return results
 
 
 @dataclass(frozen=True)
@@ -90,8 +124,10 @@ def _statements(dialect: str) -> _AcceptStatements:
     dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     return _AcceptStatements(
         insert=dialect_insert(table).values({name: bindparam(name) for name in _INSERT_COLUMNS})
-        .on_conflict_do_nothing(index_elements=["dedup_hash"]).returning(table.c.id),
-        find=select(table.c.id, table.c.stream_id).where(table.c.dedup_hash == bindparam("dedup_hash")),
+        .on_conflict_do_nothing(index_elements=["dedup_hash"])
+        .returning(table.c.id, table.c.dedup_hash),
+        find=select(table.c.id, table.c.stream_id, table.c.dedup_hash)
+        .where(table.c.dedup_hash.in_(bindparam("hashes", expanding=True))),
         seal=update(table).where(table.c.id == bindparam("row_id"))
         .values(user_enc=bindparam("user_enc"), payload_enc=bindparam("payload_enc")),
     )

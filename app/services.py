@@ -41,6 +41,13 @@ class Services:
         return AuditLog(self.cipher, self.settings.secret_key.get_secret_value())
 
     @cached_property
+    def intake(self):
+        """The callbacks' group commit (one writer thread per process, started on first use)."""
+        from app.intake import Intake
+
+        return Intake(self)
+
+    @cached_property
     def wecom_crypto(self) -> WeComCrypto:
         s = self.settings
         return WeComCrypto(s.wecom_token.get_secret_value(), s.wecom_aes_key.get_secret_value(),

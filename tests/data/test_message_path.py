@@ -119,7 +119,7 @@ def test_audit_failure_fails_the_callback_closed(app, services, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(AuditLog, "append", broken)
+    monkeypatch.setattr(AuditLog, "append_many", broken)
     response = post_message(app.test_client(), services, SENTINEL_TEXTS[0], 2)
     assert response.status_code == 503
     assert ids_of(services) == []  # the outbox row rolled back with it: WeCom will retry

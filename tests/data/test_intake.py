@@ -1,0 +1,164 @@
+"""The callbacks' group commit (app/intake.py) on SQLite and PostgreSQL: messages that wait
+together are written in one transaction, each exactly once, with its audit event, in order;
+a bad message refuses only itself; a writer that cannot write makes callers give up in time."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from app import intake as intake_module
+from app.intake import Intake, IntakeUnavailable
+from app.models import AuditEvent, InboundMessage
+from app.outbox import Arrival
+from app.wecom.messages import parse_message
+
+
+def _message(services, n: int, user: str = "zhangwei"):
+    s = services.settings
+    return parse_message(
+        f"<xml><ToUserName><![CDATA[{s.wecom_corp_id}]]></ToUserName><FromUserName><![CDATA[{user}]]>"
+        f"</FromUserName><CreateTime>{int(time.time())}</CreateTime><MsgType><![CDATA[text]]></MsgType>"
+        f"<Content><![CDATA[第{n}条 message {n}]]></Content><MsgId>{1000 + n}</MsgId>"
+        f"<AgentID>{s.wecom_agent_id}</AgentID></xml>")
+
+
+def _batches(monkeypatch):
+    """Every batch the writer wrote (its arrivals in order, with what each got), and the size
+    of every batch it tried."""
+    batches: list[list[tuple[Arrival, object]]] = []
+    attempts: list[int] = []
+    real = intake_module.accept_many
+
+    def recording(session, cipher, blind_index, arrivals):
+        attempts.append(len(arrivals))
+        results = real(session, cipher, blind_index, arrivals)
+        batches.append(list(zip(arrivals, results, strict=True)))
+        return results
+
+    monkeypatch.setattr(intake_module, "accept_many", recording)
+    return batches, attempts
+
+
+def _accept_all(intake: Intake, arrivals: list[Arrival]) -> list:
+    results: list = [None] * len(arrivals)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = intake.accept(arrivals[i], fingerprint="f" * 64)
+        except IntakeUnavailable as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(arrivals))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def _hold_writer(intake: Intake) -> threading.Event:
+    """Keep the writer busy on a first batch until the returned event is set."""
+    release = threading.Event()
+    real = intake._commit
+
+    def slow_once(batch):
+        intake._commit = real
+        release.wait(10)
+        return real(batch)
+
+    intake._commit = slow_once
+    return release
+
+
+def test_messages_that_wait_together_commit_together_each_once_in_order(services, monkeypatch):
+    batches, _ = _batches(monkeypatch)
+    intake = Intake(services)
+    release = _hold_writer(intake)
+    first = threading.Thread(target=intake.accept, args=(Arrival(_message(services, 0)),))
+    first.start()
+    time.sleep(0.2)  # the writer now holds message 0; the next ones queue behind it
+    arrivals = [Arrival(_message(services, n, user=f"user{n % 3}"), request_id=f"req{n}") for n in range(1, 13)]
+    arrivals.append(dataclasses.replace(arrivals[4]))  # WeCom's retry of message 5, concurrently
+    results = []
+    collector = threading.Thread(target=lambda: results.extend(_accept_all(intake, arrivals)))
+    collector.start()
+    time.sleep(0.5)
+    release.set()
+    collector.join(30)
+    first.join(30)
+
+    sizes = [len(batch) for batch in batches]
+    assert sizes[0] == 1 and max(sizes[1:]) > 1, sizes  # batched behind the first
+    assert all(not isinstance(r, Exception) for r in results), results
+    created = [r for r in results if r.created]
+    assert len(created) == 12 and len({r.id for r in created}) == 12
+    retry, original = results[-1], results[4]
+    assert not retry.created and retry.id == original.id
+    with services.db.session() as session:
+        rows = session.execute(sa.select(InboundMessage.id, InboundMessage.request_id)
+                               .order_by(InboundMessage.id)).all()
+        assert len(rows) == 13
+        assert services.audit.verify(session).ok
+        received = session.scalars(sa.select(AuditEvent).where(AuditEvent.event_type == "message_received")).all()
+    assert len(received) == 13
+    assert {services.audit.payload_of(e)["message_id"] for e in received} == {r.id for r in rows}
+    # Ids follow the order the messages were handed over (a user's are claimed in id order).
+    for batch in batches:
+        ids = [accepted.id for _, accepted in batch if accepted.created]
+        assert ids == sorted(ids)
+    for r in created:  # every row is sealed: its fields decrypt under its own id
+        with services.db.session() as session:
+            row = session.get(InboundMessage, r.id)
+            assert services.cipher.decrypt(row.payload_enc, "inbound_messages", "payload_enc", r.id)
+
+
+def test_a_bad_message_refuses_only_itself(services, monkeypatch):
+    batches, attempts = _batches(monkeypatch)
+    intake = Intake(services)
+    release = _hold_writer(intake)
+    first = threading.Thread(target=intake.accept, args=(Arrival(_message(services, 0)),))
+    first.start()
+    time.sleep(0.2)
+    good = [Arrival(_message(services, n)) for n in range(1, 6)]
+    bad = Arrival(dataclasses.replace(_message(services, 99), create_time="not a time"))
+    results = []
+    collector = threading.Thread(target=lambda: results.extend(_accept_all(intake, [*good[:2], bad, *good[2:]])))
+    collector.start()
+    time.sleep(0.5)
+    release.set()
+    collector.join(30)
+    first.join(30)
+
+    assert attempts[:2] == [1, 6]  # message 0, then all six together, which failed
+    assert [len(b) for b in batches] == [1, 1, 1, 1, 1, 1]  # so each was written alone
+    assert isinstance(results[2], IntakeUnavailable)
+    assert [r.created for i, r in enumerate(results) if i != 2] == [True] * 5
+    with services.db.session() as session:
+        assert session.scalar(sa.select(sa.func.count()).select_from(InboundMessage)) == 6
+        assert services.audit.verify(session).ok
+
+
+def test_a_writer_that_cannot_write_makes_the_caller_give_up(services):
+    intake = Intake(services, timeout_s=0.3)
+    release = _hold_writer(intake)
+    started = time.monotonic()
+    with pytest.raises(IntakeUnavailable):
+        intake.accept(Arrival(_message(services, 1)))
+    assert time.monotonic() - started < 5
+    release.set()  # the write goes through after all: WeCom's retry will be a duplicate
+    retry = intake.accept(Arrival(_message(services, 1)))
+    assert not retry.created
+
+
+def test_an_idle_writer_leaves_and_the_next_message_brings_one_back(services):
+    intake = Intake(services, idle_s=0.2)
+    assert intake.accept(Arrival(_message(services, 1))).created
+    writer = intake._writer
+    writer.join(5)
+    assert not writer.is_alive() and intake._writer is None
+    assert intake.accept(Arrival(_message(services, 2))).created
