@@ -10,7 +10,7 @@ slow); the database gives each message's time to the answer. Every 5 s the resid
 gunicorn (master and workers together) and of the worker is sampled.
 
     python -m bench.load [--users 200] [--duration 300] [--interval 10] [--model-delay-ms 200]
-                         [--worker-nice 0]
+                         [--worker-nice 10] [--nice-ab N --phase-s 10]
 
 Prints a summary and a verdict per target: every message answered exactly once (the emulator
 counts deliveries, duplicates are looked for per user), ack p99 below 100 ms, web and worker
@@ -221,7 +221,8 @@ def main() -> None:
     parser.add_argument("--model-delay-ms", type=float, default=200.0)
     parser.add_argument("--worker-concurrency", type=int, default=16)
     parser.add_argument("--web-workers", type=int, default=2)
-    parser.add_argument("--worker-nice", type=int, default=0, help="run the worker at nice N")
+    parser.add_argument("--worker-nice", type=int, default=10,
+                        help="run the worker at nice N (make run's WORKER_NICE default; 0 = off)")
     parser.add_argument("--nice-ab", type=int, default=0, metavar="N",
                         help="alternate the worker between nice 0 and N every --phase-s seconds "
                              "and compare the two within the run (needs root)")

@@ -17,8 +17,8 @@ from app import create_app
 from app.admin.accounts import create_user
 from app.services import Services
 from tests.admin.conftest import login
-from tests.faults.conftest import WECOM_DB
 from tests.support.env import settings_from
+from tests.support.servers import PrivateRedis
 from tests.support.stack import Stack, wait_for
 
 MAX_RETRIES = 3
@@ -28,8 +28,18 @@ RATE_LIMIT_BASE_S = 4
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("wecom-faults"), db_kind="postgres", redis_db=WECOM_DB,
+def redis_server():
+    # Its own redis-server: these tests time retries to the second, and a shared DB index would
+    # let a stack of a concurrent run (another checkout) take this one's tasks.
+    server = PrivateRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, redis_server):
+    s = Stack(tmp_path_factory.mktemp("wecom-faults"), db_kind="postgres",
+              redis_url=redis_server.url(0),
               extra_env={"TASK_MAX_RETRIES": str(MAX_RETRIES),
                          "WECOM_RATE_LIMIT_RETRY_S": str(RATE_LIMIT_BASE_S)}).start()
     yield s
