@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     # (a timeout) is not delivered twice. The same reply to the same user within this window is
     # dropped by WeCom too, so it only needs to span the retries (1..14400 s).
     wecom_duplicate_check_s: int = Field(default=900, ge=1, le=14400)
+    # 45009 (WeCom's frequency limit, counted per minute and per hour): the first retry waits
+    # this long, each further one twice as long, at most 300 s (worker/retry_policy.py).
+    wecom_rate_limit_retry_s: float = Field(default=60.0, ge=1, le=300)
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
 
     # -- audit, accounting, budgets (see app/audit.py, app/accounting.py) ----------------------

@@ -13,9 +13,12 @@ from celery.signals import beat_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
 from worker import (
+    broker_fixes,
     heartbeat,
     observability,  # noqa: F401 - connects the logging/metrics signal handlers
 )
+
+broker_fixes.apply()  # the worker survives a Redis restart in-process (see the module)
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
@@ -40,6 +43,15 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         task_default_queue="chat",
         broker_connection_retry_on_startup=True,
+        # A lost broker connection is re-established in-process (worker.broker_fixes keeps the
+        # teardown from crashing), for as long as Redis is away: the worker can do nothing
+        # without it, and a supervisor restarting the process would not bring Redis back.
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
+        # Tasks running when the connection drops finish (their answer is idempotent, a
+        # redelivered copy finds the row leased or answered); cancelling would throw away a
+        # generation, and the threads pool cannot stop a running thread anyway.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_timeout=2,
         # A publish must fail fast when Redis is down: the outbox row stays queued and the
         # sweeper re-enqueues it, so the callback never blocks WeCom's 5-second window.

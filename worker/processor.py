@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
 from app import metrics, outbox
 from app.accounting import estimate_prompt_tokens
@@ -41,7 +42,7 @@ from app.wecom.exceptions import (
     WeComTransientError,
 )
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
-from worker import commands
+from worker import commands, retry_policy
 from worker.conversation import ConversationStore
 from worker.llm import Generation, GenerationParams, LLMBackend, LLMError
 from worker.metering import Meter
@@ -95,7 +96,13 @@ class LeaseLost(Exception):
 
 
 class TransientFailure(Exception):
-    """Worth retrying later: the model or WeCom is briefly unavailable."""
+    """Worth retrying later: the model or WeCom is briefly unavailable, or WeCom's frequency
+    limit refused the send (``rate_limited``; ``retry_after``: a wait the server asked for)."""
+
+    def __init__(self, reason: str, rate_limited: bool = False, retry_after: float | None = None):
+        super().__init__(reason)
+        self.rate_limited = rate_limited
+        self.retry_after = retry_after
 
 
 class PermanentFailure(Exception):
@@ -207,7 +214,7 @@ class MessageProcessor:
                 log.warning("lease lost, another worker continues message_id=%s", message_id)
                 return Outcome("done", reason="not-ours")
             except TransientFailure as exc:
-                return self._transient(row, owner, str(exc))
+                return self._transient(row, owner, exc)
             except PermanentFailure as exc:
                 self._fail(row, owner, exc.reason, exc.notify)
                 return Outcome("done", reason=exc.reason)
@@ -400,7 +407,8 @@ class MessageProcessor:
             try:
                 self.wecom.send(user_id, kind, chunks[index], duplicate_check_interval=duplicate_check)
             except WeComTransientError as exc:
-                raise TransientFailure(f"wecom: {exc}") from exc
+                raise TransientFailure(f"wecom: {exc}", rate_limited=exc.rate_limited,
+                                       retry_after=exc.retry_after) from exc
             except UntrustedIPError as exc:
                 log.error("WeCom refused this server's IP (60020): add it to the app's trusted IPs. %s", exc)
                 raise PermanentFailure("wecom: untrusted ip (60020)", notify=False) from exc
@@ -420,15 +428,23 @@ class MessageProcessor:
                 raise LeaseLost()
         _observe_finished(row, status)
 
-    def _transient(self, row, owner: str, reason: str) -> Outcome:
+    def _transient(self, row, owner: str, failure: TransientFailure) -> Outcome:
+        reason = str(failure)
         if row.attempts >= self.settings.task_max_retries:
             self._fail(row, owner, f"gave up after {row.attempts} attempts: {reason}"[:120], True)
             return Outcome("done", reason="failed")
+        countdown = retry_policy.countdown(
+            row.attempts, rate_limited=failure.rate_limited, retry_after=failure.retry_after,
+            rate_limit_base_s=self.settings.wecom_rate_limit_retry_s)
+        # The row is due again when the countdown ends: the sweeper, which re-publishes queued
+        # rows older than SWEEP_QUEUED_AFTER_S, must not bring it back before that (a rate
+        # limit's wait is longer than its 60 s); it stays the backstop if the retry is lost.
+        due = outbox.utcnow() + timedelta(seconds=countdown)
         with self.services.db.session() as session:
             outbox.finish(session, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
-                          enqueued_at=outbox.utcnow())
-        countdown = min(2.0 ** row.attempts, 60.0)
-        log.info("transient failure, retry in %.0fs message_id=%s attempt=%s", countdown, row.id,
+                          enqueued_at=due)
+        log.info("transient failure%s, retry in %.1fs message_id=%s attempt=%s",
+                 " (WeCom rate limit)" if failure.rate_limited else "", countdown, row.id,
                  row.attempts)
         return Outcome("retry", countdown=countdown, reason=reason)
 

@@ -9,7 +9,8 @@ Error policy (codes in ``exceptions.py``):
 
 * 40001, 40014, 42001, 42007, 42009: the token is bad; refresh it and retry the call once;
 * -1, 45009, HTTP 5xx/429, connection errors, timeouts: ``WeComTransientError``, never retried
-  here: a send whose answer was lost may have been delivered, the caller retries with backoff;
+  here: a send whose answer was lost may have been delivered, the caller retries with backoff
+  (45009 and 429 are marked ``rate_limited``: the caller waits for WeCom's limit window);
 * 60020 ``UntrustedIPError``, 81013 ``NoValidReceiverError``, ``invaliduser``/``unlicenseduser``
   naming the receiver ``InvalidUserError``/``UnlicensedUserError``; any other code
   ``WeComAPIError``.
@@ -58,6 +59,15 @@ return 0
 def redact(text: str) -> str:
     """``text`` with any access_token/corpsecret query value masked (requests puts URLs in errors)."""
     return _SECRET_IN_URL.sub(r"\1=***", text)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """An HTTP ``Retry-After`` in seconds (the delta-seconds form; a date is ignored)."""
+    try:
+        seconds = float(value) if value else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 86400 else None
 
 
 class WeComClient:
@@ -220,7 +230,10 @@ class WeComClient:
             # ``from None``: the original message holds the full URL, token included.
             raise WeComTransientError(
                 None, f"{type(exc).__name__} calling {path}: {redact(str(exc))}") from None
-        if response.status_code >= 500 or response.status_code == 429:
+        if response.status_code == 429:
+            raise WeComTransientError(None, f"HTTP 429 from {path}", rate_limited=True,
+                                      retry_after=_retry_after(response.headers.get("Retry-After")))
+        if response.status_code >= 500:
             raise WeComTransientError(None, f"HTTP {response.status_code} from {path}")
         if response.status_code != 200:
             raise WeComAPIError(-response.status_code,

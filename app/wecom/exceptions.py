@@ -85,15 +85,18 @@ class WeComTransientError(WeComAPIError):
 
     The client itself never retries these: a send whose answer was lost may have been delivered,
     and only the caller (a Celery task with bounded retries) knows how long it may wait.
-    ``retry_after`` is a hint in seconds, or None.
+    ``rate_limited``: WeCom refused the call for its frequency limits (45009, or HTTP 429), so
+    retrying within the same minute cannot succeed. ``retry_after``: seconds the server asked
+    for (an HTTP ``Retry-After``), or None; 45009 names no wait, only the limits' windows do.
     """
 
     def __init__(self, errcode: int | None, errmsg: str = "", response: dict | None = None,
-                 retry_after: float | None = None):
+                 retry_after: float | None = None, rate_limited: bool = False):
         super().__init__(errcode, errmsg, response)  # type: ignore[arg-type]
         if errcode is None:
             self.args = (f"WeCom not reachable: {errmsg}",)
         self.retry_after = retry_after
+        self.rate_limited = rate_limited or errcode == RATE_LIMIT_ERRCODE
 
 
 class UntrustedIPError(WeComAPIError):
@@ -138,9 +141,13 @@ class InvalidContentError(WeComAPIError):
 
 #: Errcodes that mean "this access_token is not (or no longer) valid": refresh once, then retry.
 TOKEN_ERRCODES = frozenset({40001, 40014, 42001, 42007, 42009})
+#: 45009 接口调用超过限制 (api freq out of limit). WeCom's frequency limits (主动调用频率限制,
+#: developer.work.weixin.qq.com/document/path/90312) are counted per minute and per hour: per
+#: corp and per IP for each API, and for message/send per app and member (30 a minute, 1000 an
+#: hour) besides the daily total (account limit x 200). The answer names no wait.
+RATE_LIMIT_ERRCODE = 45009
 #: Errcodes that say "later": -1 system busy, 45009 API call frequency limit.
-TRANSIENT_ERRCODES = frozenset({-1, 45009})
-_RATE_LIMIT_RETRY_AFTER = 60.0
+TRANSIENT_ERRCODES = frozenset({-1, RATE_LIMIT_ERRCODE})
 
 _ERRCODE_CLASSES: dict[int, type[WeComAPIError]] = {
     60020: UntrustedIPError,
@@ -155,8 +162,7 @@ _ERRCODE_CLASSES: dict[int, type[WeComAPIError]] = {
 def api_error(errcode: int, errmsg: str = "", response: dict | None = None) -> WeComAPIError:
     """The exception for one non-zero WeCom errcode (token codes included: the caller decides)."""
     if errcode in TRANSIENT_ERRCODES:
-        retry_after = _RATE_LIMIT_RETRY_AFTER if errcode == 45009 else None
-        return WeComTransientError(errcode, errmsg, response, retry_after=retry_after)
+        return WeComTransientError(errcode, errmsg, response)
     return _ERRCODE_CLASSES.get(errcode, WeComAPIError)(errcode, errmsg, response)
 
 

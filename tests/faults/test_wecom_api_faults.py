@@ -1,10 +1,15 @@
 """WeCom's API misbehaving (the emulator's fault queue): 5xx, timeouts, bad tokens, rate limits.
 
-Transient faults are retried by the task with exponential backoff, a bounded number of times;
+Transient faults are retried by the task with exponential backoff, a bounded number of times
+(45009, WeCom's frequency limit, waits for its window: WECOM_RATE_LIMIT_RETRY_S, then doubled);
 a send whose answer was lost (a timeout) may have been delivered, so the retry must not deliver
 it again; what finally fails is recorded on the row and shown on the admin dashboard.
 Complements tests/integration/test_worker_faults.py (502 twice, 42001 once).
 """
+
+import json
+import re
+from datetime import datetime
 
 import pytest
 
@@ -12,17 +17,31 @@ from app import create_app
 from app.admin.accounts import create_user
 from app.services import Services
 from tests.admin.conftest import login
-from tests.faults.conftest import WECOM_DB
 from tests.support.env import settings_from
+from tests.support.servers import PrivateRedis
 from tests.support.stack import Stack, wait_for
 
 MAX_RETRIES = 3
+# 45009's first wait (WECOM_RATE_LIMIT_RETRY_S, 60 s in production), short for the test but
+# doubled past SWEEP_QUEUED_AFTER_S + SWEEP_INTERVAL_S (4 + 2 s), so an early sweep would show.
+RATE_LIMIT_BASE_S = 4
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("wecom-faults"), db_kind="postgres", redis_db=WECOM_DB,
-              extra_env={"TASK_MAX_RETRIES": str(MAX_RETRIES)}).start()
+def redis_server():
+    # Its own redis-server: these tests time retries to the second, and a shared DB index would
+    # let a stack of a concurrent run (another checkout) take this one's tasks.
+    server = PrivateRedis().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, redis_server):
+    s = Stack(tmp_path_factory.mktemp("wecom-faults"), db_kind="postgres",
+              redis_url=redis_server.url(0),
+              extra_env={"TASK_MAX_RETRIES": str(MAX_RETRIES),
+                         "WECOM_RATE_LIMIT_RETRY_S": str(RATE_LIMIT_BASE_S)}).start()
     yield s
     s.stop()
 
@@ -36,9 +55,19 @@ def send_calls(stack) -> int:
     return stack.emu("GET", "stats")["apis"].get("message/send", {}).get("calls", 0)
 
 
-def row_of(stack, status: str):
-    return wait_for(lambda: [r for r in stack.outbox_rows() if r["status"] == status][-1:],
+def delivered_count(stack) -> int:
+    return stack.emu("GET", "stats")["apis"].get("message/send", {}).get("delivered", 0)
+
+
+def row_of(stack, status: str, after_id: int = 0):
+    """The newest row in ``status`` that is newer than ``after_id``, once there is one."""
+    return wait_for(lambda: [r for r in stack.outbox_rows()
+                             if r["status"] == status and r["id"] > after_id][-1:],
                     timeout=60, what=f"a {status} row")[0]
+
+
+def last_id(stack) -> int:
+    return max((r["id"] for r in stack.outbox_rows()), default=0)
 
 
 def answered_once(stack, user, text, timeout=60):
@@ -57,14 +86,54 @@ def test_timeout_after_delivery_is_retried_without_a_second_delivery(stack, user
     assert stack.emu("GET", "stats")["apis"]["message/send"].get("duplicates_suppressed") == 1
 
 
-def test_rate_limit_45009_is_retried_with_backoff(stack, users):
+def rate_limit_retries(stack, message_id: int) -> list[tuple[datetime, float]]:
+    """(when, seconds) of each "retry in" the worker logged for the message's rate limit."""
+    found = []
+    for line in stack.log("worker").splitlines():
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        match = re.match(r"transient failure \(WeCom rate limit\), retry in ([\d.]+)s "
+                         rf"message_id={message_id} ", entry["msg"])
+        if match:
+            found.append((datetime.fromisoformat(entry["ts"]), float(match.group(1))))
+    return found
+
+
+def attempt_times(stack, message_id: int) -> list[datetime]:
+    """When each attempt at the message ended: its rate-limit refusals, then its end."""
+    ends = [when for when, _ in rate_limit_retries(stack, message_id)]
+    for line in stack.log("worker").splitlines():
+        if line.startswith("{") and (f"message finished message_id={message_id} " in line
+                                     or f"message failed message_id={message_id} " in line):
+            ends.append(datetime.fromisoformat(json.loads(line)["ts"]))
+            break
+    return ends
+
+
+def assert_waited(stack, message_id: int, base: float) -> None:
+    """Each retry waited WeCom's window (base, then doubled), and no attempt came earlier:
+    the waits are longer than SWEEP_QUEUED_AFTER_S, so the sweeper must have kept off too."""
+    retries = rate_limit_retries(stack, message_id)
+    assert [round(wait / base) for _, wait in retries] == [2 ** i for i in range(len(retries))]
+    assert all(base * 2 ** i <= wait <= base * 2 ** i * 1.1 for i, (_, wait) in enumerate(retries))
+    ends = attempt_times(stack, message_id)
+    assert len(ends) == len(retries) + 1
+    for (when, wait), following in zip(retries, ends[1:], strict=True):
+        assert (following - when).total_seconds() >= wait - 0.1
+
+
+def test_rate_limit_45009_waits_for_wecoms_window_and_sends_once(stack, users):
     user = next(users)
+    calls, delivered = send_calls(stack), delivered_count(stack)
     stack.emu("POST", "faults", json={"api": "message/send", "errcode": 45009, "count": 2})
     stack.send(user, "限流")
-    answered_once(stack, user, "限流")
-    assert stack.outbox_rows()[-1]["attempts"] == 3
-    log = stack.log("worker")
-    assert "retry in 2s" in log and "retry in 4s" in log  # 2 ** attempt
+    answered_once(stack, user, "限流", timeout=90)
+    row = stack.outbox_rows()[-1]
+    assert row["attempts"] == 3
+    assert send_calls(stack) - calls == 3  # one call per attempt, no hot loop
+    assert delivered_count(stack) - delivered == 1
+    assert_waited(stack, row["id"], RATE_LIMIT_BASE_S)
 
 
 def test_invalid_token_40014_is_refreshed_once(stack, users):
@@ -79,11 +148,11 @@ def test_invalid_token_40014_is_refreshed_once(stack, users):
 
 def test_wecom_down_gives_up_after_bounded_retries_and_shows_on_the_dashboard(stack, users):
     user = next(users)
-    calls = send_calls(stack)
+    calls, after = send_calls(stack), last_id(stack)
     stack.emu("POST", "faults", json={"api": "message/send", "http_status": 503, "count": 100})
     try:
         stack.send(user, "企业微信挂了")
-        row = row_of(stack, "failed")
+        row = row_of(stack, "failed", after)
     finally:
         stack.emu("DELETE", "faults")
     # MAX_RETRIES sends, one failure notice attempt; nothing reached the user
@@ -102,3 +171,21 @@ def test_wecom_down_gives_up_after_bounded_retries_and_shows_on_the_dashboard(st
     panel = page[page.index('id="delivery-failures"'):page.index("Top users")]
     assert 'id="failures-total">1<' in panel
     assert row["failure_reason"] in panel
+
+
+def test_rate_limit_45009_that_persists_is_recorded_as_failed_after_the_bound(stack, users):
+    """After the dashboard test, which counts exactly one failure."""
+    user = next(users)
+    calls, after = send_calls(stack), last_id(stack)
+    stack.emu("POST", "faults", json={"api": "message/send", "errcode": 45009, "count": 100})
+    try:
+        stack.send(user, "一直限流")
+        row = row_of(stack, "failed", after)
+    finally:
+        stack.emu("DELETE", "faults")
+    assert row["attempts"] == MAX_RETRIES
+    assert row["failure_reason"].startswith(
+        f"gave up after {MAX_RETRIES} attempts: wecom: WeCom API error 45009")
+    assert send_calls(stack) - calls == MAX_RETRIES + 1  # and the failure notice, refused too
+    assert stack.replies(user) == []
+    assert_waited(stack, row["id"], RATE_LIMIT_BASE_S)

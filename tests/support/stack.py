@@ -95,9 +95,11 @@ class Stack:
     def __init__(self, tmp: Path, db_kind: str = "sqlite", redis_db: int = 9, model_delay_s: float = 0.0,
                  worker_concurrency: int = 8, extra_env: dict | None = None,
                  redis_url: str | None = None, pg_admin: str = PG_ADMIN, directory=None,
-                 model_stream_piece_delay_s: float = 0.0, emulator_options: dict | None = None):
+                 model_stream_piece_delay_s: float = 0.0, emulator_options: dict | None = None,
+                 worker_nice: int = 0):
         """``redis_url``/``pg_admin`` point the stack at private servers a test may restart;
-        ``directory`` replaces the emulator's address book (bench/load.py's many employees)."""
+        ``directory`` replaces the emulator's address book (bench/load.py's many employees);
+        ``worker_nice`` runs the Celery worker at a lower CPU priority (``nice -n``)."""
         self.tmp = tmp
         self.db = TempDatabase(db_kind, tmp, pg_admin)
         self.redis_url = redis_url or f"redis://127.0.0.1:6379/{redis_db}"
@@ -125,6 +127,7 @@ class Stack:
             aibot_name=self.env.get("AIBOT_NAME", ""),
             **({"directory": directory} if directory is not None else {}), **(emulator_options or {})))
         self.worker_concurrency = worker_concurrency
+        self.worker_nice = worker_nice
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
 
@@ -146,7 +149,8 @@ class Stack:
     def start_worker(self) -> None:
         log = self.logs.get("worker")
         self._worker_log_from = log.stat().st_size if log and log.exists() else 0
-        self.start_process("worker", [str(BIN / "celery"), "-A", "worker.celery_app", "worker",
+        niced = ["nice", "-n", str(self.worker_nice)] if self.worker_nice else []  # nice execs: same pid
+        self.start_process("worker", [*niced, str(BIN / "celery"), "-A", "worker.celery_app", "worker",
                                       "--pool", "threads", "--concurrency", str(self.worker_concurrency),
                                       "-Q", "chat", "--loglevel", "INFO", "-n", f"it-{uuid.uuid4().hex[:6]}@%h",
                                       "--without-gossip", "--without-mingle"])

@@ -39,6 +39,14 @@ def test_health_checks_use_the_real_probes(services):
     assert "/nginx-healthz" in " ".join(services["nginx"]["healthcheck"]["test"])
 
 
+def test_every_long_running_service_is_restarted_when_it_dies(services):
+    # Docker restarts an exited container with a growing delay (100 ms, doubling); the worker
+    # also survives a Redis restart in-process (worker/broker_fixes.py), this is the backstop.
+    for name, service in services.items():
+        expected = "no" if name == "migrate" else "unless-stopped"
+        assert service.get("restart") == expected, name
+
+
 def test_migrations_run_once_before_the_app(services):
     migrate = services["migrate"]
     assert migrate["command"] == ["python", "-m", "app.cli", "migrate"]

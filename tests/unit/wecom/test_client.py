@@ -57,6 +57,8 @@ class FakeWeCom:
             answer = self.injected.popleft()
             if isinstance(answer, int):
                 return "upstream trouble", answer
+            if isinstance(answer, tuple):  # (HTTP status, headers)
+                return "slow down", answer[0], answer[1]
             if isinstance(answer, float):
                 time.sleep(answer)
                 return ok()
@@ -312,8 +314,18 @@ def test_transient_failures_are_raised_not_retried(wecom, r, answer):
     with pytest.raises(exc.WeComTransientError) as info:
         make_client(wecom, r).send("u", "text", "hi")
     assert wecom.calls["send"] == 1
-    if answer == {"errcode": 45009, "errmsg": "api freq out of limit"}:
-        assert info.value.retry_after == 60
+    # 45009 is WeCom's frequency limit: the caller must wait for its window, not retry at once.
+    assert info.value.rate_limited == (answer == {"errcode": 45009, "errmsg": "api freq out of limit"})
+    assert info.value.retry_after is None  # WeCom names no wait
+
+
+@pytest.mark.parametrize(("headers", "retry_after"), [({"Retry-After": "7"}, 7.0), ({}, None),
+                                                      ({"Retry-After": "Wed, 21 Oct 2026"}, None)])
+def test_http_429_is_rate_limited_with_the_servers_wait(wecom, r, headers, retry_after):
+    wecom.injected.append((429, headers))
+    with pytest.raises(exc.WeComTransientError) as info:
+        make_client(wecom, r).send("u", "text", "hi")
+    assert info.value.rate_limited and info.value.retry_after == retry_after
 
 
 def test_timeout_is_transient(wecom, r):
