@@ -149,8 +149,8 @@ def enqueue(message_id: int) -> bool:
     broker failure keep the row queued for the sweeper."""
     request_id = request_id_var.get()
     try:
-        _services().celery.send_task(HANDLE_MESSAGE, args=[message_id],
-                                     headers={"request_id": request_id} if request_id else None)
+        _services().publisher.send(HANDLE_MESSAGE, [message_id],
+                                   headers={"request_id": request_id} if request_id else None)
         return True
     except Exception:  # noqa: BLE001 - any broker failure must leave the row to the sweeper
         log.warning("enqueue failed, left for the sweeper message_id=%s", message_id)

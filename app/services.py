@@ -79,3 +79,10 @@ class Services:
         from worker.celery_app import make_celery
 
         return make_celery(self.settings)
+
+    @cached_property
+    def publisher(self):
+        """The web process's lean publisher of worker tasks (app/publisher.py)."""
+        from app.publisher import TaskPublisher
+
+        return TaskPublisher(self.celery)

@@ -4,13 +4,15 @@ Kombu's Redis channel builds a new ``redis.Redis`` for every publish (``conn_or_
 building one fills its table of ~170 response callbacks: 150 µs of the callback's 520 µs publish
 on this machine. The client is only a front for the channel's connection pool and is safe to
 share between threads, so the channel keeps one, remade when the pool is replaced (after a
-disconnect). Celery picks this transport through ``broker_transport``; the URL stays ``redis://``.
+disconnect). ``install`` makes it what ``redis://`` URLs name, for every kombu connection of
+the process (Celery's, the web process's publisher), so URLs and log lines stay ``redis://``.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
 
@@ -30,3 +32,8 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+def install() -> None:
+    """Make ``redis://`` name this transport (idempotent)."""
+    TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"

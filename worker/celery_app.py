@@ -13,12 +13,14 @@ from celery.signals import beat_init, worker_ready, worker_shutdown
 
 from app.config import Settings, get_settings
 from worker import (
+    broker,
     broker_fixes,
     heartbeat,
     observability,  # noqa: F401 - connects the logging/metrics signal handlers
 )
 
 broker_fixes.apply()  # the worker survives a Redis restart in-process (see the module)
+broker.install()  # redis:// keeps one Redis client per channel (see the module)
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
@@ -29,9 +31,6 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("wecom_bot", include=["worker.tasks"])
     app.conf.update(
         broker_url=settings.celery_broker_url,
-        # Plain redis:// gets kombu's Redis transport with one client per channel (worker/broker.py);
-        # other schemes (rediss://, sentinel://) keep kombu's own choice.
-        broker_transport="worker.broker:Transport" if settings.celery_broker_url.startswith("redis://") else None,
         task_ignore_result=True,
         result_backend=None,
         task_serializer="json",

@@ -43,3 +43,28 @@ def test_publishes_share_one_client_and_survive_a_pool_reset():
         assert sorted(m.payload[0][0] for m in received) == [0, 1, 2, 3]
     finally:
         store.flushdb()
+
+
+def test_the_lean_publisher_sends_what_send_task_sends():
+    from app.publisher import TaskPublisher
+
+    store = redis.Redis.from_url(REDIS_URL)
+    store.flushdb()
+    app = _celery()
+    try:
+        app.send_task(HANDLE_MESSAGE, args=[7], headers={"request_id": "r1"})
+        task_id = TaskPublisher(app).send(HANDLE_MESSAGE, [7], headers={"request_id": "r1"})
+        with app.connection_for_read() as connection:
+            queue = connection.SimpleQueue("chat", no_ack=True)
+            by_celery, lean = (queue.get(timeout=5) for _ in range(2))
+            queue.close()
+        assert lean.headers["id"] == task_id and lean.headers["task"] == HANDLE_MESSAGE
+        assert lean.headers["request_id"] == "r1"
+        assert lean.payload == by_celery.payload  # [[7], {}, {callbacks...}]
+        skip = {"id", "root_id", "origin"}  # per message / per process
+        assert {k: v for k, v in lean.headers.items() if k not in skip} == \
+            {k: v for k, v in by_celery.headers.items() if k not in skip}
+        assert lean.properties["delivery_info"]["routing_key"] == "chat"
+        assert lean.content_type == by_celery.content_type == "application/json"
+    finally:
+        store.flushdb()
