@@ -219,11 +219,16 @@ class LayerCache:
 class KVCache:
     """All layers of one sequence: the decoder layers, then one per MTP module."""
 
-    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None,
+                 mtp_only: bool = False) -> None:
+        """`mtp_only`: the MTP layers alone (the decoder layers' entries are None), for a
+        sequence whose decoder layers live in the serving engine's paged cache."""
         self.num_hidden_layers = config.num_hidden_layers
         count = config.num_hidden_layers + config.num_mtp_heads
         self.layers = [
-            LayerCache(
+            None
+            if mtp_only and i < config.num_hidden_layers
+            else LayerCache(
                 config.num_key_value_heads,
                 config.head_dim,
                 config.sliding_window,
@@ -231,7 +236,7 @@ class KVCache:
                 dtype or config.dtype,
                 torch.device(device),
             )
-            for _ in range(count)
+            for i in range(count)
         ]
 
     @property
@@ -245,4 +250,4 @@ class KVCache:
             layer.truncate(length)
 
     def nbytes(self) -> int:
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.layers if layer is not None)
