@@ -119,15 +119,24 @@ class LayerCache:
         if self.length - length > ROLLBACK_LIMIT or length < self._floor:
             raise ValueError(f"a sparse cache rolls back at most {ROLLBACK_LIMIT} positions, never into a chunk longer than the window")
         w, g = self.window, self.interval
-        dropped = torch.arange(min(max(length, w), self.length), self.length, device=self.k.device)
-        self.k[:, dropped % w] = self._undo_k[:, dropped % ROLLBACK_LIMIT]
-        self.v[:, dropped % w] = self._undo_v[:, dropped % ROLLBACK_LIMIT]
+        if self.length > w:  # before that the dropped positions overwrote nothing
+            dropped = torch.arange(max(length, w), self.length, device=self.k.device)
+            self.k[:, dropped % w] = self._undo_k[:, dropped % ROLLBACK_LIMIT]
+            self.v[:, dropped % w] = self._undo_v[:, dropped % ROLLBACK_LIMIT]
         complete = length // g
         del self.node_positions[complete:]
         self._filled = length - complete * g
-        kept = torch.arange(complete * g, length, device=self.k.device)
-        self._block_norms[: self._filled] = self._norm_log[kept % self._norm_log.numel()]
+        if self._filled:
+            self._block_norms[: self._filled] = self._norm_slice(complete * g, length)
         self.length = length
+
+    def _norm_slice(self, a: int, b: int) -> torch.Tensor:
+        """The logged norms of positions `[a, b)` (a plain slice unless the log wraps there:
+        speculative rollback runs this for every layer, every round)."""
+        size = self._norm_log.numel()
+        if a % size + (b - a) <= size:
+            return self._norm_log[a % size : a % size + (b - a)]
+        return self._norm_log[torch.arange(a, b, device=self._norm_log.device) % size]
 
     def _log(self, norms: torch.Tensor, start: int) -> None:
         """Note what the newest positions overwrite, so that `truncate` can restore it."""
@@ -140,8 +149,13 @@ class LayerCache:
             return
         if n > w:  # only the chunk's last w positions reach the ring: no rolling back into it
             self._floor = start + n
-        recent = torch.arange(max(start, start + n - self._norm_log.numel()), start + n, device=norms.device)
-        self._norm_log[recent % self._norm_log.numel()] = norms[recent - start].float()
+        size = self._norm_log.numel()
+        first = max(start, start + n - size)
+        if first % size + (start + n - first) <= size:  # no wrap: one slice
+            self._norm_log[first % size : first % size + start + n - first] = norms[first - start :]
+        else:
+            recent = torch.arange(first, start + n, device=norms.device)
+            self._norm_log[recent % size] = norms[recent - start].float()
         if start + n > w:
             recent = torch.arange(max(start, w, start + n - ROLLBACK_LIMIT), start + n, device=norms.device)
             self._undo_k[:, recent % ROLLBACK_LIMIT] = self.k[:, recent % w]

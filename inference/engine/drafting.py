@@ -8,6 +8,13 @@ are not part of the KV budget. The drafter is `inference.speculative.MTPDrafter`
 the single-request decoder uses, so both paths draft alike; `verify_drafts` decides acceptance
 (greedy: the longest prefix equal to the model's argmax; sampling: rejection sampling).
 
+`BatchDrafter` drafts for all decoding sequences of a step at once: per MTP depth one forward
+over every sequence's rows (each sequence's attention against its own cache, `_SequenceLayers`)
+and one lm-head call, so a batch of 8 pays for the linears once, not 8 times. It runs exactly the
+steps `MTPDrafter.draft` runs for each sequence alone (same inputs, same cache rollback), only
+side by side; a sequence right after its prefill (its first draft runs MTP over the whole prompt,
+in window-sized pieces) drafts alone.
+
 A drafter starts at the first position the engine computes for the sequence (`base`): positions
 a prefix-cache hit served have no main-model hidden state here, so MTP attends to fewer
 positions there. Drafts may be anything: the main model verifies each, so that changes the
@@ -20,8 +27,9 @@ import torch
 
 from inference.engine.sequence import Sequence
 from inference.kv_cache import KVCache
+from inference.layers.attention import SMALL_CHUNK, sparse_attention
 from inference.layers.sampler import Sampler
-from inference.speculative import MTPDrafter, _Chooser, greedy_accept, verify_drafts
+from inference.speculative import MTPDrafter, draft_modules, _Chooser, greedy_accept, verify_drafts
 
 
 class SequenceDrafts:
@@ -53,3 +61,122 @@ class SequenceDrafts:
     @property
     def plain_greedy(self) -> bool:
         return self.chooser.plain_greedy
+
+
+class _SequenceLayers:
+    """What one MTP layer's attention sees of a batched draft forward: the rows are the
+    sequences' rows one after another, each attending through its own `LayerCache`."""
+
+    def __init__(self, layers: list, lengths: list[int], window: int | None, interval: int | None) -> None:
+        self.layers, self.lengths, self.window, self.interval = layers, lengths, window, interval
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor | None,
+               gate: torch.Tensor | None) -> torch.Tensor:
+        outs, a = [], 0
+        for layer, n in zip(self.layers, self.lengths, strict=True):
+            b = a + n
+            ctx = layer.extend(k[:, a:b], v[:, a:b], None if norms is None else norms[a:b])
+            outs.append(sparse_attention(q[:, a:b], ctx, self.window, self.interval,
+                                         None if gate is None else gate[a:b]))
+            a = b
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+class _Job:
+    """One sequence's draft in progress."""
+
+    def __init__(self, seq: Sequence, k: int) -> None:
+        self.seq, self.state = seq, seq.drafts
+        self.drafter: MTPDrafter = seq.drafts.drafter
+        self.want = k  # the drafts the step uses
+        self.k = max(k, self.drafter.depths)  # every depth runs (see `SequenceDrafts.draft`)
+        self.m = seq.num_tokens - 1 - self.drafter.base  # verified rows of the MTP caches' frame
+        self.drafts: list[int] = []
+        self.dists: list[torch.Tensor | None] = []
+        self.out: torch.Tensor | None = None
+
+
+class BatchDrafter:
+    """Drafts for the decoding speculative sequences of one step, batched per MTP depth."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        config = model.config
+        self.window, self.interval = config.sliding_window, config.global_interval
+        self.first, self.heads = config.num_hidden_layers, config.num_mtp_heads
+
+    def draft(self, wanted: list[tuple[Sequence, int]]) -> dict[int, tuple[list[int], list]]:
+        """`(seq, k)` pairs (each with its `SequenceDrafts`); returns id(seq) -> (drafts, dists)."""
+        result, jobs = {}, []
+        for seq, k in wanted:
+            drafter = seq.drafts.drafter
+            if k < 1 or not drafter.num_pending or drafter.num_pending > SMALL_CHUNK:
+                result[id(seq)] = seq.drafts.draft(seq, k)  # alone: nothing yet, or a whole prompt
+            else:
+                jobs.append(_Job(seq, k))
+        if jobs:
+            self.modules = draft_modules(self.model)
+            self._draft(jobs)
+            for job in jobs:
+                result[id(job.seq)] = (job.drafts[: job.want], job.dists[: job.want])
+        return result
+
+    def _draft(self, jobs: list[_Job]) -> None:
+        """`MTPDrafter.draft` for every job, one depth at a time."""
+        for d in range(self.heads):
+            active = [j for j in jobs if d < min(j.k, j.drafter.depths)]
+            if not active:
+                return
+            inputs, ids, positions, layers, lengths = [], [], [], [], []
+            for j in active:
+                layer = j.drafter.cache.layers[self.first + d]
+                start, pending = layer.length, j.drafter.pending[d]
+                rows = pending if d == 0 else j.out if pending.shape[0] == 0 else torch.cat((pending, j.out))
+                assert rows.shape[0] == j.m - start, "MTP caches out of step"
+                j.start, j.inputs, j.layer = start, rows, layer
+                base = j.drafter.base
+                ids += j.seq.token_ids[base + start + d + 1 :] + j.drafts[max(0, start + d - j.m) :]
+                positions += range(base + start, base + j.m)
+                inputs.append(rows)
+                layers.append(layer)
+                lengths.append(rows.shape[0])
+            out = self._forward(d, torch.cat(inputs), ids, positions, layers, lengths)
+            a = 0
+            for j, n in zip(active, lengths, strict=True):
+                j.out, a = out[a : a + n], a + n
+            self._choose(active, torch.stack([j.out[-1] for j in active]))
+            if d == self.heads - 1:  # past the last head: it runs on autoregressively
+                hidden = {id(j): j.out[-1:] for j in active}
+                while more := [j for j in active if len(j.drafts) < j.k]:
+                    rows = [hidden[id(j)] for j in more]
+                    out = self._forward(d, torch.cat(rows), [j.drafts[-1] for j in more],
+                                        [j.drafter.base + j.layer.length for j in more],
+                                        [j.layer for j in more], [1] * len(more))
+                    for i, j in enumerate(more):
+                        hidden[id(j)] = out[i : i + 1]
+                    self._choose(more, out)
+            for j in active:  # keep only positions whose inputs are verified: j <= m - d - 1
+                j.layer.truncate(j.m - d)
+                keep = j.m - d - j.start
+                j.drafter.pending[d] = j.inputs[keep : keep + (1 if d else 0)]
+
+    def _forward(self, d: int, hidden: torch.Tensor, ids: list[int], positions, layers, lengths) -> torch.Tensor:
+        device = self.model.device
+        return self.model.mtp_forward(d, hidden, torch.tensor(ids, device=device),
+                                      torch.tensor(list(positions), device=device), None,
+                                      self.modules.mtp[d],
+                                      _SequenceLayers(layers, lengths, self.window, self.interval))
+
+    def _choose(self, jobs: list[_Job], hidden: torch.Tensor) -> None:
+        """Each job's next draft from its row of `hidden`: one lm-head call, one argmax for the
+        plain greedy ones."""
+        logits = self.modules.logits(hidden)
+        greedy = [j.state.plain_greedy for j in jobs]
+        top = logits.argmax(dim=-1).tolist() if any(greedy) else None
+        for i, (j, plain) in enumerate(zip(jobs, greedy, strict=True)):
+            if plain:
+                choice, dist = top[i], None
+            else:
+                choice, dist = j.state.chooser.choose(logits[i : i + 1], j.seq.token_ids + j.drafts)
+            j.drafts.append(choice)
+            j.dists.append(dist)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.config import ModelConfig
-from inference.engine.drafting import SequenceDrafts
+from inference.engine.drafting import BatchDrafter, SequenceDrafts
 from inference.engine.sequence import Sequence
 from inference.kv_cache import AttentionContext
 from inference.layers.attention import sparse_attention
@@ -172,6 +172,7 @@ class ModelRunner:
                                   model.model.embed_tokens.weight.dtype, self.device)
         self.sampler = Sampler()
         self.stats = SpeculativeStats(MAX_DRAFT)  # every speculative sequence's rounds
+        self.drafter = BatchDrafter(model) if self.config.num_mtp_heads else None
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> list[StepResult]:
@@ -179,16 +180,20 @@ class ModelRunner:
         n - 1 drafts); the result of each sequence, in batch order."""
         ids, positions, plan_batch = [], [], []
         sample_rows, sampling, verifying, starts = [], [], [], []
-        row = 0
+        wanted = []
         for seq, n in batch:
-            c = seq.num_computed_tokens
-            drafts, dists = [], []
             if seq.speculative_k:
                 if seq.drafts is None:
                     seq.drafts = SequenceDrafts(self.model, seq, self.sampler)
-                if n > 1 and c == seq.num_tokens - 1:
-                    drafts, dists = seq.drafts.draft(seq, n - 1)
-                    n = 1 + len(drafts)
+                if n > 1 and seq.num_computed_tokens == seq.num_tokens - 1:
+                    wanted.append((seq, n - 1))
+        drafted = self.drafter.draft(wanted) if wanted else {}
+        row = 0
+        for seq, n in batch:
+            c = seq.num_computed_tokens
+            drafts, dists = drafted.get(id(seq), ([], []))
+            if id(seq) in drafted:
+                n = 1 + len(drafts)
             if drafts:
                 ids.append(seq.token_ids[c])
                 ids.extend(drafts)
