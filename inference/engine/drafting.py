@@ -29,7 +29,7 @@ from inference.engine.sequence import Sequence
 from inference.kv_cache import KVCache
 from inference.layers.attention import SMALL_CHUNK, sparse_attention
 from inference.layers.sampler import Sampler
-from inference.speculative import MTPDrafter, draft_modules, _Chooser, greedy_accept, verify_drafts
+from inference.speculative import MTPDrafter, _Chooser, draft_modules, greedy_accept, verify_drafts
 
 
 class SequenceDrafts:
