@@ -262,3 +262,20 @@ def test_stats_reach_the_worker_metrics_and_bad_k_is_refused(demo):
     no_mtp = build(num_mtp_heads=0)
     with pytest.raises(ValueError, match="MTP heads"):
         engine_for(no_mtp).add_request([5, 6], speculative_k=2)
+
+
+def test_greedy_with_repetition_penalty_and_aborts(demo):
+    """Greedy with a penalty takes the general (non plain-greedy) draft and verify path: still
+    the plain tokens. An aborted speculative request gives its blocks back at once."""
+    model, tokenizer = demo
+    prompts = conversations(tokenizer, 4, seed=71)
+    params = SamplingParams(temperature=0, repetition_penalty=1.3, max_tokens=30)
+    outputs = run_checked(engine(model, tokenizer), prompts, params, [4, 2, 0, 8])
+    assert [o.token_ids for o in outputs] == plain(model, tokenizer, prompts, params)
+    eng = engine(model, tokenizer)
+    ids = [eng.add_request(p, GREEDY, speculative_k=4) for p in prompts]
+    for _ in range(3):
+        eng.step()
+    for request_id in ids:
+        eng.abort_request(request_id)
+    assert not eng.has_unfinished_requests() and eng.block_manager.all_free()
