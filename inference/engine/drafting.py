@@ -12,8 +12,8 @@ the single-request decoder uses, so both paths draft alike; `verify_drafts` deci
 over every sequence's rows (each sequence's attention against its own cache, `_SequenceLayers`)
 and one lm-head call, so a batch of 8 pays for the linears once, not 8 times. It runs exactly the
 steps `MTPDrafter.draft` runs for each sequence alone (same inputs, same cache rollback), only
-side by side; a sequence right after its prefill (its first draft runs MTP over the whole prompt,
-in window-sized pieces) drafts alone.
+side by side; a sequence right after the prefill of a prompt longer than the window drafts alone
+(its first draft runs MTP over the prompt in window-sized pieces).
 
 A drafter starts at the first position the engine computes for the sequence (`base`): positions
 a prefix-cache hit served have no main-model hidden state here, so MTP attends to fewer
@@ -27,7 +27,7 @@ import torch
 
 from inference.engine.sequence import Sequence
 from inference.kv_cache import KVCache
-from inference.layers.attention import SMALL_CHUNK, sparse_attention
+from inference.layers.attention import sparse_attention
 from inference.layers.sampler import Sampler
 from inference.speculative import MTPDrafter, _Chooser, draft_modules, greedy_accept, verify_drafts
 
@@ -118,8 +118,10 @@ class BatchDrafter:
         result, jobs = {}, []
         for seq, k in wanted:
             drafter = seq.drafts.drafter
-            if k < 1 or not drafter.num_pending or drafter.num_pending > SMALL_CHUNK:
-                result[id(seq)] = seq.drafts.draft(seq, k)  # alone: nothing yet, or a whole prompt
+            # alone: nothing to start from yet, or a prompt longer than the window (its first
+            # draft runs MTP over it in window-sized pieces, so that the caches can roll back)
+            if k < 1 or not drafter.num_pending or drafter.num_pending + self.heads > drafter.window:
+                result[id(seq)] = seq.drafts.draft(seq, k)
             else:
                 jobs.append(_Job(seq, k))
         if jobs:
