@@ -39,7 +39,10 @@ class EngineBackend:
             kv_cache_bytes=settings.engine_kv_cache_bytes,
             speculative_k=settings.engine_speculative_k,
         )
-        engine = LLMEngine.from_engine_args(args)
+        try:
+            engine = LLMEngine.from_engine_args(args)
+        except ValueError as exc:  # e.g. ENGINE_SPECULATIVE_K for a checkpoint without MTP heads
+            raise LLMError(f"engine settings refused: {exc}", transient=False) from exc
         if args.speculative_k:
             log.info("engine decodes with MTP speculative decoding, %d drafts per step", args.speculative_k)
         return cls(EngineService(engine), path.name)

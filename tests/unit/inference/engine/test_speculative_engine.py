@@ -279,3 +279,26 @@ def test_greedy_with_repetition_penalty_and_aborts(demo):
     for request_id in ids:
         eng.abort_request(request_id)
     assert not eng.has_unfinished_requests() and eng.block_manager.all_free()
+
+
+def test_worker_engine_takes_k_from_settings(tmp_path):
+    """ENGINE_SPECULATIVE_K reaches the worker's engine; a checkpoint without MTP heads is refused
+    with a clear, non-transient error."""
+    from types import SimpleNamespace
+
+    from tests.unit.inference.helpers import glm5_config, write_checkpoint
+    from worker.engine_backend import EngineBackend
+    from worker.llm import LLMError
+
+    def settings(path, k):
+        return SimpleNamespace(model_dir=str(path), engine_max_num_seqs=4, engine_max_model_len=None,
+                               engine_kv_cache_bytes=1 << 22, engine_speculative_k=k)
+
+    backend = EngineBackend.from_settings(settings(write_checkpoint(tmp_path / "mtp", glm5_config()), 3))
+    try:
+        assert backend.service.engine.args.speculative_k == 3
+    finally:
+        backend.close()
+    with pytest.raises(LLMError, match="MTP heads") as failure:
+        EngineBackend.from_settings(settings(write_checkpoint(tmp_path / "no", glm5_config(num_mtp_heads=0)), 3))
+    assert not failure.value.transient
