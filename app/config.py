@@ -167,6 +167,8 @@ class Settings(BaseSettings):
     engine_max_num_seqs: int = 64
     engine_max_model_len: int | None = None
     engine_kv_cache_bytes: int | None = None
+    engine_speculative_k: int = Field(default=0, ge=0, le=8,
+                                      description="MTP drafts per step for every chat (0 = plain decoding)")
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: SecretStr = SecretStr("")
     openai_model: str = "glm-4"

@@ -3,7 +3,10 @@
 1. The demo model (`models/demo`), greedy answers to handbook questions: decode tokens/s of plain
    decoding against MTP speculative decoding at k = 1..4, with the mean accepted length (tokens
    per main-model forward) and the acceptance per draft position.
-2. Decode tokens/s at batch 1, fp32 vs bf16 vs int8 (W8A16), on the demo model and on a random
+2. The same through the serving engine, eight questions in one continuous batch: tokens/s of
+   plain decoding against batched speculative decoding at k=4 (each sequence drafts with its own
+   MTP caches; one verify forward for the whole batch).
+3. Decode tokens/s at batch 1, fp32 vs bf16 vs int8 (W8A16), on the demo model and on a random
    ~100M-parameter glm5_sparse model (where weight bandwidth, not per-op overhead, decides);
    and at batch 8, eight requests in one continuous batch of the serving engine.
 The machine is shared, so every comparison runs interleaved in one process and reports medians.
@@ -75,6 +78,45 @@ def _demo_speculative(model_dir: str, questions: int, repeats: int) -> None:
             f"   MTP k={k}    {statistics.median(rates[k]):7.1f} tok/s  {statistics.median(ratios[k]):4.2f}x  "
             f"mean accepted length {emitted / rounds:4.2f}  acceptance per position {per_position}"
         )
+
+
+def _engine_speculative(model_dir: str, repeats: int, batch: int = 8, k: int = 4) -> None:
+    """`batch` handbook questions in one engine batch, plain and k interleaved (A/B/A/B);
+    tokens/s over the whole run (prefill included), medians of `repeats` runs per question set."""
+    llm = LLM.from_pretrained(model_dir, dtype="float32")
+    qa = load_qa()
+    params = SamplingParams(temperature=0, max_tokens=128)
+    rates: dict[int, list[float]] = {0: [], k: []}
+    ratios, stats = [], None
+    for r in range(repeats + 1):  # the first round warms up
+        prompts = [[{"role": "user", "content": item["question"]}] for item in qa[r :: 37][:batch]]
+        row = {}
+        for kk in (0, k):
+            engine = LLMEngine(llm.model, llm.tokenizer, EngineArgs(kv_cache_bytes=1 << 28),
+                               sorted(llm.eos_token_ids))
+            start = time.perf_counter()
+            outputs = engine.generate(prompts, params, speculative_k=kk)
+            row[kk] = sum(o.completion_tokens for o in outputs) / (time.perf_counter() - start)
+            if kk and r:
+                stats = engine.speculative_stats if stats is None else _merged(stats, engine.speculative_stats)
+        if r:
+            for kk in row:
+                rates[kk].append(row[kk])
+            ratios.append(row[k] / row[0])
+    per_position = " ".join(f"{a:.2f}" for a in stats.acceptance[:k])
+    print(f"2. serving engine, batch {batch} (handbook questions, greedy, fp32; medians of {repeats})")
+    print(f"   plain      {statistics.median(rates[0]):7.1f} tok/s")
+    print(f"   MTP k={k}    {statistics.median(rates[k]):7.1f} tok/s  {statistics.median(ratios):4.2f}x  "
+          f"mean accepted length {stats.mean_accepted_length:4.2f}  acceptance per position {per_position}")
+
+
+def _merged(a, b):
+    """Two engines' `SpeculativeStats` summed."""
+    a.proposed = [x + y for x, y in zip(a.proposed, b.proposed, strict=True)]
+    a.accepted = [x + y for x, y in zip(a.accepted, b.accepted, strict=True)]
+    a.length_counts = [x + y for x, y in zip(a.length_counts, b.length_counts, strict=True)]
+    a.rounds, a.emitted = a.rounds + b.rounds, a.emitted + b.emitted
+    return a
 
 
 def _decode_rate(llm: LLM, prompt: list[int]) -> float:
@@ -164,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     _demo_speculative(args.model, args.questions, args.repeats)
-    print(f"2. decode, fp32 vs bf16 vs int8 ({PROMPT}-token prompts, {NEW_TOKENS} new tokens, medians)")
+    _engine_speculative(args.model, args.repeats)
+    print(f"3. decode, fp32 vs bf16 vs int8 ({PROMPT}-token prompts, {NEW_TOKENS} new tokens, medians)")
     _dtype_table("demo model", LLM.from_pretrained(args.model, dtype="float32").model, args.repeats)
     _dtype_table("random glm5_sparse", _random_100m(), args.repeats)
 

@@ -119,15 +119,24 @@ class LayerCache:
         if self.length - length > ROLLBACK_LIMIT or length < self._floor:
             raise ValueError(f"a sparse cache rolls back at most {ROLLBACK_LIMIT} positions, never into a chunk longer than the window")
         w, g = self.window, self.interval
-        dropped = torch.arange(min(max(length, w), self.length), self.length, device=self.k.device)
-        self.k[:, dropped % w] = self._undo_k[:, dropped % ROLLBACK_LIMIT]
-        self.v[:, dropped % w] = self._undo_v[:, dropped % ROLLBACK_LIMIT]
+        if self.length > w:  # before that the dropped positions overwrote nothing
+            dropped = torch.arange(max(length, w), self.length, device=self.k.device)
+            self.k[:, dropped % w] = self._undo_k[:, dropped % ROLLBACK_LIMIT]
+            self.v[:, dropped % w] = self._undo_v[:, dropped % ROLLBACK_LIMIT]
         complete = length // g
         del self.node_positions[complete:]
         self._filled = length - complete * g
-        kept = torch.arange(complete * g, length, device=self.k.device)
-        self._block_norms[: self._filled] = self._norm_log[kept % self._norm_log.numel()]
+        if self._filled:
+            self._block_norms[: self._filled] = self._norm_slice(complete * g, length)
         self.length = length
+
+    def _norm_slice(self, a: int, b: int) -> torch.Tensor:
+        """The logged norms of positions `[a, b)` (a plain slice unless the log wraps there:
+        speculative rollback runs this for every layer, every round)."""
+        size = self._norm_log.numel()
+        if a % size + (b - a) <= size:
+            return self._norm_log[a % size : a % size + (b - a)]
+        return self._norm_log[torch.arange(a, b, device=self._norm_log.device) % size]
 
     def _log(self, norms: torch.Tensor, start: int) -> None:
         """Note what the newest positions overwrite, so that `truncate` can restore it."""
@@ -140,8 +149,13 @@ class LayerCache:
             return
         if n > w:  # only the chunk's last w positions reach the ring: no rolling back into it
             self._floor = start + n
-        recent = torch.arange(max(start, start + n - self._norm_log.numel()), start + n, device=norms.device)
-        self._norm_log[recent % self._norm_log.numel()] = norms[recent - start].float()
+        size = self._norm_log.numel()
+        first = max(start, start + n - size)
+        if first % size + (start + n - first) <= size:  # no wrap: one slice
+            self._norm_log[first % size : first % size + start + n - first] = norms[first - start :]
+        else:
+            recent = torch.arange(first, start + n, device=norms.device)
+            self._norm_log[recent % size] = norms[recent - start].float()
         if start + n > w:
             recent = torch.arange(max(start, w, start + n - ROLLBACK_LIMIT), start + n, device=norms.device)
             self._undo_k[:, recent % ROLLBACK_LIMIT] = self.k[:, recent % w]
@@ -205,6 +219,13 @@ class LayerCache:
             local = min(start + 1, w)
             end = w + self._valid_nodes(start) if local == w else local
             return AttentionContext(self.k[:, :end], self.v[:, :end], local, None, start)
+        if start + n <= w:
+            # The ring has not wrapped: slot p holds position p, so the ring itself is the
+            # context in position order (no node is valid yet). No copy of the window: that copy
+            # made a 5-token speculative verify cost 1.6x a decode step on the demo model.
+            self.k[:, start : start + n] = k
+            self.v[:, start : start + n] = v
+            return AttentionContext(self.k[:, : start + n], self.v[:, : start + n], start + n, 0, start)
         # Prefill: lay the previous window out in position order, followed by the chunk.
         prev = torch.arange(max(0, start - w + 1), start, device=k.device)
         nodes = slice(w, w + self.num_nodes)
@@ -219,11 +240,16 @@ class LayerCache:
 class KVCache:
     """All layers of one sequence: the decoder layers, then one per MTP module."""
 
-    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None,
+                 mtp_only: bool = False) -> None:
+        """`mtp_only`: the MTP layers alone (the decoder layers' entries are None), for a
+        sequence whose decoder layers live in the serving engine's paged cache."""
         self.num_hidden_layers = config.num_hidden_layers
         count = config.num_hidden_layers + config.num_mtp_heads
         self.layers = [
-            LayerCache(
+            None
+            if mtp_only and i < config.num_hidden_layers
+            else LayerCache(
                 config.num_key_value_heads,
                 config.head_dim,
                 config.sliding_window,
@@ -231,7 +257,7 @@ class KVCache:
                 dtype or config.dtype,
                 torch.device(device),
             )
-            for _ in range(count)
+            for i in range(count)
         ]
 
     @property
@@ -245,4 +271,4 @@ class KVCache:
             layer.truncate(length)
 
     def nbytes(self) -> int:
-        return sum(layer.nbytes() for layer in self.layers)
+        return sum(layer.nbytes() for layer in self.layers if layer is not None)

@@ -13,8 +13,11 @@ one-hot p and q: identical tokens to plain greedy decoding.
 
 MTP caches follow training exactly: depth d at position j reads the depth d-1 state at j and the
 token j + d + 1, so its cache keeps only positions whose inputs are verified (j <= m - d - 1 with
-m the verified length) and recomputes the rest each round from `pending` rows. Single sequence
-only: batched speculative decoding inside the serving engine is not done here.
+m the verified length) and recomputes the rest each round from `pending` rows.
+
+`SpeculativeDecoder` runs one request; the serving engine (`inference.engine`) drafts with the
+same `MTPDrafter` per sequence and verifies every sequence of a step in one batched forward,
+with the same `verify_drafts`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,15 @@ class SpeculativeStats:
         self.proposed = self.proposed or [0] * self.k
         self.accepted = self.accepted or [0] * self.k
         self.length_counts = self.length_counts or [0] * (self.k + 1)
+
+    def count(self, drafted: int, accepted: int) -> None:
+        """One verify round that checked `drafted` drafts and kept the first `accepted`."""
+        for i in range(drafted):
+            self.proposed[i] += 1
+            self.accepted[i] += i < accepted
+        self.rounds += 1
+        self.emitted += accepted + 1
+        self.length_counts[accepted] += 1
 
     @property
     def acceptance(self) -> list[float]:
@@ -130,15 +142,20 @@ def draft_modules(model: Glm5SparseForCausalLM) -> DraftModules:
 
 
 class MTPDrafter:
-    """The MTP heads of one sequence and their caches (the last layers of `cache`)."""
+    """The MTP heads of one sequence and their caches (the last layers of `cache`).
 
-    def __init__(self, model: Glm5SparseForCausalLM, cache: KVCache, k: int) -> None:
+    `base`: the first position whose main-model hidden state the drafter is given (the serving
+    engine does not compute the positions a prefix-cache hit serves): the MTP caches hold
+    positions `[base, ...)` only, so drafts see a shorter context there. That changes only how
+    often drafts are accepted, never the output: the main model verifies every draft."""
+
+    def __init__(self, model: Glm5SparseForCausalLM, cache: KVCache, k: int, base: int = 0) -> None:
         heads = model.config.num_mtp_heads
         if heads == 0:
             raise ValueError(
                 "speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)"
             )
-        self.model, self.cache, self.k = model, cache, k
+        self.model, self.cache, self.k, self.base = model, cache, k, base
         self.depths = min(k, heads)
         self.window = model.config.sliding_window or 2048
         self.first = model.config.num_hidden_layers  # cache layer of depth 0
@@ -156,10 +173,16 @@ class MTPDrafter:
         pending = self.pending[0]
         self.pending[0] = hidden if pending.shape[0] == 0 else torch.cat((pending, hidden))
 
+    @property
+    def num_pending(self) -> int:
+        """Verified depth-0 inputs not yet run: drafting needs at least one."""
+        return self.pending[0].shape[0]
+
     def _run(self, depth: int, hidden: torch.Tensor, ids: list[int], start: int) -> torch.Tensor:
-        """Depth `depth` over positions `[start, start + len(ids))`, in pieces no longer than the
-        window so that the newest positions can always be rolled back."""
+        """Depth `depth` over cache rows `[start, start + len(ids))` (positions `base + start ...`),
+        in pieces no longer than the window so that the newest positions can always be rolled back."""
         device, outs = self.model.device, []
+        start += self.base
         for a in range(0, len(ids), self.window):
             b = min(a + self.window, len(ids))
             positions = torch.arange(start + a, start + b, device=device)
@@ -175,7 +198,8 @@ class MTPDrafter:
         self, tokens: list[int], k: int, chooser: _Chooser
     ) -> tuple[list[int], list[torch.Tensor | None]]:
         """Up to `k` drafts after `tokens` (all verified; the last one not yet run by the model)."""
-        m = len(tokens) - 1  # positions [0, m) are in the main cache
+        base = self.base
+        m = len(tokens) - 1 - base  # positions [base, base + m) are in the main cache
         drafts: list[int] = []
         dists: list[torch.Tensor | None] = []
 
@@ -194,7 +218,7 @@ class MTPDrafter:
             inputs = pending if d == 0 else out if pending.shape[0] == 0 else torch.cat((pending, out))
             assert inputs.shape[0] == m - start, "MTP caches out of step"
             # position j reads token j + d + 1: verified tokens, then the d drafts so far
-            out = self._run(d, inputs, tokens[start + d + 1 :] + drafts[max(0, start + d - m) :], start)
+            out = self._run(d, inputs, tokens[base + start + d + 1 :] + drafts[max(0, start + d - m) :], start)
             choose(out[-1:])
             if d == self.depths - 1:
                 hidden = out[-1:]
@@ -270,32 +294,43 @@ class SpeculativeDecoder:
         tokens: list[int],
         chooser: _Chooser,
     ) -> tuple[int, int]:
-        """How many drafts are accepted, and the token that follows them."""
-        if chooser.plain_greedy:
-            targets = logits.argmax(dim=-1).tolist()
-            n = 0
-            while n < len(drafts) and drafts[n] == targets[n]:
-                n += 1
-            return n, targets[n]
-        for i, (x, q) in enumerate(zip(drafts, dists, strict=True)):
-            p = chooser.probs(logits[i : i + 1], tokens + drafts[:i])
-            if chooser.params.is_greedy:
-                accept = bool(p[x] > 0)  # one-hot p: accept the model's own argmax only
-            else:
-                accept = chooser.uniform() < min(1.0, float(p[x] / q[x]))
-            if not accept:
-                residual = (p - q).clamp(min=0)
-                total = residual.sum()
-                residual = residual / total if total > 0 else p
-                return i, chooser.draw(residual)
-        p = chooser.probs(logits[len(drafts) : len(drafts) + 1], tokens + drafts)
-        return len(drafts), chooser.draw(p)
+        return verify_drafts(logits, drafts, dists, tokens, chooser)
 
     def _count(self, drafted: int, accepted: int) -> None:
-        stats = self.stats
-        for i in range(drafted):
-            stats.proposed[i] += 1
-            stats.accepted[i] += i < accepted
-        stats.rounds += 1
-        stats.emitted += accepted + 1
-        stats.length_counts[accepted] += 1
+        self.stats.count(drafted, accepted)
+
+
+def verify_drafts(
+    logits: torch.Tensor,
+    drafts: list[int],
+    dists: list[torch.Tensor | None],
+    tokens: list[int],
+    chooser: _Chooser,
+) -> tuple[int, int]:
+    """How many drafts are accepted, and the token that follows them. `logits [len(drafts) + 1,
+    V]`: the main model's at the last verified token and at each draft; `dists` the
+    distributions the drafts were drawn from (None for plain greedy)."""
+    if chooser.plain_greedy:
+        targets = logits.argmax(dim=-1).tolist()
+        return greedy_accept(drafts, targets)
+    for i, (x, q) in enumerate(zip(drafts, dists, strict=True)):
+        p = chooser.probs(logits[i : i + 1], tokens + drafts[:i])
+        if chooser.params.is_greedy:
+            accept = bool(p[x] > 0)  # one-hot p: accept the model's own argmax only
+        else:
+            accept = chooser.uniform() < min(1.0, float(p[x] / q[x]))
+        if not accept:
+            residual = (p - q).clamp(min=0)
+            total = residual.sum()
+            residual = residual / total if total > 0 else p
+            return i, chooser.draw(residual)
+    p = chooser.probs(logits[len(drafts) : len(drafts) + 1], tokens + drafts)
+    return len(drafts), chooser.draw(p)
+
+
+def greedy_accept(drafts: list[int], targets: list[int]) -> tuple[int, int]:
+    """Plain greedy: the drafts that equal the model's argmax, then the model's own next token."""
+    n = 0
+    while n < len(drafts) and drafts[n] == targets[n]:
+        n += 1
+    return n, targets[n]

@@ -8,6 +8,7 @@ retried), a device failure such as out-of-memory is transient (503, retried).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from inference.sampling_params import SamplingParams
 from worker.engine_service import EngineService
 from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
 
+log = logging.getLogger(__name__)
 TOO_LONG = "Your conversation is too long for the model. Please shorten the message or start a new chat."
 
 
@@ -35,8 +37,15 @@ class EngineBackend:
             max_num_seqs=settings.engine_max_num_seqs,
             max_model_len=settings.engine_max_model_len,
             kv_cache_bytes=settings.engine_kv_cache_bytes,
+            speculative_k=settings.engine_speculative_k,
         )
-        return cls(EngineService(LLMEngine.from_engine_args(args)), path.name)
+        try:
+            engine = LLMEngine.from_engine_args(args)
+        except ValueError as exc:  # e.g. ENGINE_SPECULATIVE_K for a checkpoint without MTP heads
+            raise LLMError(f"engine settings refused: {exc}", transient=False) from exc
+        if args.speculative_k:
+            log.info("engine decodes with MTP speculative decoding, %d drafts per step", args.speculative_k)
+        return cls(EngineService(engine), path.name)
 
     @staticmethod
     def _params(params: GenerationParams) -> SamplingParams:

@@ -157,7 +157,10 @@ class BlockManager:
     # -- after a step -----------------------------------------------------------------------------
     def advance(self, seq: Sequence) -> None:
         """After positions up to `seq.num_computed_tokens` are in the cache: key the blocks that
-        just became full, then release the ones that slid out of the window."""
+        just became full, release the ones that slid out of the window and those past the end
+        (a speculative step allocates for every draft; the rejected ones leave blocks that hold
+        no kept position). Only full blocks of kept positions are keyed: a prefix-cache hash
+        never covers a rejected draft."""
         full = seq.num_computed_tokens // self.block_size
         if self.enable_prefix_caching:
             self._update_hashes(seq, full * self.block_size)
@@ -172,6 +175,13 @@ class BlockManager:
                 self.blocks.release(seq.block_table[i])
                 seq.block_table[i] = -1
         seq.num_slid_out = max(seq.num_slid_out, first)
+        held = -(-seq.num_computed_tokens // self.block_size)
+        while len(seq.block_table) > held:
+            block = seq.block_table.pop()
+            if block >= 0:
+                self.blocks.release(block)
+            if self.nodes is not None:
+                self.nodes.release(seq.node_table.pop())
 
     def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
         b = self.block_size

@@ -1,7 +1,8 @@
 """The serving engine: `add_request`, then `step()` until done (or `generate` for a batch).
 
 Each step: the scheduler picks the batch, the model runner computes it on the paged cache and
-samples, and postprocessing appends the tokens, streams text and retires finished requests.
+samples (or, for speculative sequences, drafts with the MTP heads and verifies), and
+postprocessing appends the tokens, streams text and retires finished requests.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from inference.layers.sampler import generator_for
 from inference.llm import Prompt, _TextOut
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
+from inference.speculative import MAX_DRAFT, SpeculativeStats
 from inference.tokenizer import ChatTokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -31,7 +33,8 @@ CPU_KV_CACHE_BYTES = 1 << 30
 class EngineArgs:
     """Engine settings, named as vLLM names them. The KV budget is `kv_cache_bytes` when set,
     else on CUDA `gpu_memory_utilization` of the device memory minus what is already in use
-    (weights), else 1 GiB on CPU. `max_model_len` defaults to what one sequence can hold."""
+    (weights), else 1 GiB on CPU. `max_model_len` defaults to what one sequence can hold.
+    `speculative_k`: MTP drafts per step for requests that do not choose (0 = plain decoding)."""
 
     model: str | None = None
     block_size: int = 64
@@ -46,12 +49,15 @@ class EngineArgs:
     device: str | None = None
     sliding_window: int | None = None
     global_interval: int | None = None
+    speculative_k: int = 0
 
     def __post_init__(self) -> None:
         if self.scheduler_policy != "fcfs":
             raise ValueError(f"scheduler_policy {self.scheduler_policy!r}: only 'fcfs' is supported")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be positive")
+        if not 0 <= self.speculative_k <= MAX_DRAFT:
+            raise ValueError(f"speculative_k must be in 0..{MAX_DRAFT}, got {self.speculative_k}")
 
 
 @dataclass
@@ -89,7 +95,10 @@ class LLMEngine:
                                           config.global_interval, self.runner.cache.num_node_pages,
                                           args.enable_prefix_caching)
         self.max_model_len = self._max_model_len(num_blocks)
-        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens,
+                                   self.max_model_len)
+        if args.speculative_k:
+            self._check_speculative(args.speculative_k)
         self.requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
 
@@ -101,6 +110,18 @@ class LLMEngine:
         model = load_model(model_dir, config, args.device)
         tokenizer = ChatTokenizer.from_pretrained(model_dir) if (model_dir / "tokenizer.json").exists() else None
         return cls(model, tokenizer, args, config.eos_token_ids)
+
+    @property
+    def speculative_stats(self) -> SpeculativeStats:
+        """Drafts proposed and accepted per draft position and accepted lengths, summed over
+        every speculative request so far (`worker/metrics.py` exports them)."""
+        return self.runner.stats
+
+    def _check_speculative(self, k: int) -> None:
+        if not 0 <= k <= MAX_DRAFT:
+            raise ValueError(f"speculative_k must be in 0..{MAX_DRAFT}, got {k}")
+        if k and not self.model.config.num_mtp_heads:
+            raise ValueError("speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)")
 
     def _kv_budget(self, device: torch.device) -> int:
         if self.args.kv_cache_bytes is not None:
@@ -142,10 +163,13 @@ class LLMEngine:
         return list(prompt)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, speculative_k: int | None = None) -> str:
         """Queue a request; raises `PromptTooLongError` when the prompt leaves no room for one
-        new token within `max_model_len`, `ValueError` for an empty prompt."""
+        new token within `max_model_len`, `ValueError` for an empty prompt. `speculative_k`
+        (1..8 drafts per step, 0 plain) overrides `EngineArgs.speculative_k` for this request."""
         params = params or SamplingParams()
+        k = self.args.speculative_k if speculative_k is None else speculative_k
+        self._check_speculative(k)
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ValueError("empty prompt")
@@ -155,7 +179,7 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer")
         request_id = request_id or str(next(self._ids))
         seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
-                       generator_for(params, self.model.device))
+                       generator_for(params, self.model.device), k)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -174,49 +198,66 @@ class LLMEngine:
         if not batch:
             return []
         try:
-            tokens = self.runner.run(batch)
+            results = self.runner.run(batch)
         except torch.OutOfMemoryError as exc:
             # Fail the request with the most tokens in the step (the likeliest cause); the others
             # keep their blocks and are simply scheduled again (their positions get rewritten).
+            # Drafters may have run ahead: they start afresh from what the cache holds.
+            for other, _ in batch:
+                other.drafts = None
             seq = max(batch, key=lambda item: item[1])[0]
             error = RequestFailedError(f"out of memory on {self.model.device.type} running request {seq.request_id}")
             error.__cause__ = exc
             self.scheduler.finish(seq, "error", error)
             self.requests.pop(seq.request_id, None)
             return [self._output(seq, [], "")]
-        self.scheduler.advance(batch)
-        return [self._postprocess(seq, token) for (seq, _), token in zip(batch, tokens, strict=True)
-                if token is not None]
+        outputs = []
+        for (seq, _), result in zip(batch, results, strict=True):
+            if result.tokens:
+                outputs.append(self._postprocess(seq, result.tokens))
+            if not seq.is_finished:
+                self.scheduler.advance(seq, result.kept)
+        return outputs
 
-    def _postprocess(self, seq: Sequence, token: int) -> RequestOutput:
-        seq.token_ids.append(token)
+    def _postprocess(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
+        """Append the step's tokens one by one, stopping at the first that ends the request
+        (EOS, a stop string, `max_tokens`, `max_model_len`): accepted drafts past it are dropped."""
         out, params, reason = seq.text_out, seq.params, None
-        delta = ""
-        if token in self.eos_token_ids and not params.ignore_eos:
-            reason = "stop"
-        else:
-            delta = out.push(token)
-            if out.stopped:
+        delta, new = "", []
+        for token in tokens:
+            seq.token_ids.append(token)
+            new.append(token)
+            if token in self.eos_token_ids and not params.ignore_eos:
                 reason = "stop"
-            elif seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-                reason = "length"
+            else:
+                delta += out.push(token)
+                if out.stopped:
+                    reason = "stop"
+                elif seq.num_completion_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                    reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
             delta += out.flush()
             self.scheduler.finish(seq, reason)
             self.requests.pop(seq.request_id, None)
-        return self._output(seq, [token], delta)
+        return self._output(seq, new, delta)
 
     def _output(self, seq: Sequence, new: list[int], delta: str) -> RequestOutput:
         return RequestOutput(seq.request_id, new, delta, seq.completion_token_ids, seq.text_out.text,
                              seq.num_prompt_tokens, seq.num_cached_tokens, seq.is_finished,
                              seq.finish_reason, seq.error)
 
-    def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
-        """Run a batch to the end; the final output of each prompt, in order."""
+    def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams] | None = None,
+                 speculative_k: int | list[int | None] | None = None) -> list[RequestOutput]:
+        """Run a batch to the end; the final output of each prompt, in order. `speculative_k`:
+        one for all, or one per prompt (None: `EngineArgs.speculative_k`)."""
         if not isinstance(params, list):
             params = [params or SamplingParams()] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        if not isinstance(speculative_k, list):
+            speculative_k = [speculative_k] * len(prompts)
+        ids = [self.add_request(p, sp, speculative_k=k)
+               for p, sp, k in zip(prompts, params, speculative_k, strict=True)]
         final: dict[str, RequestOutput] = {}
         while len(final) < len(ids):
             for output in self.step():

@@ -9,7 +9,12 @@ for each sequence gathers its window and its valid nodes from the pools into the
 `sparse_attention` (SDPA), so both paths give the same numbers. The slot indices are worked
 out once per step (`StepPlan`) and shared by all layers, since every layer has the same blocks.
 
-MTP layers are not cached here (speculative decoding is not served by this engine yet).
+Speculative sequences (`Sequence.speculative_k`): before the forward each decoding one drafts
+with its MTP heads (`inference.engine.drafting`), its drafts join the batch as extra rows after
+its last token, and after the forward its rows are verified: the accepted prefix plus the
+model's own next token come back, and `kept` says how many of its positions stay in the cache
+(the rest are simply overwritten by the next step; the block manager frees blocks past them).
+Plain and speculative sequences, prefill chunks and verifies share the one forward.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from dataclasses import dataclass
 import torch
 
 from inference.config import ModelConfig
+from inference.engine.drafting import BatchDrafter, SequenceDrafts
 from inference.engine.sequence import Sequence
 from inference.kv_cache import AttentionContext
 from inference.layers.attention import sparse_attention
 from inference.layers.sampler import Sampler
+from inference.speculative import MAX_DRAFT, SpeculativeStats
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -148,6 +155,15 @@ class PagedBatch:
         self.layers = [PagedLayer(cache, i, plan, config) for i in range(config.num_hidden_layers)]
 
 
+@dataclass
+class StepResult:
+    """What one step did for one sequence: `kept` positions are in the cache for good, `tokens`
+    are its new tokens (none in the middle of a prompt; several after accepted drafts)."""
+
+    kept: int
+    tokens: list[int]
+
+
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int) -> None:
         self.model, self.config, self.block_size = model, model.config, block_size
@@ -155,29 +171,72 @@ class ModelRunner:
         self.cache = PagedKVCache(self.config, num_blocks, block_size,
                                   model.model.embed_tokens.weight.dtype, self.device)
         self.sampler = Sampler()
+        self.stats = SpeculativeStats(MAX_DRAFT)  # every speculative sequence's rounds
+        self.drafter = BatchDrafter(model) if self.config.num_mtp_heads else None
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> list[int | None]:
-        """Compute the scheduled tokens; return the next token of each sequence whose last
-        chunk this was (None for a sequence still in the middle of its prompt)."""
-        ids, positions, last_rows, sampling = [], [], [], []
+    def run(self, batch: list[tuple[Sequence, int]]) -> list[StepResult]:
+        """Compute the scheduled tokens (for a speculative sequence, its last token and up to
+        n - 1 drafts); the result of each sequence, in batch order."""
+        ids, positions, plan_batch = [], [], []
+        sample_rows, sampling, verifying, starts = [], [], [], []
+        wanted = []
+        for seq, n in batch:
+            if seq.speculative_k:
+                if seq.drafts is None:
+                    seq.drafts = SequenceDrafts(self.model, seq, self.sampler)
+                if n > 1 and seq.num_computed_tokens == seq.num_tokens - 1:
+                    wanted.append((seq, n - 1))
+        drafted = self.drafter.draft(wanted) if wanted else {}
         row = 0
         for seq, n in batch:
             c = seq.num_computed_tokens
-            ids.extend(seq.token_ids[c : c + n])
+            drafts, dists = drafted.get(id(seq), ([], []))
+            if id(seq) in drafted:
+                n = 1 + len(drafts)
+            if drafts:
+                ids.append(seq.token_ids[c])
+                ids.extend(drafts)
+                verifying.append((seq, row, drafts, dists))
+            else:
+                ids.extend(seq.token_ids[c : c + n])
+                if c + n == seq.num_tokens:
+                    sample_rows.append(row + n - 1)
+                    sampling.append(seq)
             positions.extend(range(c, c + n))
+            plan_batch.append((seq, n))
+            starts.append(row)
             row += n
-            if c + n == seq.num_tokens:
-                last_rows.append(row - 1)
-                sampling.append(seq)
-        plan = StepPlan(batch, self.config, self.block_size, self.device)
+        plan = StepPlan(plan_batch, self.config, self.block_size, self.device)
         hidden = self.model(torch.tensor(ids, device=self.device),
                             torch.tensor(positions, device=self.device),
                             PagedBatch(self.cache, plan, self.config))
-        tokens: dict[int, int] = {}
+        results = {id(seq): StepResult(n, []) for seq, n in plan_batch}
         if sampling:
-            logits = self.model.compute_logits(hidden[torch.tensor(last_rows, device=self.device)])
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
             drawn = self.sampler(logits, [s.params for s in sampling], [s.token_ids for s in sampling],
                                  [s.generator for s in sampling])
-            tokens = {id(s): t for s, t in zip(sampling, drawn.tolist(), strict=True)}
-        return [tokens.get(id(seq)) for seq, _ in batch]
+            for seq, token in zip(sampling, drawn.tolist(), strict=True):
+                results[id(seq)].tokens.append(token)
+        if verifying:
+            self._verify(hidden, verifying, results)
+        for (seq, _), start in zip(plan_batch, starts, strict=True):
+            if seq.drafts is not None:  # the main model's hidden states of the kept positions
+                seq.drafts.drafter.add_verified(hidden[start : start + results[id(seq)].kept])
+        return [results[id(seq)] for seq, _ in plan_batch]
+
+    def _verify(self, hidden: torch.Tensor, verifying: list, results: dict[int, StepResult]) -> None:
+        """Check the drafts of every speculative sequence: one lm-head call and, for the plain
+        greedy ones, one argmax and one host copy for all of them."""
+        rows = torch.cat([torch.arange(r, r + len(d) + 1) for _, r, d, _ in verifying]).to(self.device)
+        logits = self.model.compute_logits(hidden[rows])
+        greedy = [seq.drafts.plain_greedy for seq, *_ in verifying]
+        targets = logits.argmax(dim=-1).tolist() if any(greedy) else None
+        a = 0
+        for (seq, _, drafts, dists), plain in zip(verifying, greedy, strict=True):
+            n = len(drafts) + 1
+            mine = targets[a : a + n] if plain else None
+            accepted, token = seq.drafts.verify(seq, logits[a : a + n], drafts, dists, mine)
+            self.stats.count(len(drafts), accepted)
+            results[id(seq)] = StepResult(accepted + 1, [*drafts[:accepted], token])
+            a += n

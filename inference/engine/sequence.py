@@ -24,6 +24,10 @@ class Sequence:
     `block_table[i]` is the cache block of positions `[i*B, (i+1)*B)`, or -1 once it slid out of
     the window (sparse attention); `node_table[i]` is the node page holding the key nodes elected
     in those positions (sparse only), kept for the whole sequence.
+
+    `speculative_k` (0 = plain decoding) is how many MTP drafts the sequence may verify per
+    step; `drafts` holds its drafter (`inference.engine.drafting.SequenceDrafts`), made by the
+    model runner and dropped whenever the sequence's cache is (preemption, a failed step).
     """
 
     def __init__(
@@ -33,6 +37,7 @@ class Sequence:
         params: SamplingParams,
         text_out: Any = None,
         generator: torch.Generator | None = None,
+        speculative_k: int = 0,
     ) -> None:
         self.request_id = request_id
         self.token_ids = list(prompt_ids)
@@ -52,6 +57,8 @@ class Sequence:
         self.error: Exception | None = None
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
+        self.speculative_k = speculative_k
+        self.drafts: Any = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

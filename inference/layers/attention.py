@@ -52,6 +52,23 @@ def _band_mask(queries: int, keys: int, offset: int, window: int, device: torch.
 
 
 @functools.lru_cache(maxsize=64)
+def _right_band(queries: int, window: int, rep: int, device: torch.device) -> torch.Tensor:
+    """`_band_mask` of the widest local context a chunk of `queries` can have (window + queries
+    - 1 keys, the last query at the last key), its rows repeated `rep` times (the GQA fold)."""
+    width = window + queries - 1
+    mask = _band_mask(queries, width, width - queries, window, device)
+    return mask.repeat(rep, 1) if rep > 1 else mask
+
+
+def _local_mask(queries: int, keys: int, window: int, rep: int, device: torch.device) -> torch.Tensor:
+    """The local mask of a chunk whose last query sits at the last of `keys` local keys, as a
+    slice of a cached mask: the key count grows every step, so a mask cached by it would never be
+    hit, and building one (plus its GQA repeat) is a dozen ops per layer per speculative step."""
+    full = _right_band(queries, window, rep, device)
+    return full[:, full.shape[1] - keys :]
+
+
+@functools.lru_cache(maxsize=64)
 def _node_mask(seen: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
     """Node mask `[queries, max(seen)]` (query i sees the first seen[i] nodes); None when every
     query sees them all."""
@@ -66,8 +83,10 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.
     return F.scaled_dot_product_attention(q[None], k[None], v[None], **kwargs)[0]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """SDPA for `q [Hq, L, D]` against GQA keys `[Hkv, S, D]`."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            folded: bool = False) -> torch.Tensor:
+    """SDPA for `q [Hq, L, D]` against GQA keys `[Hkv, S, D]`; `folded`: a small chunk's mask
+    already has its rows repeated for the GQA fold (`_local_mask`)."""
     heads, kv_heads = q.shape[0], k.shape[0]
     rep = heads // kv_heads
     n = q.shape[1]
@@ -77,7 +96,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     if rep > 1 and n <= SMALL_CHUNK:
         # A few queries (speculative verify): the same fold, repeating the small mask rather
         # than copying every key and value `rep` times.
-        mask = None if mask is None else mask.repeat(rep, 1)
+        mask = mask if mask is None or folded else mask.repeat(rep, 1)
         return _sdpa(q.reshape(kv_heads, rep * n, -1), k, v, attn_mask=mask).reshape(heads, n, -1)
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
@@ -137,9 +156,11 @@ def _small_chunk(
     """One tile of the loop in `sparse_attention`, the same masks and the same sums, with the
     masks cached and the row skipping of `_mix_paths` decided on the host."""
     n, device = q.shape[1], q.device
+    rep = q.shape[0] // ctx.keys.shape[0]
     lo = max(ctx.local_start, ctx.q_start - window + 1)
     keys = slice(lo - ctx.local_start, ctx.q_start + n - ctx.local_start)
-    local_mask = _band_mask(n, keys.stop - keys.start, ctx.q_start - lo, window, device)
+    local_mask = _local_mask(n, keys.stop - keys.start, window, 1, device)
+    folded = _local_mask(n, keys.stop - keys.start, window, rep, device)  # n <= SMALL_CHUNK here
     seen = tuple(max(0, ctx.q_start + i - window + 1) // interval for i in range(n))
     count = seen[-1]
     local_k, local_v = ctx.keys[:, keys], ctx.values[:, keys]
@@ -148,7 +169,7 @@ def _small_chunk(
     node_mask = _node_mask(seen, device) if count else None
     if gate is None:
         if not count:
-            return _attend(q, local_k, local_v, local_mask)
+            return _attend(q, local_k, local_v, folded, folded=True)
         if node_mask is None:
             node_mask = torch.ones(n, count, dtype=torch.bool, device=device)
         k, v = torch.cat((local_k, node_k), dim=1), torch.cat((local_v, node_v), dim=1)
@@ -163,7 +184,7 @@ def _small_chunk(
         paths = [(local_k, local_v, local_mask, gate[:, 0]), (node_k, node_v, node_mask, node_weight)]
         return _mix_paths(q, paths)  # rows skipped: the general path
     gate = gate.to(q.dtype)
-    out = gate[:, 0, None] * _attend(q, local_k, local_v, local_mask)
+    out = gate[:, 0, None] * _attend(q, local_k, local_v, folded, folded=True)
     if any(node_on):
         out = out + gate[:, 1, None] * _attend(q, node_k, node_v, node_mask)
     return out

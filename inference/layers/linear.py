@@ -118,7 +118,7 @@ class Int8Linear(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
+        flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # decode rows are 2-D already
         if flat.device.type == "cpu":
             out = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.weight, self.scales)
         else:
@@ -126,7 +126,7 @@ class Int8Linear(nn.Module):
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

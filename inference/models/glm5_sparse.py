@@ -30,7 +30,7 @@ from inference.config import ModelConfig
 from inference.kv_cache import KVCache, LayerCache
 from inference.layers.activation import silu_and_mul
 from inference.layers.attention import Attention
-from inference.layers.linear import Linear, input_major, weight_key
+from inference.layers.linear import Int8Linear, Linear, input_major, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
 
@@ -74,12 +74,15 @@ class DecoderLayer(nn.Module):
 
     def qkv_and_gate(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Routed inference: q/k/v and the router in one matmul (the router alone is a whole
-        matmul call for 3 outputs, one per layer and step); otherwise (None, the gate)."""
-        plain = isinstance(self.router, nn.Linear) and isinstance(self.self_attn.qkv_proj, nn.Linear)
-        if not plain or torch.is_grad_enabled():  # no router, int8 layers, or training
+        matmul call for 3 outputs, one per layer and step), dense or int8; otherwise (None, the
+        gate)."""
+        qkv, router = self.self_attn.qkv_proj, self.router
+        dense = isinstance(router, nn.Linear) and isinstance(qkv, nn.Linear)
+        int8 = isinstance(router, Int8Linear) and isinstance(qkv, Int8Linear)
+        if not (dense or int8) or torch.is_grad_enabled():  # no router, or training
             return None, self.gate(x)
-        both = self._fused_projection()(x)
-        rows = self.self_attn.qkv_proj.out_features
+        both = (self._fused_projection() if dense else self._fused_int8())(x)
+        rows = qkv.out_features
         return both[:, :rows], self.gate(x, both[:, rows : rows + 3])
 
     def _fused_projection(self) -> Linear:
@@ -102,6 +105,24 @@ class DecoderLayer(nn.Module):
                 bias = torch.cat((qkv.bias, qkv.bias.new_zeros(3 + pad))).detach()
                 fused.bias = nn.Parameter(bias, requires_grad=False)
             cached = self.__dict__["_fused"] = (key, fused)
+        return cached[1]
+
+    def _fused_int8(self) -> Int8Linear:
+        """`_fused_projection` for int8 layers: per-channel int8 rows and their scales stack
+        just as dense rows do (zero rows with scale 1 as padding)."""
+        qkv, router = self.self_attn.qkv_proj, self.router
+        key = (weight_key(qkv.weight), weight_key(router.weight))
+        cached = self.__dict__.get("_fused8")
+        if cached is None or cached[0] != key:
+            pad = -(qkv.out_features + 3) % 8
+            weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features)))
+            scales = torch.cat((qkv.scales, router.scales, router.scales.new_ones(pad)))
+            bias = None
+            if qkv.bias is not None or router.bias is not None:
+                parts = [qkv.bias if qkv.bias is not None else qkv.scales.new_zeros(qkv.out_features),
+                         router.bias if router.bias is not None else router.scales.new_zeros(3)]
+                bias = torch.cat((*parts, parts[0].new_zeros(pad)))
+            cached = self.__dict__["_fused8"] = (key, Int8Linear(weight.contiguous(), scales, bias))
         return cached[1]
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
@@ -176,15 +197,17 @@ class Glm5SparseForCausalLM(nn.Module):
         hidden: torch.Tensor,
         next_ids: torch.Tensor,
         positions: torch.Tensor,
-        cache: KVCache,
+        cache: KVCache | None,
         module: MTPModule | None = None,
+        layer_cache=None,
     ) -> torch.Tensor:
         """MTP depth `depth`: `hidden [L, hidden]` (the previous depth's output, depth 0 the
         model's) at `positions`, `next_ids [L]` the tokens one step ahead. Returns the normed
         hidden state, ready for `compute_logits` or the next depth. `module` stands in for
-        `model.mtp[depth]` (speculative decoding drafts with an int8 copy)."""
+        `model.mtp[depth]` (speculative decoding drafts with an int8 copy); `layer_cache` for
+        the depth's layer of `cache` (the serving engine's drafts of several sequences at once)."""
         rotations = self.rotary.rotations(positions)
-        layer_cache = cache.layers[self.config.num_hidden_layers + depth]
+        layer_cache = cache.layers[self.config.num_hidden_layers + depth] if layer_cache is None else layer_cache
         embeds = self.model.embed_tokens(next_ids)
         module = self.model.mtp[depth] if module is None else module
         return self.model.norm(module(embeds, hidden, rotations, layer_cache))

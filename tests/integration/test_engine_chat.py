@@ -1,7 +1,8 @@
 """The whole WeCom path on the bundled engine and the shipped demo model.
 
 One Celery worker process (threads pool) holds one engine; concurrent employees' questions are
-batched into it, and the answers come from the handbook the demo model was trained on.
+batched into it (with MTP speculative decoding, k=4: greedy answers are the plain ones), and the
+answers come from the handbook the demo model was trained on.
 """
 
 import re
@@ -20,7 +21,8 @@ MODEL_DIR = ROOT / "models" / "demo"
 def engine_stack(tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp("engine"), db_kind="postgres", redis_db=8, extra_env={
         "INFERENCE_BACKEND": "engine", "MODEL_DIR": str(MODEL_DIR), "TEMPERATURE": "0",
-        "MAX_NEW_TOKENS": "96", "ENGINE_MAX_NUM_SEQS": "16"}).start()
+        "MAX_NEW_TOKENS": "96", "ENGINE_MAX_NUM_SEQS": "16",
+        "ENGINE_SPECULATIVE_K": "4"}).start()
     yield s
     s.stop()
 
@@ -51,3 +53,4 @@ def test_concurrent_employees_share_one_engine_and_get_handbook_answers(engine_s
     assert matched >= len(items) // 2, f"only {matched} of {len(items)} answers carried the handbook's facts"
     batch = [int(n) for n in re.findall(r"engine batch size reached (\d+)", stack.log("worker"))]
     assert batch and max(batch) >= 2, "concurrent chats were not batched into the one engine"
+    assert "MTP speculative decoding, 4 drafts per step" in stack.log("worker")
