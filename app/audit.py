@@ -114,13 +114,16 @@ class ChainBroken(RuntimeError):
 
 
 class AuditLog:
-    def __init__(self, cipher: FieldCipher, secret: bytes | str):
+    def __init__(self, cipher: FieldCipher, secret: bytes | str, previous_secrets: list = ()):
+        """``previous_secrets``: SECRET_KEYs before a rotation, whose rows still verify."""
         self.cipher = cipher
         self._key = chain_key(secret)
+        self._old_keys = [chain_key(old) for old in previous_secrets]
 
     # -- sealing -------------------------------------------------------------------------------
-    def seal(self, row: AuditEvent, seq: int | None = None) -> str:
-        """The row's MAC as if it stood at ``seq`` (default: where it stands)."""
+    def seal(self, row: AuditEvent, seq: int | None = None, key: bytes | None = None) -> str:
+        """The row's MAC as if it stood at ``seq`` (default: where it stands), under the
+        current chain key unless ``key`` names an old one."""
         fields = [
             "audit-v1", row.seq if seq is None else seq,
             row.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
@@ -128,7 +131,12 @@ class AuditLog:
             row.payload_enc, row.prev_hash,
         ]
         canonical = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
-        return hmac.new(self._key, canonical, hashlib.sha256).hexdigest()
+        return hmac.new(key or self._key, canonical, hashlib.sha256).hexdigest()
+
+    def sealed(self, row: AuditEvent, seq: int | None = None) -> bool:
+        """Whether the row's MAC is right for ``seq`` under the current or an earlier key."""
+        return any(hmac.compare_digest(self.seal(row, seq, key), row.row_hash)
+                   for key in (self._key, *self._old_keys))
 
     def payload_of(self, row: AuditEvent) -> dict:
         return json.loads(self.cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.seq))
@@ -222,14 +230,14 @@ class AuditLog:
 
     def _written_seq(self, session: Session, row: AuditEvent) -> int | None:
         """The seq the row was sealed at: its own, another (it was moved), or None (forged)."""
-        if hmac.compare_digest(self.seal(row), row.row_hash):
+        if self.sealed(row):
             return row.seq
         candidates = list(range(max(row.seq - MOVE_SEARCH, 1), row.seq + MOVE_SEARCH + 1))
         predecessor = session.scalar(select(AuditEvent.seq).where(AuditEvent.row_hash == row.prev_hash))
         if predecessor is not None:
             candidates.insert(0, predecessor + 1)
         for seq in candidates:
-            if seq != row.seq and hmac.compare_digest(self.seal(row, seq), row.row_hash):
+            if seq != row.seq and self.sealed(row, seq):
                 return seq
         return None
 
@@ -268,7 +276,7 @@ class AuditLog:
             report.issues.append(Issue("head", head.last_seq, "the chain head names another row"))
 
     def _intact(self, row: AuditEvent) -> bool:
-        return hmac.compare_digest(self.seal(row), row.row_hash)
+        return self.sealed(row)
 
     # -- retention -----------------------------------------------------------------------------
     def purge(self, session: Session, retention_days: int, now: datetime | None = None) -> int:
@@ -296,7 +304,8 @@ class AuditLog:
 
     # -- key rotation ----------------------------------------------------------------------------
     def reseal_with_primary_key(self, session: Session) -> int:
-        """Re-encrypt payloads sealed with old key ids and re-link the chain from there on.
+        """Re-encrypt payloads sealed with old key ids and re-link the chain from there on; rows
+        sealed under an earlier SECRET_KEY are re-sealed under the current one the same way.
 
         The hash covers the ciphertext, so a new ciphertext means new hashes for that row and
         every later one. It runs in one transaction under the head lock (appenders wait), and
@@ -320,6 +329,8 @@ class AuditLog:
                     row.payload_enc = self.cipher.encrypt(plain, TABLE, "payload_enc", row.seq)
                     rotated += 1
                     relinking = True
+                elif not relinking and not hmac.compare_digest(self.seal(row), row.row_hash):
+                    relinking = True  # sealed under an earlier SECRET_KEY: re-seal from here on
                 if relinking:
                     row.prev_hash = prev
                     row.row_hash = self.seal(row)

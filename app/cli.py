@@ -171,7 +171,8 @@ def verify_export(path) -> None:
     """Check an export's signature, checksums, row counts and chain links (exit 1 if not)."""
     from app.admin.audit_export import verify_export as check
 
-    problems = check(path, _services().settings.secret_key.get_secret_value())
+    settings = _services().settings
+    problems = check(path, settings.secret_key.get_secret_value(), settings.previous_secret_keys)
     for problem in problems:
         click.echo(problem, err=True)
     if problems:

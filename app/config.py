@@ -107,6 +107,10 @@ class Settings(BaseSettings):
     data_keys: SecretStr = Field(description="keyring: 'kid:base64(32 bytes),...', primary first")
     blind_index_key: SecretStr = Field(description="HMAC key for searchable/dedup fields")
     secret_key: SecretStr = Field(description="server secret: Flask sessions, fingerprints")
+    secret_key_previous: SecretStr = Field(
+        default=SecretStr(""),
+        description="earlier SECRET_KEYs, comma-separated, newest first: audit rows and exports "
+                    "sealed before a rotation still verify ('keys rotate' re-seals the chain)")
 
     # -- behind a reverse proxy (app/proxy.py) ------------------------------------------------
     trusted_proxies: int = Field(default=0, ge=0, le=10,
@@ -290,6 +294,10 @@ class Settings(BaseSettings):
         if not self.celery_broker_url:
             self.celery_broker_url = self.redis_url
         return self
+
+    @property
+    def previous_secret_keys(self) -> list[str]:
+        return [k.strip() for k in self.secret_key_previous.get_secret_value().split(",") if k.strip()]
 
     @property
     def keyring(self) -> dict[str, bytes]:

@@ -38,7 +38,8 @@ class Services:
     def audit(self):
         from app.audit import AuditLog
 
-        return AuditLog(self.cipher, self.settings.secret_key.get_secret_value())
+        return AuditLog(self.cipher, self.settings.secret_key.get_secret_value(),
+                        self.settings.previous_secret_keys)
 
     @cached_property
     def intake(self):

@@ -218,8 +218,9 @@ def export_stream(services, query: ExportQuery, *, reason: str, exported_by: str
 
 
 # -- verification ------------------------------------------------------------------------------------
-def verify_export(path_or_file, secret: bytes | str) -> list[str]:
-    """Every problem found in an export zip (an empty list: it is intact and ours)."""
+def verify_export(path_or_file, secret: bytes | str, previous_secrets: list = ()) -> list[str]:
+    """Every problem found in an export zip (an empty list: it is intact and ours). An export
+    signed before a SECRET_KEY rotation verifies with the earlier key in ``previous_secrets``."""
     problems: list[str] = []
     try:
         archive = zipfile.ZipFile(path_or_file)
@@ -233,7 +234,8 @@ def verify_export(path_or_file, secret: bytes | str) -> list[str]:
             manifest = json.loads(archive.read(MANIFEST_NAME))
         except (ValueError, zipfile.BadZipFile) as exc:
             return [f"manifest.json does not parse: {exc}"]
-        if not hmac.compare_digest(str(manifest.get("signature", "")), sign(manifest, secret)):
+        signature = str(manifest.get("signature", ""))
+        if not any(hmac.compare_digest(signature, sign(manifest, key)) for key in (secret, *previous_secrets)):
             problems.append("manifest signature does not verify (changed, or another server's key)")
         expected = set(manifest.get("files", {})) | {MANIFEST_NAME}
         if names != expected:

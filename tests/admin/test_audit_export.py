@@ -71,6 +71,9 @@ def test_export_needs_a_reason_and_verifies(as_role, services):
 
     assert audit_export.verify_export(io.BytesIO(data), "another server's secret key......") == [
         "manifest signature does not verify (changed, or another server's key)"]
+    # After a SECRET_KEY rotation the export still verifies with the old key named as previous.
+    assert audit_export.verify_export(io.BytesIO(data), "the rotated-to secret key.........",
+                                      [secret]) == []
 
 
 def _rewrite(data: bytes, change) -> bytes:

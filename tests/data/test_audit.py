@@ -217,3 +217,23 @@ def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
     assert tasks.data_maintenance() == {"purged": 5, "released": 1}
     report = verify(chain)
     assert report.ok and report.anchor_seq == 5 and report.rows == 25
+
+
+def test_secret_key_rotation_keeps_the_chain_verifiable_and_rotate_reseals_it(env, db):
+    from app.security.rotation import rotate_keys
+
+    old_secret, new_secret = env["SECRET_KEY"], "a-new-secret-key-of-at-least-32-characters"
+    before = Services(settings_from(env), db)
+    append_many(db, before.audit, 4)
+
+    alone = Services(settings_from({**env, "SECRET_KEY": new_secret}), db)
+    assert kinds(verify(alone)) == [("changed", 1), ("changed", 2), ("changed", 3), ("changed", 4)]
+
+    rotated = Services(settings_from({**env, "SECRET_KEY": new_secret,
+                                      "SECRET_KEY_PREVIOUS": old_secret}), db)
+    append_many(db, rotated.audit, 2)  # new rows under the new key, linked to the old ones
+    assert verify(rotated).ok and verify(rotated).rows == 6
+
+    rotate_keys(rotated)  # re-seals every row (and appends the key_rotation event) under the new key
+    assert verify(alone).ok and verify(alone).rows == 7
+    assert not verify(before).ok  # the old key alone no longer fits
