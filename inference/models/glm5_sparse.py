@@ -85,51 +85,54 @@ class DecoderLayer(nn.Module):
         rows = qkv.out_features
         return both[:, :rows], self.gate(x, both[:, rows : rows + 3])
 
-    def _fused_projection(self) -> Linear:
-        """`[qkv_proj ; router ; zero rows]` as one `Linear`, remade when either weight changes;
-        padded to a multiple of 8 rows so that q/k rows keep the even, aligned strides that the
-        in-place complex rotary needs."""
+    def _fused(self, name: str, build):
+        """`build(qkv_proj, router, pad)`'s layer, cached under `name` until either weight
+        changes; `pad` rows round `[qkv ; router]` up to a multiple of 8, so that q/k rows keep
+        the even, aligned strides that the in-place complex rotary needs."""
         qkv, router = self.self_attn.qkv_proj, self.router
         key = (weight_key(qkv.weight), weight_key(router.weight))
-        cached = self.__dict__.get("_fused")
+        cached = self.__dict__.get(name)
         if cached is None or cached[0] != key:
-            pad = -(qkv.out_features + 3) % 8
-            weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features)))
-            weight = weight.detach()
-            if weight.device.type == "cpu" and weight.dtype == torch.float32:
-                weight = input_major(weight)
-            fused = Linear(weight.shape[1], weight.shape[0], bias=qkv.bias is not None)
-            fused.to(weight.device, weight.dtype)
-            fused.weight = nn.Parameter(weight, requires_grad=False)
-            if qkv.bias is not None:
-                bias = torch.cat((qkv.bias, qkv.bias.new_zeros(3 + pad))).detach()
-                fused.bias = nn.Parameter(bias, requires_grad=False)
-            cached = self.__dict__["_fused"] = (key, fused)
+            cached = self.__dict__[name] = (key, build(qkv, router, -(qkv.out_features + 3) % 8))
         return cached[1]
+
+    def _fused_projection(self) -> Linear:
+        """`[qkv_proj ; router ; zero rows]` as one `Linear`."""
+        return self._fused("_fused_dense", _fused_dense)
 
     def _fused_int8(self) -> Int8Linear:
         """`_fused_projection` for int8 layers: per-channel int8 rows and their scales stack
         just as dense rows do (zero rows with scale 1 as padding)."""
-        qkv, router = self.self_attn.qkv_proj, self.router
-        key = (weight_key(qkv.weight), weight_key(router.weight))
-        cached = self.__dict__.get("_fused8")
-        if cached is None or cached[0] != key:
-            pad = -(qkv.out_features + 3) % 8
-            weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features)))
-            scales = torch.cat((qkv.scales, router.scales, router.scales.new_ones(pad)))
-            bias = None
-            if qkv.bias is not None or router.bias is not None:
-                parts = [qkv.bias if qkv.bias is not None else qkv.scales.new_zeros(qkv.out_features),
-                         router.bias if router.bias is not None else router.scales.new_zeros(3)]
-                bias = torch.cat((*parts, parts[0].new_zeros(pad)))
-            cached = self.__dict__["_fused8"] = (key, Int8Linear(weight.contiguous(), scales, bias))
-        return cached[1]
+        return self._fused("_fused8", _fused_int8)
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         x = self.input_layernorm(h)
         qkv, gate = self.qkv_and_gate(x)
         h = h + self.self_attn(x, rotations, cache, self.node_norms(h), gate, qkv)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def _fused_dense(qkv: nn.Linear, router: nn.Linear, pad: int) -> Linear:
+    weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features))).detach()
+    if weight.device.type == "cpu" and weight.dtype == torch.float32:
+        weight = input_major(weight)
+    fused = Linear(weight.shape[1], weight.shape[0], bias=qkv.bias is not None)
+    fused.to(weight.device, weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if qkv.bias is not None:
+        fused.bias = nn.Parameter(torch.cat((qkv.bias, qkv.bias.new_zeros(3 + pad))).detach(), requires_grad=False)
+    return fused
+
+
+def _fused_int8(qkv: Int8Linear, router: Int8Linear, pad: int) -> Int8Linear:
+    weight = torch.cat((qkv.weight, router.weight, router.weight.new_zeros(pad, router.in_features)))
+    scales = torch.cat((qkv.scales, router.scales, router.scales.new_ones(pad)))
+    bias = None
+    if qkv.bias is not None or router.bias is not None:
+        parts = [qkv.bias if qkv.bias is not None else qkv.scales.new_zeros(qkv.out_features),
+                 router.bias if router.bias is not None else router.scales.new_zeros(3)]
+        bias = torch.cat((*parts, parts[0].new_zeros(pad)))
+    return Int8Linear(weight.contiguous(), scales, bias)
 
 
 class MTPModule(nn.Module):

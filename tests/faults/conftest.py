@@ -7,12 +7,22 @@ test restarts are private ones (tests/support/servers.py).
 
 import pytest
 
+from tests.support.servers import PrivateRedis
 from tests.support.stack import wait_for
 
 pytestmark = pytest.mark.integration
 
 KILL_DB = 2
 WECOM_DB = 3
+
+
+@pytest.fixture(scope="module")
+def redis_server():
+    """A module's own redis-server: its tests time retries to the second or restart Redis, and
+    a shared DB index would let a concurrent run's stack take this one's tasks."""
+    server = PrivateRedis().start()
+    yield server
+    server.close()
 
 
 def wait_answered(stack, expected: dict[str, list[str]], timeout: float = 120.0) -> None:

@@ -20,7 +20,6 @@ import pytest
 
 from scripts.supervisor import Program, RestartPolicy, Supervisor
 from tests.faults.conftest import answered_once, wait_answered
-from tests.support.servers import PrivateRedis
 from tests.support.stack import BIN, ROOT, Stack, wait_for
 
 MESSAGES = 24
@@ -51,13 +50,6 @@ class SupervisedStack(Stack):
         self._supervising.join(timeout=10)
         self.supervisor.stop()
         super().stop_processes()
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    server = PrivateRedis().start()
-    yield server
-    server.close()
 
 
 @pytest.fixture(scope="module")

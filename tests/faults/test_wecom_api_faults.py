@@ -18,22 +18,12 @@ from app.admin.accounts import create_user
 from app.services import Services
 from tests.admin.conftest import login
 from tests.support.env import settings_from
-from tests.support.servers import PrivateRedis
 from tests.support.stack import Stack, wait_for
 
 MAX_RETRIES = 3
 # 45009's first wait (WECOM_RATE_LIMIT_RETRY_S, 60 s in production), short for the test but
 # doubled past SWEEP_QUEUED_AFTER_S + SWEEP_INTERVAL_S (4 + 2 s), so an early sweep would show.
 RATE_LIMIT_BASE_S = 4
-
-
-@pytest.fixture(scope="module")
-def redis_server():
-    # Its own redis-server: these tests time retries to the second, and a shared DB index would
-    # let a stack of a concurrent run (another checkout) take this one's tasks.
-    server = PrivateRedis().start()
-    yield server
-    server.close()
 
 
 @pytest.fixture(scope="module")
