@@ -53,19 +53,23 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self._copy: tuple[torch.Tensor, int, int] | None = None  # (CPU weight, data_ptr, version)
+        self._direct: torch.Tensor | None = None  # the weight F.linear reads fastest as it is
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the CPU copy behind (a packed one is an opaque oneDNN tensor
         that cannot be copied); it is remade on first use."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {**state, "_copy": None}
+        return {**state, "_copy": None, "_direct": None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if w is self._direct and w.dtype == torch.float32:  # checked once (decode: 49 calls a token)
+            return F.linear(x, w, self.bias)
         if torch.is_grad_enabled() or w.device.type != "cpu" or x.dtype != w.dtype:
             return F.linear(x, w, self.bias)
         if w.dtype == torch.float32:
             if w.t().is_contiguous():
+                self._direct = w  # strides cannot change in place: only a new weight leaves this
                 return F.linear(x, w, self.bias)
             return F.linear(x, self._cpu_weight(w, input_major), self.bias)
         if w.dtype == torch.bfloat16 and _MKLDNN:
