@@ -8,10 +8,11 @@ writer thread: a request thread hands it its message and waits; the writer takes
 that is waiting (up to ``max_batch``), writes it with one statement per kind, commits, and wakes
 them. A lone message waits for nobody; it is written as soon as the writer is free.
 
-A batch that fails for a reason other than a lost connection is retried one message at a time,
-so one bad message cannot refuse the others. A caller that waited ``timeout_s`` in vain gets
-``IntakeUnavailable`` (the callback answers 503 and WeCom retries; if the write did commit
-after all, the retry is a duplicate and the sweeper enqueues the row).
+A batch that fails for another reason than the database being unreachable is retried one
+message at a time, so one bad message cannot refuse the others. A caller that waited
+``timeout_s`` in vain gets ``IntakeUnavailable`` (the callback answers 503 and WeCom retries);
+its message is dropped if the writer has not reached it yet, and if the write was already under
+way and commits, the retry is a duplicate and the sweeper enqueues the row.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import metrics
 from app.audit import Event, EventType
@@ -42,6 +43,7 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     result: Accepted | None = None
     error: BaseException | None = None
+    abandoned: bool = False  # the caller stopped waiting (and answered 503): not worth writing
 
 
 class Intake:
@@ -60,6 +62,7 @@ class Intake:
         pending = _Pending(arrival, fingerprint)
         self._hand_over(pending)
         if not pending.done.wait(self.timeout_s):
+            pending.abandoned = True
             raise IntakeUnavailable(f"not written within {self.timeout_s:g} s")
         if pending.error is not None:
             raise IntakeUnavailable(f"not written: {type(pending.error).__name__}") from pending.error
@@ -97,6 +100,9 @@ class Intake:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
+            batch = [pending for pending in batch if not pending.abandoned]
+            if not batch:
+                continue
             try:
                 self._write(batch)
             except BaseException as exc:  # never leave a caller waiting for a dead thread
@@ -111,8 +117,9 @@ class Intake:
         try:
             results = self._commit(batch)
         except Exception as exc:
-            lost_connection = isinstance(exc, DBAPIError) and exc.connection_invalidated
-            if len(batch) > 1 and not lost_connection:
+            database_down = isinstance(exc, OperationalError) or (
+                isinstance(exc, DBAPIError) and exc.connection_invalidated)
+            if len(batch) > 1 and not database_down:
                 for pending in batch:
                     self._write([pending])
                 return

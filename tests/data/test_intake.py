@@ -162,3 +162,21 @@ def test_an_idle_writer_leaves_and_the_next_message_brings_one_back(services):
     writer.join(5)
     assert not writer.is_alive() and intake._writer is None
     assert intake.accept(Arrival(_message(services, 2))).created
+
+
+def test_a_message_whose_caller_gave_up_is_not_written(services):
+    intake = Intake(services, timeout_s=0.3)
+    release = _hold_writer(intake)  # busy with message 1 ...
+    holder = threading.Thread(target=_accept_all, args=(intake, [Arrival(_message(services, 1))]))
+    holder.start()
+    time.sleep(0.1)
+    with pytest.raises(IntakeUnavailable):  # ... so message 2 waits in vain: 503
+        intake.accept(Arrival(_message(services, 2)))
+    holder.join(10)
+    intake.timeout_s = 10
+    release.set()
+    # WeCom's retry queues behind the abandoned copy, so the writer has passed that one by the
+    # time the retry is answered: the retry is the first write of message 2.
+    assert intake.accept(Arrival(_message(services, 2))).created
+    with services.db.session() as session:
+        assert session.scalar(sa.select(sa.func.count()).select_from(InboundMessage)) == 2
