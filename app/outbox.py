@@ -1,6 +1,7 @@
 """The outbox: every accepted WeCom message is a row here until it is answered.
 
-The callback ``accept``s a message (one transaction: the row, encrypted, status ``queued``); the
+The callback accepts messages (``accept_many``, in the group commit of ``app.intake``: the rows,
+encrypted, status ``queued``); the
 worker ``claim``s it with a lease (a compare-and-set on status, so two deliveries of the same task
 never both run it, and a dead worker's lease simply expires), and the sweeper re-enqueues rows that
 nobody is working on. A user's messages are claimed strictly in arrival order.
@@ -44,13 +45,6 @@ class Arrival:
     request_id: str | None = None
     channel: str = "app"
     stream_id: str | None = None  # the AI bot channel's new stream
-
-
-def accept(session: Session, cipher: FieldCipher, blind_index: BlindIndex, message,
-           request_id: str | None = None, channel: str = "app",
-           stream_id: str | None = None) -> Accepted:
-    """``accept_many`` for one message."""
-    return accept_many(session, cipher, blind_index, [Arrival(message, request_id, channel, stream_id)])[0]
 
 
 def accept_many(session: Session, cipher: FieldCipher, blind_index: BlindIndex,
