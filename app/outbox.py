@@ -1,10 +1,9 @@
 """The outbox: every accepted WeCom message is a row here until it is answered.
 
 The callback accepts messages (``accept_many``, in the group commit of ``app.intake``: the rows,
-encrypted, status ``queued``); the
-worker ``claim``s it with a lease (a compare-and-set on status, so two deliveries of the same task
-never both run it, and a dead worker's lease simply expires), and the sweeper re-enqueues rows that
-nobody is working on. A user's messages are claimed strictly in arrival order.
+encrypted, status ``queued``); the worker ``claim``s one with a lease (a compare-and-set on status,
+so two deliveries of the same task never both run it, and a dead worker's lease simply expires),
+and the sweeper re-enqueues rows that nobody is working on. A user's messages are claimed strictly in arrival order.
 """
 
 from __future__ import annotations
