@@ -269,10 +269,10 @@ class SpeculativeDecoder:
             ids = torch.tensor([tokens[-1], *drafts], device=device)
             hidden = model(ids, torch.arange(m, m + len(ids), device=device), cache)
             logits = model.compute_logits(hidden)
-            accepted, extra = self._verify(logits, drafts, dists, tokens, chooser)
+            accepted, extra = verify_drafts(logits, drafts, dists, tokens, chooser)
             cache.truncate(m + accepted + 1)
             drafter.add_verified(hidden[: accepted + 1])
-            self._count(len(drafts), accepted)
+            self.stats.count(len(drafts), accepted)
             new = [*drafts[:accepted], extra]
             tokens += new
             for token in new:
@@ -285,19 +285,6 @@ class SpeculativeDecoder:
             chunk = torch.tensor(ids[a : a + self.prefill_chunk], device=device)
             rows.append(self.model(chunk, torch.arange(a, a + len(chunk), device=device), cache))
         return torch.cat(rows)
-
-    def _verify(
-        self,
-        logits: torch.Tensor,
-        drafts: list[int],
-        dists: list[torch.Tensor | None],
-        tokens: list[int],
-        chooser: _Chooser,
-    ) -> tuple[int, int]:
-        return verify_drafts(logits, drafts, dists, tokens, chooser)
-
-    def _count(self, drafted: int, accepted: int) -> None:
-        self.stats.count(drafted, accepted)
 
 
 def verify_drafts(

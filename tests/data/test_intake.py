@@ -75,15 +75,13 @@ def _hold_writer(intake: Intake) -> threading.Event:
     return release
 
 
-def test_messages_that_wait_together_commit_together_each_once_in_order(services, monkeypatch):
-    batches, _ = _batches(monkeypatch)
-    intake = Intake(services)
+def _accept_behind_a_busy_writer(intake: Intake, services, arrivals: list[Arrival]) -> list:
+    """Hand `arrivals` over (concurrently) while the writer is busy with a first message, so
+    that they wait together; returns what each got."""
     release = _hold_writer(intake)
     first = threading.Thread(target=intake.accept, args=(Arrival(_message(services, 0)),))
     first.start()
     time.sleep(0.2)  # the writer now holds message 0; the next ones queue behind it
-    arrivals = [Arrival(_message(services, n, user=f"user{n % 3}"), request_id=f"req{n}") for n in range(1, 13)]
-    arrivals.append(dataclasses.replace(arrivals[4]))  # WeCom's retry of message 5, concurrently
     results = []
     collector = threading.Thread(target=lambda: results.extend(_accept_all(intake, arrivals)))
     collector.start()
@@ -91,6 +89,14 @@ def test_messages_that_wait_together_commit_together_each_once_in_order(services
     release.set()
     collector.join(30)
     first.join(30)
+    return results
+
+
+def test_messages_that_wait_together_commit_together_each_once_in_order(services, monkeypatch):
+    batches, _ = _batches(monkeypatch)
+    arrivals = [Arrival(_message(services, n, user=f"user{n % 3}"), request_id=f"req{n}") for n in range(1, 13)]
+    arrivals.append(dataclasses.replace(arrivals[4]))  # WeCom's retry of message 5, concurrently
+    results = _accept_behind_a_busy_writer(Intake(services), services, arrivals)
 
     sizes = [len(batch) for batch in batches]
     assert sizes[0] == 1 and max(sizes[1:]) > 1, sizes  # batched behind the first
@@ -119,20 +125,9 @@ def test_messages_that_wait_together_commit_together_each_once_in_order(services
 
 def test_a_bad_message_refuses_only_itself(services, monkeypatch):
     batches, attempts = _batches(monkeypatch)
-    intake = Intake(services)
-    release = _hold_writer(intake)
-    first = threading.Thread(target=intake.accept, args=(Arrival(_message(services, 0)),))
-    first.start()
-    time.sleep(0.2)
     good = [Arrival(_message(services, n)) for n in range(1, 6)]
     bad = Arrival(dataclasses.replace(_message(services, 99), create_time="not a time"))
-    results = []
-    collector = threading.Thread(target=lambda: results.extend(_accept_all(intake, [*good[:2], bad, *good[2:]])))
-    collector.start()
-    time.sleep(0.5)
-    release.set()
-    collector.join(30)
-    first.join(30)
+    results = _accept_behind_a_busy_writer(Intake(services), services, [*good[:2], bad, *good[2:]])
 
     assert attempts[:2] == [1, 6]  # message 0, then all six together, which failed
     assert [len(b) for b in batches] == [1, 1, 1, 1, 1, 1]  # so each was written alone

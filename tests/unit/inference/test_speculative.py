@@ -6,7 +6,7 @@ import torch
 from inference.layers.sampler import Sampler
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
-from inference.speculative import SpeculativeDecoder, _Chooser
+from inference.speculative import SpeculativeDecoder, _Chooser, verify_drafts
 from tests.unit.inference.helpers import glm5_config, write_checkpoint
 
 
@@ -65,7 +65,6 @@ def test_rejection_sampling_keeps_the_model_distribution():
     torch.manual_seed(0)
     params = SamplingParams(temperature=1.0, seed=7)
     chooser = _Chooser(Sampler(), params, torch.Generator().manual_seed(7))
-    decoder = SpeculativeDecoder.__new__(SpeculativeDecoder)
     logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, 0.0, -3.0]])
     p = logits.softmax(-1)[0]
     q = torch.tensor([0.05, 0.5, 0.3, 0.05, 0.1, 0.0])
@@ -74,7 +73,7 @@ def test_rejection_sampling_keeps_the_model_distribution():
         q, trials, replacement=True, generator=torch.Generator().manual_seed(3)
     )
     for x in draws.tolist():
-        accepted, extra = decoder._verify(torch.cat((logits, logits)), [x], [q], [0], chooser)
+        accepted, extra = verify_drafts(torch.cat((logits, logits)), [x], [q], [0], chooser)
         counts[x if accepted else extra] += 1
     empirical = counts / trials
     assert (empirical - p).abs().max() < 0.015, (empirical, p)
