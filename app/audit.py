@@ -26,10 +26,11 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
+from app.driver_sql import DriverStatements
 from app.models import AuditChain, AuditEvent
 from app.security import FieldCipher
 
@@ -82,6 +83,22 @@ class Event:
     payload: dict | None = None
     request_id: str | None = None
     fingerprint: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class EventRow:
+    """An appended event as written (``AuditEvent``'s columns, without the ORM's bookkeeping)."""
+
+    seq: int
+    created_at: datetime
+    event_type: str
+    actor: str
+    outcome: str
+    request_id: str | None
+    fingerprint: str | None
+    payload_enc: str
+    prev_hash: str
+    row_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,24 +165,26 @@ class AuditLog:
         """Add one event at the chain's end, inside the caller's transaction."""
         return self.append_many(session, [Event(event_type, actor, outcome, payload, request_id, fingerprint)])[0]
 
-    def append_many(self, session: Session, events: list[Event]) -> list[AuditEvent]:
+    def append_many(self, session: Session, events: list[Event]) -> list[EventRow]:
         """Add events at the chain's end in their order, inside the caller's transaction.
 
-        Three prepared Core statements however many events (the callback's group commit writes
-        one per message): move the head's seq past them all, which locks the head row until
-        commit (PostgreSQL's row lock; SQLite's one write lock), insert the sealed rows, and move
-        the head's hash. The returned rows are not in the session.
+        Three statements however many events (the callback's group commit writes one per
+        message), on the driver's cursor (``app.driver_sql``): move the head's seq past them all,
+        which locks the head row until commit (PostgreSQL's row lock; SQLite's one write lock),
+        insert the sealed rows, and move the head's hash. Returns what was written.
         """
         for event in events:
             if event.event_type not in EventType.ALL:
                 raise ValueError(f"unknown audit event type {event.event_type!r}")
         if not events:
             return []
-        connection = session.connection()
-        last_seq, prev_hash = connection.execute(_BUMP_HEAD, {"count": len(events)}).one()
+        sql = DriverStatements(session)
+        [(last_seq, prev_hash)] = sql.execute(
+            "UPDATE audit_chain SET last_seq = last_seq + ? WHERE id = 1 RETURNING last_seq, last_hash",
+            (len(events),))
         rows, now = [], utcnow()
         for seq, event in enumerate(events, start=last_seq - len(events) + 1):
-            row = AuditEvent(
+            row = EventRow(
                 seq=seq, created_at=now, event_type=event.event_type, actor=event.actor[:80],
                 outcome=event.outcome[:16], request_id=event.request_id, fingerprint=event.fingerprint,
                 payload_enc=self.cipher.encrypt(
@@ -175,9 +194,11 @@ class AuditLog:
             )
             row.row_hash = prev_hash = self.seal(row)
             rows.append(row)
-        connection.execute(_INSERT_EVENT, [{column: getattr(row, column) for column in _EVENT_COLUMNS}
-                                           for row in rows])
-        connection.execute(_MOVE_HEAD, {"last_hash": prev_hash, "updated_at": now})
+        stored_at = sql.time(now)
+        sql.executemany(_INSERT_EVENT, [(
+            row.seq, stored_at, row.event_type, row.actor, row.outcome, row.request_id, row.fingerprint,
+            row.payload_enc, row.prev_hash, row.row_hash) for row in rows])
+        sql.execute("UPDATE audit_chain SET last_hash = ?, updated_at = ? WHERE id = 1", (prev_hash, stored_at))
         return rows
 
     def record(self, db, event_type: str, **kwargs) -> AuditEvent:
@@ -342,14 +363,10 @@ class AuditLog:
         return rotated
 
 
-_HEAD = AuditChain.__table__
-_EVENTS = AuditEvent.__table__
-_EVENT_COLUMNS = tuple(column.name for column in _EVENTS.columns)
-_BUMP_HEAD = (update(_HEAD).where(_HEAD.c.id == 1).values(last_seq=_HEAD.c.last_seq + bindparam("count"))
-              .returning(_HEAD.c.last_seq, _HEAD.c.last_hash))
-_INSERT_EVENT = insert(_EVENTS)
-_MOVE_HEAD = (update(_HEAD).where(_HEAD.c.id == 1)
-              .values(last_hash=bindparam("last_hash"), updated_at=bindparam("updated_at")))
+_EVENT_COLUMNS = ("seq", "created_at", "event_type", "actor", "outcome", "request_id", "fingerprint",
+                  "payload_enc", "prev_hash", "row_hash")
+_INSERT_EVENT = (f"INSERT INTO {TABLE} ({', '.join(_EVENT_COLUMNS)}) "  # noqa: S608 - constants only
+                 f"VALUES ({', '.join('?' * len(_EVENT_COLUMNS))})")
 
 
 def lock_head(session: Session) -> AuditChain:

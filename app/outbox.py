@@ -14,11 +14,11 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, bindparam, exists, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, exists, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from app.db import utcnow
+from app.driver_sql import DriverStatements, values_rows
 from app.models import InboundMessage, MessageStatus
 from app.security import BlindIndex, FieldCipher
 
@@ -54,83 +54,76 @@ def accept_many(session: Session, cipher: FieldCipher, blind_index: BlindIndex,
     unique dedup hash makes concurrent deliveries of one message race safely to a single row
     (a retry within the same batch included), and what it returns names the rows this call
     created; the encrypted fields follow in an UPDATE because their associated data binds the
-    row id the INSERT made. Prepared statements, one round each for the whole batch: this is
-    the callback's hot path.
+    row id the INSERT made. One statement each for the whole batch, on the driver's cursor
+    (``app.driver_sql``): this is the callback's hot path.
     """
     if not arrivals:
         return []
-    now = utcnow()
-    connection = session.connection()
-    statements = _statements(connection.dialect.name)
-    params = [{
-        "dedup_hash": blind_index("wecom-dedup", f"{a.channel}:{a.message.dedup_key}"), "channel": a.channel,
-        "agent_id": a.message.agent_id, "user_hash": user_hash(blind_index, a.message.from_user),
-        "msg_type": a.message.msg_type, "event": a.message.event,
-        "wecom_create_time": int(a.message.create_time), "request_id": a.request_id,
-        "stream_id": a.stream_id, "status": MessageStatus.QUEUED, "attempts": 0, "chunks_sent": 0,
-        "created_at": now, "updated_at": now, "enqueued_at": now,
-    } for a in arrivals]
-    created = {row.dedup_hash: row.id for row in connection.execute(statements.insert, params)}
+    sql = DriverStatements(session)
+    now = sql.time(utcnow())
+    rows = []
+    for a in arrivals:
+        m = a.message
+        rows.append((blind_index("wecom-dedup", f"{a.channel}:{m.dedup_key}"), a.channel, m.agent_id,
+                     user_hash(blind_index, m.from_user), m.msg_type, m.event, int(m.create_time),
+                     a.request_id, a.stream_id, MessageStatus.QUEUED, 0, 0, now, now, now))
+    created = dict(sql.execute(_insert_sql(len(rows)), [value for row in rows for value in row]))
+    missing = list({row[0] for row in rows if row[0] not in created})
     existing = {}
-    missing = [p["dedup_hash"] for p in params if p["dedup_hash"] not in created]
     if missing:
-        existing = {row.dedup_hash: row for row in connection.execute(statements.find, {"hashes": missing})}
+        existing = {dedup: (row_id, stream_id)
+                    for dedup, row_id, stream_id in sql.execute(_find_sql(len(missing)), missing)}
     results, seals, first_stream = [], [], {}
-    for arrival, p in zip(arrivals, params, strict=True):
-        dedup = p["dedup_hash"]
+    for arrival, row in zip(arrivals, rows, strict=True):
+        dedup = row[0]
         row_id = created.get(dedup)
         if row_id is None:  # a retry of a message accepted before
-            known = existing[dedup]
-            results.append(Accepted(known.id, False, known.stream_id))
+            known_id, known_stream = existing[dedup]
+            results.append(Accepted(known_id, False, known_stream))
             continue
         if dedup in first_stream:  # a retry of a message earlier in this batch
             results.append(Accepted(row_id, False, first_stream[dedup]))
             continue
         first_stream[dedup] = arrival.stream_id
         payload = json.dumps(_payload_of(arrival.message), ensure_ascii=False, default=str)
-        seals.append({"row_id": row_id,
-                      "user_enc": cipher.encrypt(arrival.message.from_user, TABLE, "user_enc", row_id),
-                      "payload_enc": cipher.encrypt(payload, TABLE, "payload_enc", row_id)})
+        seals.append((cipher.encrypt(arrival.message.from_user, TABLE, "user_enc", row_id),
+                      cipher.encrypt(payload, TABLE, "payload_enc", row_id), row_id))
         results.append(Accepted(row_id, True, arrival.stream_id))
-    if seals:
-        connection.execute(statements.seal, seals)
+    sql.executemany(_SEAL, seals)
     return results
-
-
-@dataclass(frozen=True)
-class _AcceptStatements:
-    insert: object
-    find: object
-    seal: object
 
 
 _INSERT_COLUMNS = ("dedup_hash", "channel", "agent_id", "user_hash", "msg_type", "event",
                    "wecom_create_time", "request_id", "stream_id", "status", "attempts", "chunks_sent",
                    "created_at", "updated_at", "enqueued_at")
+_SEAL = f"UPDATE {TABLE} SET user_enc = ?, payload_enc = ? WHERE id = ?"  # noqa: S608 - constants only
 
 
-@functools.cache
-def _statements(dialect: str) -> _AcceptStatements:
-    """``accept``'s three statements for a dialect (PostgreSQL's and SQLite's INSERT both know
-    ON CONFLICT)."""
-    table = InboundMessage.__table__
-    dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    return _AcceptStatements(
-        insert=dialect_insert(table).values({name: bindparam(name) for name in _INSERT_COLUMNS})
-        .on_conflict_do_nothing(index_elements=["dedup_hash"])
-        .returning(table.c.id, table.c.dedup_hash),
-        find=select(table.c.id, table.c.stream_id, table.c.dedup_hash)
-        .where(table.c.dedup_hash.in_(bindparam("hashes", expanding=True))),
-        seal=update(table).where(table.c.id == bindparam("row_id"))
-        .values(user_enc=bindparam("user_enc"), payload_enc=bindparam("payload_enc")),
-    )
+@functools.lru_cache(maxsize=128)
+def _insert_sql(rows: int) -> str:
+    return (f"INSERT INTO {TABLE} ({', '.join(_INSERT_COLUMNS)}) VALUES "  # noqa: S608 - constants only
+            f"{values_rows(rows, len(_INSERT_COLUMNS))} ON CONFLICT (dedup_hash) DO NOTHING RETURNING dedup_hash, id")
+
+
+@functools.lru_cache(maxsize=128)
+def _find_sql(hashes: int) -> str:
+    return f"SELECT dedup_hash, id, stream_id FROM {TABLE} WHERE dedup_hash IN ({', '.join('?' * hashes)})"  # noqa: S608
 
 
 def _payload_of(message) -> dict:
-    data = dataclasses.asdict(message) if dataclasses.is_dataclass(message) else dict(vars(message))
+    """The message's fields but the two user ids (``user_enc`` holds the sender's)."""
+    if dataclasses.is_dataclass(message):
+        data = {name: getattr(message, name) for name in _field_names(type(message))}
+    else:
+        data = dict(vars(message))
     for public in ("to_user", "from_user"):
         data.pop(public, None)
     return data
+
+
+@functools.cache
+def _field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 # -- the worker's side ---------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""Plain SQL on the driver's own cursor, inside a session's transaction, for the hot writes.
+
+The callback's group commit writes three rows per message. Through SQLAlchemy Core every row's
+parameters went through the compiled statement's machinery and each column's type processors,
+several times what the driver's own ``executemany`` costs; the writer thread that serializes
+the callbacks spent most of its time there. So those few statements are written as SQL and run
+on the DB-API cursor of the session's connection (the same transaction, the same locks), and
+this module does the two things Core did for them: the placeholder style (sqlite3 ``?``,
+psycopg ``%s``) and how a UTC time is bound (SQLite stores the text SQLAlchemy writes for its
+``DATETIME``; PostgreSQL takes the aware value for its ``timestamptz``).
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+
+class DriverStatements:
+    """A cursor on the session's connection; SQL is written with ``?`` placeholders."""
+
+    def __init__(self, session: Session):
+        connection = session.connection()
+        self.sqlite = connection.dialect.name == "sqlite"
+        self._cursor = connection.connection.dbapi_connection.cursor()
+
+    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        """Run one statement; the rows it returns (``RETURNING``), if any."""
+        cursor = self._cursor
+        cursor.execute(_for_driver(sql, self.sqlite), params)
+        return cursor.fetchall() if cursor.description else []
+
+    def executemany(self, sql: str, rows: list[tuple]) -> None:
+        if rows:
+            self._cursor.executemany(_for_driver(sql, self.sqlite), rows)
+
+    def time(self, value: datetime) -> datetime | str:
+        """``value`` as ``UTCDateTime`` binds it."""
+        if value.tzinfo is None:
+            raise ValueError("naive datetime")
+        if self.sqlite:
+            return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        return value
+
+
+@functools.lru_cache(maxsize=256)
+def values_rows(rows: int, columns: int) -> str:
+    """``(?, ?), (?, ?)`` for a multi-row ``VALUES``."""
+    row = "(" + ", ".join("?" * columns) + ")"
+    return ", ".join([row] * rows)
+
+
+@functools.lru_cache(maxsize=256)
+def _for_driver(sql: str, sqlite: bool) -> str:
+    return sql if sqlite else sql.replace("?", "%s")
