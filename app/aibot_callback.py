@@ -131,7 +131,7 @@ def question(message: aibot.AibotMessage) -> dict | None:
     message = dataclasses.replace(message, content=content)
     try:
         accepted = services.intake.accept(
-            outbox.Arrival(message, g.request_id, CHANNEL, new_stream_id()), fingerprint())
+            outbox.Arrival(message, g.request_id, CHANNEL, new_stream_id(), enqueue=False), fingerprint())
     except IntakeUnavailable as exc:
         log.warning("outbox write failed request_id=%s: %s", g.request_id, exc)
         raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
@@ -143,7 +143,7 @@ def question(message: aibot.AibotMessage) -> dict | None:
         services.streams.open(accepted.stream_id, accepted.id, time.time())
     except redis.RedisError:  # refreshes fall back to the outbox row until the worker writes
         log.warning("stream not opened in Redis message_id=%s", accepted.id)
-    enqueue(accepted.id)
+    enqueue(accepted.id)  # after the stream exists, which the worker writes to
     return aibot.stream_message(accepted.stream_id, settings.aibot_thinking_text, False)
 
 

@@ -1,8 +1,9 @@
 """The WeCom callback URL: ``GET`` verifies it, ``POST`` accepts a message.
 
 A POST is checked (size, signature in constant time, timestamp window, receive id, agent id),
-decrypted, parsed, de-duplicated and written to the outbox in one transaction; only then is the
-task enqueued and WeCom answered with an empty 200, well inside its 5-second limit. Anything
+decrypted, parsed, de-duplicated and written to the outbox in one transaction (``app.intake``);
+then WeCom is answered with an empty 200, well inside its 5-second limit, and the intake
+publishes the task. Anything
 malformed gets 400/403/413 with a short JSON reason. If the database is down the answer is 503
 (WeCom retries); if Redis is down the row stays queued and the sweeper enqueues it later.
 """
@@ -129,9 +130,8 @@ def receive():
             metrics.callback("error", "storage")
             return jsonify(error="storage unavailable, retry later"), 503
 
-    if accepted.created:
+    if accepted.created:  # the intake publishes its task
         metrics.callback("accepted")
-        enqueue(accepted.id)
     else:
         metrics.callback("duplicate")
         log.info("duplicate callback message_id=%s", accepted.id)

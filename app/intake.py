@@ -4,9 +4,15 @@ Every accepted message is an outbox row and a ``message_received`` audit event, 
 one transaction before WeCom hears 200. One transaction per message made the callbacks queue on
 the database's single write lock (SQLite) or the audit chain's head row (PostgreSQL), each
 holder paying its own BEGIN, statement round trips and commit. So each web process has one
-writer thread: a request thread hands it its message and waits; the writer takes everything
-that is waiting (up to ``max_batch``), writes it with one statement per kind, commits, and wakes
-them. A lone message waits for nobody; it is written as soon as the writer is free.
+writer thread (``app.batching``): a request thread hands it its message and waits; the writer
+takes everything that is waiting (up to ``max_batch``), writes it with one statement per kind,
+commits, and wakes them. A lone message waits for nobody; it is written as soon as the writer
+is free.
+
+The new rows' tasks are published after the commit by a second thread, all that wait in one
+Redis round trip: the row is durable when WeCom hears 200, so the acknowledgement does not wait
+for Redis, and a broker that is down or slow leaves the rows queued for the sweeper (the
+process dying between the commit and the publish does too) instead of holding the callbacks.
 
 A batch that fails for another reason than the database being unreachable is retried one
 message at a time, so one bad message cannot refuse the others. A caller that waited
@@ -18,8 +24,6 @@ way and commits, the retry is a duplicate and the sweeper enqueues the row.
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import threading
 from dataclasses import dataclass, field
 
@@ -27,7 +31,9 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import metrics
 from app.audit import Event, EventType
+from app.batching import BatchThread
 from app.outbox import Accepted, Arrival, accept_many, user_hash
+from worker.celery_app import HANDLE_MESSAGE
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +55,15 @@ class _Pending:
 class Intake:
     def __init__(self, services, max_batch: int = 64, timeout_s: float = 3.0, idle_s: float = 30.0):
         self.services = services
-        self.max_batch = max_batch
         self.timeout_s = timeout_s
-        self.idle_s = idle_s
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-        self._queue: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
+        self._writer = BatchThread("callback-intake", self._write_batch, max_batch, idle_s)
+        self._publisher = BatchThread("callback-publish", self._publish, 256, idle_s)
 
     def accept(self, arrival: Arrival, fingerprint: str | None = None) -> Accepted:
-        """Write ``arrival`` (and its audit event, when it is new) and return its row."""
+        """Write ``arrival`` (and its audit event, when it is new) and return its row. A new
+        row's task is published after the commit, unless ``arrival.enqueue`` is false."""
         pending = _Pending(arrival, fingerprint)
-        self._hand_over(pending)
+        self._writer.put(pending)
         if not pending.done.wait(self.timeout_s):
             pending.abandoned = True
             raise IntakeUnavailable(f"not written within {self.timeout_s:g} s")
@@ -69,49 +72,18 @@ class Intake:
         return pending.result
 
     # -- the writer thread -----------------------------------------------------------------------
-    def _hand_over(self, pending: _Pending) -> None:
-        """Queue ``pending`` and make sure a writer runs in this process (a forked worker starts
-        its own; an idle writer exits). Both sides decide under one lock, so an item is never
-        queued just as the writer leaves."""
-        with self._lock:
-            if self._pid != os.getpid():
-                self._queue, self._writer, self._pid = queue.SimpleQueue(), None, os.getpid()
-            self._queue.put(pending)
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._run, name="callback-intake", daemon=True)
-                self._writer.start()
-
-    def _next_batch(self) -> list[_Pending] | None:
-        """What is waiting (at least one item), or None when the writer should exit."""
+    def _write_batch(self, batch: list[_Pending]) -> None:
+        batch = [pending for pending in batch if not pending.abandoned]
+        if not batch:
+            return
         try:
-            batch = [self._queue.get(timeout=self.idle_s)]
-        except queue.Empty:
-            with self._lock:
-                if self._queue.empty():
-                    self._writer = None
-                    return None
-            batch = [self._queue.get()]
-        while len(batch) < self.max_batch:
-            try:
-                batch.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return batch
-
-    def _run(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            batch = [pending for pending in batch if not pending.abandoned]
-            if not batch:
-                continue
-            try:
-                self._write(batch)
-            except BaseException as exc:  # never leave a caller waiting for a dead thread
-                for pending in batch:
-                    if not pending.done.is_set():
-                        pending.error = exc
-                        pending.done.set()
-                if not isinstance(exc, Exception):
-                    raise
+            self._write(batch)
+        except BaseException as exc:  # never leave a caller waiting for a dead thread
+            for pending in batch:
+                if not pending.done.is_set():
+                    pending.error = exc
+                    pending.done.set()
+            raise
 
     def _write(self, batch: list[_Pending]) -> None:
         try:
@@ -132,6 +104,9 @@ class Intake:
         for pending, accepted in zip(batch, results, strict=True):
             pending.result = accepted
             pending.done.set()
+        for pending, accepted in zip(batch, results, strict=True):
+            if accepted.created and pending.arrival.enqueue:
+                self._publisher.put((accepted.id, pending.arrival.request_id))
 
     def _commit(self, batch: list[_Pending]) -> list[Accepted]:
         services = self.services
@@ -142,6 +117,18 @@ class Intake:
                 received_event(services, pending, accepted)
                 for pending, accepted in zip(batch, results, strict=True) if accepted.created])
         return results
+
+    # -- the publisher thread --------------------------------------------------------------------
+    def _publish(self, tasks: list[tuple[int, str | None]]) -> None:
+        """One Redis round trip for every task waiting; on a broker failure the rows stay
+        queued and the sweeper enqueues them."""
+        try:
+            self.services.publisher.send_many(HANDLE_MESSAGE, [
+                ([message_id], {"request_id": request_id} if request_id else None)
+                for message_id, request_id in tasks])
+        except Exception as exc:  # noqa: BLE001 - any broker failure leaves the rows to the sweeper
+            log.warning("enqueue failed for %d message(s), left for the sweeper: %s",
+                        len(tasks), type(exc).__name__)
 
 
 def received_event(services, pending: _Pending, accepted: Accepted) -> Event:

@@ -44,6 +44,7 @@ class Arrival:
     request_id: str | None = None
     channel: str = "app"
     stream_id: str | None = None  # the AI bot channel's new stream
+    enqueue: bool = True  # the intake publishes the new row's task (the AI bot channel does it itself)
 
 
 def accept_many(session: Session, cipher: FieldCipher, blind_index: BlindIndex,

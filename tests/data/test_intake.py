@@ -4,7 +4,9 @@ a bad message refuses only itself; a writer that cannot write makes callers give
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import threading
 import time
 
@@ -150,13 +152,58 @@ def test_a_writer_that_cannot_write_makes_the_caller_give_up(services):
     assert not retry.created
 
 
-def test_an_idle_writer_leaves_and_the_next_message_brings_one_back(services):
-    intake = Intake(services, idle_s=0.2)
-    assert intake.accept(Arrival(_message(services, 1))).created
-    writer = intake._writer
-    writer.join(5)
-    assert not writer.is_alive() and intake._writer is None
+def _queued_tasks(services) -> list[tuple[list, str | None]]:
+    """The (args, request id) of every task in the worker's queue, oldest first."""
+    queue = services.celery.conf.task_default_queue
+    tasks = []
+    for raw in reversed(services.redis.lrange(queue, 0, -1)):  # kombu LPUSHes, the worker pops the tail
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        tasks.append((args, message["headers"].get("request_id")))
+    return tasks
+
+
+def test_each_new_row_is_published_once_after_its_commit_and_a_retry_is_not(services):
+    services.redis.delete(services.celery.conf.task_default_queue)
+    intake = Intake(services)
+    arrivals = [Arrival(_message(services, n), request_id=f"req{n}") for n in range(1, 6)]
+    accepted = [r for r in _accept_all(intake, arrivals) if not isinstance(r, Exception)]
+    assert len(accepted) == 5
+    assert not intake.accept(Arrival(_message(services, 3), request_id="retry")).created
+    deadline = time.monotonic() + 10
+    while len(_queued_tasks(services)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a wrongly published retry would have landed by now
+    assert sorted(_queued_tasks(services)) == sorted(([r.id], f"req{n}") for n, r in
+                                                   zip(range(1, 6), accepted, strict=True))
+
+
+def test_an_arrival_that_enqueues_itself_is_not_published(services):
+    services.redis.delete(services.celery.conf.task_default_queue)
+    intake = Intake(services)
+    assert intake.accept(Arrival(_message(services, 1), enqueue=False)).created
     assert intake.accept(Arrival(_message(services, 2))).created
+    deadline = time.monotonic() + 10
+    while not _queued_tasks(services) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert len(_queued_tasks(services)) == 1
+
+
+def test_a_broker_failure_keeps_the_rows_queued_for_the_sweeper(services, monkeypatch, caplog):
+    def broker_down(name, tasks):
+        raise ConnectionError("redis is down")
+
+    monkeypatch.setattr(services.publisher, "send_many", broker_down)
+    intake = Intake(services)
+    with caplog.at_level("WARNING", logger="app.intake"):
+        assert intake.accept(Arrival(_message(services, 1))).created
+        deadline = time.monotonic() + 10
+        while "left for the sweeper" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert "enqueue failed for 1 message(s), left for the sweeper" in caplog.text
+    with services.db.session() as session:
+        assert session.scalars(sa.select(InboundMessage.status)).all() == ["queued"]
 
 
 def test_a_message_whose_caller_gave_up_is_not_written(services):
