@@ -13,8 +13,8 @@ Anything else (a message type or event this module does not model, such as ``fil
 clients or the contact/approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
 of its fields in ``raw``: new WeCom features must never break the callback.
 
-Parsing goes through defusedxml with DTDs, entities and external references forbidden, which
-refuses billion-laughs bombs and XXE before any expansion happens.
+Parsing (``xmlparse``) refuses any DTD before a declaration in it is read, which refuses
+billion-laughs bombs and XXE before any expansion happens.
 """
 
 from __future__ import annotations
@@ -22,11 +22,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import Any
-from xml.etree.ElementTree import Element, ParseError
 
-from defusedxml import ElementTree
-from defusedxml.common import DefusedXmlException
-
+from app.wecom import xmlparse
 from app.wecom.exceptions import MessageParseError
 
 logger = logging.getLogger(__name__)
@@ -192,29 +189,14 @@ def _xml_to_dict(xml: str | bytes) -> dict[str, Any]:
     if len(xml) > MAX_XML_BYTES:
         raise MessageParseError("callback xml too large")
     try:
-        root = ElementTree.fromstring(
-            xml, forbid_dtd=True, forbid_entities=True, forbid_external=True
-        )
-    except DefusedXmlException as exc:
-        raise MessageParseError(f"forbidden xml construct: {type(exc).__name__}") from None
-    except (ParseError, ValueError) as exc:
+        root, fields = xmlparse.parse(xml)
+    except xmlparse.XmlRefused as exc:
+        raise MessageParseError(f"forbidden xml construct: {exc}") from None
+    except xmlparse.XmlMalformed as exc:
         raise MessageParseError(f"malformed xml: {exc}") from None
-    if root.tag != "xml":
+    if root != "xml":
         raise MessageParseError("root element is not <xml>")
-    return _children(root)
-
-
-def _children(element: Element) -> dict[str, Any]:
-    """Leaf text for leaves, nested dicts for containers, lists for repeated tags."""
-    result: dict[str, Any] = {}
-    for child in element:
-        value: Any = _children(child) if len(child) else (child.text or "")
-        if child.tag in result:
-            previous = result[child.tag]
-            result[child.tag] = [*previous, value] if isinstance(previous, list) else [previous, value]
-        else:
-            result[child.tag] = value
-    return result
+    return fields
 
 
 def _required(fields: dict[str, Any], name: str) -> str:
