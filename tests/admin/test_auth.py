@@ -123,3 +123,15 @@ def test_admin_pages_send_security_headers(client):
     assert response.headers["X-Frame-Options"] == "DENY"
     assert response.headers["Cache-Control"] == "no-store"
     assert client.get("/healthz").headers.get("X-Frame-Options") is None  # only the admin area
+
+
+def test_only_the_admin_area_opens_cookie_sessions(app, client, as_role):
+    interface = app.session_interface
+    for path in ("/admin", "/admin/", "/admin/login"):
+        with app.test_request_context(path) as ctx:
+            assert not interface.is_null_session(interface.open_session(app, ctx.request))
+    for path in ("/wecom/callback", "/wecom/aibot", "/v1/chat/completions", "/healthz", "/administrator"):
+        with app.test_request_context(path) as ctx:
+            assert interface.open_session(app, ctx.request) is None
+    as_role("admin")  # a logged-in browser's cookie is neither read nor refreshed elsewhere
+    assert "Set-Cookie" not in client.get("/healthz").headers
