@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -165,7 +166,7 @@ class AuditLog:
         """Add one event at the chain's end, inside the caller's transaction."""
         return self.append_many(session, [Event(event_type, actor, outcome, payload, request_id, fingerprint)])[0]
 
-    def append_many(self, session: Session, events: list[Event]) -> list[EventRow]:
+    def append_many(self, session: Session | Connection, events: list[Event]) -> list[EventRow]:
         """Add events at the chain's end in their order, inside the caller's transaction.
 
         Three statements however many events (the callback's group commit writes one per

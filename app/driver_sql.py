@@ -15,14 +15,16 @@ from __future__ import annotations
 import functools
 from datetime import UTC, datetime
 
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 
 class DriverStatements:
-    """A cursor on the session's connection; SQL is written with ``?`` placeholders."""
+    """A cursor on the connection of a session or Core connection (whose transaction it joins);
+    SQL is written with ``?`` placeholders."""
 
-    def __init__(self, session: Session):
-        connection = session.connection()
+    def __init__(self, bind: Session | Connection):
+        connection = bind.connection() if isinstance(bind, Session) else bind
         self.sqlite = connection.dialect.name == "sqlite"
         self._cursor = connection.connection.dbapi_connection.cursor()
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, aliased
 
 from app.db import utcnow
@@ -47,7 +48,7 @@ class Arrival:
     enqueue: bool = True  # the intake publishes the new row's task (the AI bot channel does it itself)
 
 
-def accept_many(session: Session, cipher: FieldCipher, blind_index: BlindIndex,
+def accept_many(session: Session | Connection, cipher: FieldCipher, blind_index: BlindIndex,
                 arrivals: list[Arrival]) -> list[Accepted]:
     """Insert the messages as queued rows, in order, or find the rows WeCom's retries duplicate.
 
