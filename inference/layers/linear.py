@@ -18,7 +18,9 @@ from torch import nn
 # The loader therefore stores fp32 CPU weights input-major (`input_major`): same shape, same
 # values, other strides, no extra memory. bf16 is the other way round: `F.linear` reorders the
 # weight for oneDNN on every call, so a copy packed once is faster (demo model 447 vs 383 tok/s).
-_MKLDNN = torch.backends.mkldnn.is_available()
+# oneDNN's bf16 reorder needs avx512 (bf16) or avx_ne_convert: on an AVX2-only CPU bf16 weights
+# go to F.linear as they are.
+_MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def input_major(w: torch.Tensor) -> torch.Tensor:
@@ -72,7 +74,7 @@ class Linear(nn.Linear):
                 self._direct = w  # strides cannot change in place: only a new weight leaves this
                 return F.linear(x, w, self.bias)
             return F.linear(x, self._cpu_weight(w, input_major), self.bias)
-        if w.dtype == torch.bfloat16 and _MKLDNN:
+        if w.dtype == torch.bfloat16 and _MKLDNN_BF16:
             packed = self._cpu_weight(w, onednn_packed)
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, w, self.bias)
