@@ -98,6 +98,9 @@ class PackedLinear(Linear):
         self.parts = dict(parts)
 
 
+_INT8_MM = torch.ops.aten._weight_int8pack_mm  # looked up once: a draft depth makes six calls
+
+
 class Int8Linear(nn.Module):
     """W8A16: int8 weights with one scale per output channel, activations stay bf16/fp16/fp32.
 
@@ -127,7 +130,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # decode rows are 2-D already
         if flat.device.type == "cpu":
-            out = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.weight, self.scales)
+            out = _INT8_MM(flat.to(torch.bfloat16), self.weight, self.scales)
         else:
             out = F.linear(flat, self.weight.to(flat.dtype)) * self.scales.to(flat.dtype)
         out = out.to(x.dtype)
