@@ -51,30 +51,38 @@ def _band_mask(queries: int, keys: int, offset: int, window: int, device: torch.
     return (kpos <= qpos) & (kpos > qpos - window)
 
 
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask in SDPA's additive form (0 where seen, -inf elsewhere): the same result,
+    while a boolean mask costs SDPA six more dispatches per call to convert it."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 @functools.lru_cache(maxsize=64)
-def _right_band(queries: int, window: int, rep: int, device: torch.device) -> torch.Tensor:
+def _right_band(queries: int, window: int, rep: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """`_band_mask` of the widest local context a chunk of `queries` can have (window + queries
-    - 1 keys, the last query at the last key), its rows repeated `rep` times (the GQA fold)."""
+    - 1 keys, the last query at the last key), its rows repeated `rep` times (the GQA fold), in
+    additive form."""
     width = window + queries - 1
     mask = _band_mask(queries, width, width - queries, window, device)
-    return mask.repeat(rep, 1) if rep > 1 else mask
+    return _additive(mask.repeat(rep, 1) if rep > 1 else mask, dtype)
 
 
-def _local_mask(queries: int, keys: int, window: int, rep: int, device: torch.device) -> torch.Tensor:
+def _local_mask(queries: int, keys: int, window: int, rep: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The local mask of a chunk whose last query sits at the last of `keys` local keys, as a
     slice of a cached mask: the key count grows every step, so a mask cached by it would never be
     hit, and building one (plus its GQA repeat) is a dozen ops per layer per speculative step."""
-    full = _right_band(queries, window, rep, device)
+    full = _right_band(queries, window, rep, device, dtype)
     return full[:, full.shape[1] - keys :]
 
 
 @functools.lru_cache(maxsize=64)
-def _node_mask(seen: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
-    """Node mask `[queries, max(seen)]` (query i sees the first seen[i] nodes); None when every
-    query sees them all."""
+def _node_mask(seen: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
+    """Node mask `[queries, max(seen)]` (query i sees the first seen[i] nodes), additive; None
+    when every query sees them all."""
     if all(c == seen[-1] for c in seen):
         return None
-    return torch.arange(seen[-1], device=device)[None] < torch.tensor(seen, device=device)[:, None]
+    seen_by = torch.arange(seen[-1], device=device)[None] < torch.tensor(seen, device=device)[:, None]
+    return _additive(seen_by, dtype)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -159,20 +167,21 @@ def _small_chunk(
     rep = q.shape[0] // ctx.keys.shape[0]
     lo = max(ctx.local_start, ctx.q_start - window + 1)
     keys = slice(lo - ctx.local_start, ctx.q_start + n - ctx.local_start)
-    local_mask = _local_mask(n, keys.stop - keys.start, window, 1, device)
-    folded = _local_mask(n, keys.stop - keys.start, window, rep, device)  # n <= SMALL_CHUNK here
+    width = keys.stop - keys.start
+    folded = _local_mask(n, width, window, rep, device, q.dtype)  # n <= SMALL_CHUNK here
     seen = tuple(max(0, ctx.q_start + i - window + 1) // interval for i in range(n))
     count = seen[-1]
     local_k, local_v = ctx.keys[:, keys], ctx.values[:, keys]
     node_k = ctx.keys[:, ctx.num_local : ctx.num_local + count]
     node_v = ctx.values[:, ctx.num_local : ctx.num_local + count]
-    node_mask = _node_mask(seen, device) if count else None
+    node_mask = _node_mask(seen, device, q.dtype) if count else None
     if gate is None:
         if not count:
             return _attend(q, local_k, local_v, folded, folded=True)
         if node_mask is None:
-            node_mask = torch.ones(n, count, dtype=torch.bool, device=device)
+            node_mask = torch.zeros(n, count, dtype=q.dtype, device=device)
         k, v = torch.cat((local_k, node_k), dim=1), torch.cat((local_v, node_v), dim=1)
+        local_mask = _local_mask(n, width, window, 1, device, q.dtype)
         return _attend(q, k, v, torch.cat((local_mask, node_mask), dim=1))
     weights = gate.tolist()
     local_on = [w[0] > 0 for w in weights]
@@ -181,6 +190,7 @@ def _small_chunk(
         node_weight = torch.where(
             torch.tensor(seen, device=device) > 0, gate[:, 1], torch.zeros_like(gate[:, 1])
         )
+        local_mask = _local_mask(n, width, window, 1, device, q.dtype)
         paths = [(local_k, local_v, local_mask, gate[:, 0]), (node_k, node_v, node_mask, node_weight)]
         return _mix_paths(q, paths)  # rows skipped: the general path
     gate = gate.to(q.dtype)

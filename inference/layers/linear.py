@@ -18,7 +18,9 @@ from torch import nn
 # The loader therefore stores fp32 CPU weights input-major (`input_major`): same shape, same
 # values, other strides, no extra memory. bf16 is the other way round: `F.linear` reorders the
 # weight for oneDNN on every call, so a copy packed once is faster (demo model 447 vs 383 tok/s).
-_MKLDNN = torch.backends.mkldnn.is_available()
+# oneDNN's bf16 reorder needs avx512 (bf16) or avx_ne_convert: on an AVX2-only CPU bf16 weights
+# go to F.linear as they are.
+_MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def input_major(w: torch.Tensor) -> torch.Tensor:
@@ -34,11 +36,12 @@ def onednn_packed(w: torch.Tensor) -> torch.Tensor:
 
 def weight_key(w: torch.Tensor) -> tuple[int, int]:
     """What changes when a weight is replaced or modified in place: its storage and version
-    (tensors made under inference mode have no version and cannot be modified outside it)."""
-    try:
-        return w.data_ptr(), w._version
-    except RuntimeError:  # an inference tensor
+    (tensors made under inference mode have no version and cannot be modified outside it).
+    Asked, not tried: the int8 draft copies are inference tensors, and the exception that
+    `_version` raises for them cost ~30 us a call, twice per MTP layer per draft depth."""
+    if w.is_inference():
         return w.data_ptr(), 0
+    return w.data_ptr(), w._version
 
 
 class Linear(nn.Linear):
@@ -53,7 +56,10 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self._copy: tuple[torch.Tensor, int, int] | None = None  # (CPU weight, data_ptr, version)
-        self._direct: torch.Tensor | None = None  # the weight F.linear reads fastest as it is
+        # (weight, weight.t()) once the weight is found input-major: inference goes straight to
+        # mm/addmm on the `[in, out]` view, one dispatch instead of F.linear's four (linear, t,
+        # matmul, mm; the same kernel, the same result), 49 calls a decode step on GLM-4
+        self._direct: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the CPU copy behind (a packed one is an opaque oneDNN tensor
@@ -62,17 +68,18 @@ class Linear(nn.Linear):
         return {**state, "_copy": None, "_direct": None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if w is self._direct and w.dtype == torch.float32:  # checked once (decode: 49 calls a token)
-            return F.linear(x, w, self.bias)
+        w, direct = self.weight, self._direct
+        if direct is not None and direct[0] is w and x.dim() == 2 and not torch.is_grad_enabled():
+            return torch.mm(x, direct[1]) if self.bias is None else torch.addmm(self.bias, x, direct[1])
         if torch.is_grad_enabled() or w.device.type != "cpu" or x.dtype != w.dtype:
             return F.linear(x, w, self.bias)
         if w.dtype == torch.float32:
             if w.t().is_contiguous():
-                self._direct = w  # strides cannot change in place: only a new weight leaves this
+                # strides cannot change in place: only a new weight leaves this
+                self._direct = (w, w.t())
                 return F.linear(x, w, self.bias)
             return F.linear(x, self._cpu_weight(w, input_major), self.bias)
-        if w.dtype == torch.bfloat16 and _MKLDNN:
+        if w.dtype == torch.bfloat16 and _MKLDNN_BF16:
             packed = self._cpu_weight(w, onednn_packed)
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, w, self.bias)
@@ -93,6 +100,9 @@ class PackedLinear(Linear):
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool = False) -> None:
         super().__init__(in_features, sum(parts.values()), bias=bias)
         self.parts = dict(parts)
+
+
+_INT8_MM = torch.ops.aten._weight_int8pack_mm  # looked up once: a draft depth makes six calls
 
 
 class Int8Linear(nn.Module):
@@ -124,7 +134,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # decode rows are 2-D already
         if flat.device.type == "cpu":
-            out = torch.ops.aten._weight_int8pack_mm(flat.to(torch.bfloat16), self.weight, self.scales)
+            out = _INT8_MM(flat.to(torch.bfloat16), self.weight, self.scales)
         else:
             out = F.linear(flat, self.weight.to(flat.dtype)) * self.scales.to(flat.dtype)
         out = out.to(x.dtype)

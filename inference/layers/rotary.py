@@ -15,16 +15,25 @@ class RotaryEmbedding:
     def __init__(self, rotary_dim: int, theta: float) -> None:
         self.rotary_dim = rotary_dim
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device="cpu") / rotary_dim))
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # (inv_freq, [1.0])
 
     def rotations(self, positions: torch.Tensor) -> torch.Tensor:
-        """Unit complex numbers `[L, rotary_dim / 2]` (complex64, angles computed in fp32)."""
-        angles = positions.float()[:, None] * self.inv_freq.to(positions.device)[None]
-        return torch.polar(torch.ones_like(angles), angles)
+        """Unit complex numbers `[L, rotary_dim / 2]` (complex64, angles computed in fp32).
+        Two kernels (every forward and every MTP draft depth calls this): `outer` promotes the
+        integer positions to fp32 itself, and `polar` broadcasts a cached one."""
+        on = self._on.get(positions.device)
+        if on is None:
+            with torch.inference_mode(False):  # plain tensors: training calls this too
+                on = self._on[positions.device] = (
+                    self.inv_freq.to(positions.device),
+                    torch.ones(1, device=positions.device),
+                )
+        return torch.polar(on[1], torch.outer(positions, on[0]))
 
 
 def apply_rotary_(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
     """Rotate `x [L, heads, head_dim]` in place by `rotations [L, rotary_dim / 2]`; returns `x`."""
     rot = x[..., : rotations.shape[-1] * 2]
-    pairs = torch.view_as_complex(rot.float().unflatten(-1, (-1, 2)))
+    pairs = torch.view_as_complex((rot if rot.dtype == torch.float32 else rot.float()).unflatten(-1, (-1, 2)))
     rot.copy_(torch.view_as_real(pairs * rotations[:, None]).flatten(-2))
     return x
