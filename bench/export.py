@@ -20,6 +20,7 @@ Bounded memory means the two sizes' peaks are about the same, not 10x apart.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -29,14 +30,13 @@ import tempfile
 import time
 import tracemalloc
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from app import migrate
-from app.audit import TABLE, EventType
+from app.audit import TABLE, EventRow, EventType
 from app.models import AuditChain, AuditEvent
 from app.outbox import user_hash
 from app.services import Services
@@ -47,22 +47,6 @@ REDIS_URL = "redis://127.0.0.1:6379/1"
 TYPES = [(EventType.MESSAGE_RECEIVED, 40), (EventType.REPLY_SENT, 38), (EventType.API_REQUEST, 15),
          (EventType.REPLY_FAILED, 3), (EventType.BUDGET_ALERT, 1), (EventType.ADMIN_LOGIN, 2),
          (EventType.ADMIN_CHANGE, 1)]
-
-
-@dataclass
-class _Row:
-    """What ``AuditLog.seal`` reads, without an ORM object per row."""
-
-    seq: int
-    created_at: datetime
-    event_type: str
-    actor: str
-    outcome: str
-    request_id: str | None
-    fingerprint: str | None
-    payload_enc: str
-    prev_hash: str
-    row_hash: str = ""
 
 
 def seed(services: Services, rows: int, start: datetime, step: timedelta) -> float:
@@ -80,12 +64,14 @@ def seed(services: Services, rows: int, start: datetime, step: timedelta) -> flo
             admin = kind in (EventType.ADMIN_LOGIN, EventType.ADMIN_CHANGE)
             payload = {"message_id": seq, "msg_type": "text", "agent_id": 1000002,
                        "latency_ms": rng.randrange(200, 9000)}
-            row = _Row(seq, start + step * seq, kind, "admin:alice" if admin else rng.choice(users),
-                       "ok", uuid.UUID(int=rng.getrandbits(128)).hex, None,
-                       cipher.encrypt(json.dumps(payload, sort_keys=True), TABLE, "payload_enc", seq),
-                       prev)
+            row = EventRow(
+                seq=seq, created_at=start + step * seq, event_type=kind,
+                actor="admin:alice" if admin else rng.choice(users), outcome="ok",
+                request_id=uuid.UUID(int=rng.getrandbits(128)).hex, fingerprint=None,
+                payload_enc=cipher.encrypt(json.dumps(payload, sort_keys=True), TABLE, "payload_enc", seq),
+                prev_hash=prev)
             row.row_hash = prev = audit.seal(row)
-            batch.append(row.__dict__)
+            batch.append(dataclasses.asdict(row))
             if len(batch) == BATCH:
                 conn.execute(sa.insert(table), batch)
                 batch = []
