@@ -3,9 +3,9 @@
 A POST is checked (size, signature in constant time, timestamp window, receive id, agent id),
 decrypted, parsed, de-duplicated and written to the outbox in one transaction (``app.intake``);
 then WeCom is answered with an empty 200, well inside its 5-second limit, and the intake
-publishes the task. Anything
-malformed gets 400/403/413 with a short JSON reason. If the database is down the answer is 503
-(WeCom retries); if Redis is down the row stays queued and the sweeper enqueues it later.
+publishes the task. Anything malformed gets 400/403/413 with a short JSON reason. If the
+database is down the answer is 503 (WeCom retries); if Redis is down the row stays queued and
+the sweeper enqueues it later.
 """
 
 from __future__ import annotations
