@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight.
-# In fp32, MKL reads a weight stored input-major (`[in, out]` in memory, what
-# `w.t().contiguous()` holds) faster than the checkpoint's `[out, in]` or a oneDNN-packed copy;
-# all linears of a 132M GLM-4 (418 MiB, weights cold in cache) on this 2-core CPU, in ms:
+# Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight; a
+# speculative verify or a small continuous batch is a matmul of a few rows. Which fp32 kernel is
+# fastest depends on the CPU: MKL on the weight stored input-major (`[in, out]` in memory, what
+# `w.t().contiguous()` holds) or oneDNN on a copy packed once. Measured, in us per call:
+#   2-core AMD EPYC, AVX2 only (all linears of a 132M GLM-4, weights cold, in ms):
 #                 1 row   5 rows   8 rows   64 rows
-#   [out, in]     16.3    30.8     40.6     71.8
-#   [in, out]     14.7    27.1     29.7     69.2
-#   oneDNN packed 19.5    26.6     28.8     62.9
-# and the 7M demo model 0.36 / 0.44 / 0.49 / 1.89 against oneDNN's 0.75 / 1.09 / 1.13 / 2.48.
-# The loader therefore stores fp32 CPU weights input-major (`input_major`): same shape, same
-# values, other strides, no extra memory. bf16 is the other way round: `F.linear` reorders the
-# weight for oneDNN on every call, so a copy packed once is faster (demo model 447 vs 383 tok/s).
-# oneDNN's bf16 reorder needs avx512 (bf16) or avx_ne_convert: on an AVX2-only CPU bf16 weights
-# go to F.linear as they are.
+#   MKL [out, in] 16.3    30.8     40.6     71.8
+#   MKL [in, out] 14.7    27.1     29.7     69.2
+#   oneDNN packed 19.5    26.6     28.8     62.9      (7M demo: 0.36 / 0.44 / 0.49 / 1.89 ms MKL
+#                                                      against oneDNN's 0.75 / 1.09 / 1.13 / 2.48)
+#   2-core AMD EPYC with AVX-512 (one 4096x256 lm head / one 1280x256 projection, warm):
+#                 1 row   2 rows   5 rows   9 rows   20 rows
+#   MKL [in, out] 70/23   149/48   291/66   399/97   424/138
+#   oneDNN packed 55/28    63/27    82/38   109/49   239/81
+# So the loader stores fp32 CPU weights input-major (same shape, same values, other strides, no
+# extra memory), and `Fp32Matmul` measures both kernels the first time it meets a weight shape
+# and a row bucket, and keeps the faster (a packed copy only where oneDNN won). oneDNN gives a
+# row the same bits whatever the number of rows beside it (MKL does not), so where it wins a
+# speculative verify computes exactly the logits plain decoding does.
+# bf16 is the other way round: `F.linear` reorders the weight for oneDNN on every call, so a copy
+# packed once is faster (demo model 447 vs 383 tok/s). oneDNN's bf16 reorder needs avx512 (bf16)
+# or avx_ne_convert: on an AVX2-only CPU bf16 weights go to F.linear as they are.
 _MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+# "auto" (measure), or "mkl" / "onednn" to pin every fp32 CPU linear to one kernel
+FP32_MATMUL = os.environ.get("INFERENCE_FP32_MATMUL", "auto")
 
 
 def input_major(w: torch.Tensor) -> torch.Tensor:
@@ -29,9 +42,11 @@ def input_major(w: torch.Tensor) -> torch.Tensor:
     return w if w.t().is_contiguous() else w.t().contiguous().t()
 
 
-def onednn_packed(w: torch.Tensor) -> torch.Tensor:
-    """`w` reordered once for oneDNN (an opaque tensor for `mkldnn._linear_pointwise`)."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
+def onednn_packed(w: torch.Tensor, rows: int = 1) -> torch.Tensor:
+    """`w` reordered once for oneDNN (an opaque tensor for `mkldnn._linear_pointwise`), laid out
+    for about `rows` input rows (a layout for 1 row is slow at 2 and more; one for 5 is not
+    slower at 1)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), rows)
 
 
 def weight_key(w: torch.Tensor) -> tuple[int, int]:
@@ -47,37 +62,38 @@ def weight_key(w: torch.Tensor) -> tuple[int, int]:
 class Linear(nn.Linear):
     """A plain dense linear layer (weight `[out, in]`, optional bias), as Hugging Face stores it.
 
-    Inference on CPU (no autograd) reads an fp32 weight input-major and a bf16 weight packed for
-    oneDNN. The loader stores fp32 weights input-major already; any other weight gets its CPU
-    copy on the first such call, remade when the weight's storage or version changes (a bf16
-    model thus holds its weights twice). Training (autograd on) uses the weight as it is.
+    Inference on CPU (no autograd) runs an input-major fp32 weight through `Fp32Matmul` and a
+    bf16 weight packed for oneDNN. The loader stores fp32 weights input-major already; any other
+    weight gets its CPU copy on the first such call, remade when the weight's storage or version
+    changes (a bf16 model thus holds its weights twice). Training (autograd on) uses the weight
+    as it is.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self._copy: tuple[torch.Tensor, int, int] | None = None  # (CPU weight, data_ptr, version)
-        # (weight, weight.t()) once the weight is found input-major: inference goes straight to
-        # mm/addmm on the `[in, out]` view, one dispatch instead of F.linear's four (linear, t,
-        # matmul, mm; the same kernel, the same result), 49 calls a decode step on GLM-4
-        self._direct: tuple[torch.Tensor, torch.Tensor] | None = None
+        # once the weight is found input-major: inference calls the chosen kernel directly, one
+        # dispatch instead of F.linear's four (linear, t, matmul, mm), 49 calls a decode step on
+        # GLM-4
+        self._fp32: Fp32Matmul | None = None
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the CPU copy behind (a packed one is an opaque oneDNN tensor
         that cannot be copied); it is remade on first use."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
-        return {**state, "_copy": None, "_direct": None}
+        return {**state, "_copy": None, "_fp32": None}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, direct = self.weight, self._direct
-        if direct is not None and direct[0] is w and x.dim() == 2 and not torch.is_grad_enabled():
-            return torch.mm(x, direct[1]) if self.bias is None else torch.addmm(self.bias, x, direct[1])
+        w, fast = self.weight, self._fp32
+        if fast is not None and fast.weight is w and fast.bias is self.bias and not torch.is_grad_enabled():
+            return fast(x) if x.dim() == 2 else fast(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
         if torch.is_grad_enabled() or w.device.type != "cpu" or x.dtype != w.dtype:
             return F.linear(x, w, self.bias)
         if w.dtype == torch.float32:
             if w.t().is_contiguous():
-                # strides cannot change in place: only a new weight leaves this
-                self._direct = (w, w.t())
-                return F.linear(x, w, self.bias)
+                # strides cannot change in place: only a new weight (or bias) leaves this
+                self._fp32 = Fp32Matmul(w, self.bias)
+                return self.forward(x)
             return F.linear(x, self._cpu_weight(w, input_major), self.bias)
         if w.dtype == torch.bfloat16 and _MKLDNN_BF16:
             packed = self._cpu_weight(w, onednn_packed)
@@ -89,6 +105,77 @@ class Linear(nn.Linear):
         if copy is None or copy[1:] != key:
             copy = self._copy = (make(w.detach()), *key)
         return copy[0]
+
+
+_ONEDNN = torch.backends.mkldnn.is_available()
+# (weight shape, has bias, row bucket) -> "mkl" | "onednn": measured once per process and shape
+_CHOICES: dict[tuple, str] = {}
+
+
+def _row_bucket(rows: int) -> int:
+    """Row counts that behave alike: 1 (decode), 2-8 (verify, small batches), 9-64, more (prefill)."""
+    return 0 if rows == 1 else 1 if rows <= 8 else 2 if rows <= 64 else 3
+
+
+class Fp32Matmul:
+    """`x @ weight.t() + bias` on CPU in fp32 for an input-major `weight`, with the faster of MKL
+    (`mm`/`addmm` on the `[in, out]` view) and oneDNN (a copy packed once) for each row bucket,
+    measured on the first input of that bucket (see the figures above). Both are exact fp32
+    matmuls; they differ only in summation order. The packed copy follows in-place changes of the
+    weight (its storage and version) and exists only while oneDNN serves some bucket."""
+
+    __slots__ = ("weight", "bias", "_t", "_packed", "_packed_key", "_calls")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias, self._t = weight, bias, weight.t()
+        self._packed: torch.Tensor | None = None
+        self._packed_key: tuple[int, int] | None = None
+        self._calls: list = [None] * 4
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        bucket = _row_bucket(x.shape[0])
+        call = self._calls[bucket]
+        if call is None:
+            call = self._calls[bucket] = self._choose(x, bucket)
+        return call(x)
+
+    def mkl(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, self._t) if self.bias is None else torch.addmm(self.bias, x, self._t)
+
+    def onednn(self, x: torch.Tensor) -> torch.Tensor:
+        key = weight_key(self.weight)
+        if key != self._packed_key:
+            self._packed, self._packed_key = onednn_packed(self.weight.detach(), 5), key
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+
+    def _choose(self, x: torch.Tensor, bucket: int):
+        key = (tuple(self.weight.shape), self.bias is not None, bucket)
+        choice = FP32_MATMUL if FP32_MATMUL != "auto" else _CHOICES.get(key)
+        if choice is None:
+            choice = _CHOICES[key] = _faster({"mkl": self.mkl, "onednn": self.onednn}, x) if _ONEDNN else "mkl"
+        if choice == "onednn":
+            return self.onednn
+        if self.onednn not in self._calls:
+            self._packed = self._packed_key = None  # measured and lost: no second copy kept
+        return self.mkl
+
+
+def _faster(kernels: dict, x: torch.Tensor, budget_s: float = 2e-3) -> str:
+    """The name of the kernel that ran `x` fastest: each warmed up once, then timed in turns
+    (best of three rounds of about `budget_s / 6` each), so that a burst of load from elsewhere
+    hits both alike."""
+    start = time.perf_counter()
+    for kernel in kernels.values():
+        kernel(x)
+    reps = max(1, min(50, int(budget_s / 2 / max(time.perf_counter() - start, 1e-6))))
+    best = dict.fromkeys(kernels, float("inf"))
+    for _ in range(3):
+        for name, kernel in kernels.items():
+            t = time.perf_counter()
+            for _ in range(reps):
+                kernel(x)
+            best[name] = min(best[name], time.perf_counter() - t)
+    return min(best, key=best.get)
 
 
 class PackedLinear(Linear):

@@ -1,12 +1,16 @@
-"""The input-major CPU inference path of `Linear` and the fused qkv+router projection."""
+"""The CPU inference paths of `Linear` (input-major fp32 weights, the measured choice of fp32
+kernel) and the fused qkv+router projection."""
 
 import copy
+import time
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from inference.config import ModelConfig
-from inference.layers.linear import Linear
+from inference.layers import linear
+from inference.layers.linear import Linear, input_major
 from inference.loader import load_model
 from inference.models.glm5_sparse import DecoderLayer
 from tests.unit.inference.helpers import glm5_config, write_checkpoint
@@ -58,3 +62,61 @@ def test_loaded_linear_weights_are_input_major_without_a_second_copy(tmp_path):
     with torch.inference_mode():
         torch.testing.assert_close(linears[0](x), x @ linears[0].weight.t())
     assert all(m._copy is None for m in linears)  # read in place: no input-major copy was made
+
+
+@pytest.mark.parametrize("kernel", ["mkl", "onednn"])
+def test_each_fp32_kernel_matches_f_linear_at_every_row_bucket(monkeypatch, kernel):
+    monkeypatch.setattr(linear, "FP32_MATMUL", kernel)
+    torch.manual_seed(0)
+    layer = Linear(64, 96, bias=True)
+    layer.weight = torch.nn.Parameter(input_major(layer.weight.detach()))
+    with torch.inference_mode():
+        for rows in (1, 3, 20, 100):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        x3 = torch.randn(2, 3, 64)  # leading dimensions are flattened and restored
+        torch.testing.assert_close(layer(x3), F.linear(x3, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    assert all(call.__name__ == kernel for call in layer._fp32._calls)
+
+
+def test_packed_onednn_copy_follows_in_place_weight_changes(monkeypatch):
+    monkeypatch.setattr(linear, "FP32_MATMUL", "onednn")
+    layer = Linear(32, 16)
+    layer.weight = torch.nn.Parameter(input_major(layer.weight.detach()))
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        before = layer(x)
+    with torch.no_grad():
+        layer.weight.mul_(2)  # same storage, new version: the packed copy is remade
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), 2 * before, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_measures_once_per_shape_and_bucket_and_keeps_no_unused_copy(monkeypatch):
+    monkeypatch.setattr(linear, "_CHOICES", {})
+    measured = []
+
+    def pick_mkl(kernels, x):
+        measured.append(x.shape[0])
+        return "mkl"
+
+    monkeypatch.setattr(linear, "_faster", pick_mkl)
+    layers = [Linear(32, 16) for _ in range(2)]
+    for layer in layers:
+        layer.weight = torch.nn.Parameter(input_major(layer.weight.detach()))
+    with torch.inference_mode():
+        for layer in layers:  # same shape: the second layer reuses the first one's choices
+            for rows in (1, 1, 5, 7, 30):
+                layer(torch.randn(rows, 32))
+    assert measured == [1, 5, 30]
+    assert set(linear._CHOICES) == {((16, 32), False, 0), ((16, 32), False, 1), ((16, 32), False, 2)}
+    assert all(layer._fp32._packed is None for layer in layers)
+
+
+def test_faster_names_the_kernel_that_ran_fastest():
+    x = torch.randn(2, 8)
+
+    def slow(x):
+        time.sleep(1e-3)
+
+    assert linear._faster({"slow": slow, "fast": lambda x: None}, x) == "fast"
