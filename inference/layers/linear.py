@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,9 @@ from torch import nn
 _MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 # "auto" (measure), or "mkl" / "onednn" to pin every fp32 CPU linear to one kernel
 FP32_MATMUL = os.environ.get("INFERENCE_FP32_MATMUL", "auto")
+# A packed oneDNN copy is a second copy of the weight: past this many bytes of them in a process,
+# the rest of the weights stay on MKL (a large fp32 model on CPU would otherwise double).
+FP32_PACKED_MAX_BYTES = int(os.environ.get("INFERENCE_FP32_PACKED_MAX_BYTES", 1 << 30))
 
 
 def input_major(w: torch.Tensor) -> torch.Tensor:
@@ -110,6 +114,12 @@ class Linear(nn.Linear):
 _ONEDNN = torch.backends.mkldnn.is_available()
 # (weight shape, has bias, row bucket) -> "mkl" | "onednn": measured once per process and shape
 _CHOICES: dict[tuple, str] = {}
+_PACKED: weakref.WeakSet = weakref.WeakSet()  # the Fp32Matmuls that keep a packed copy
+
+
+def packed_bytes() -> int:
+    """Bytes of the packed oneDNN copies alive in this process."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in list(_PACKED) if m._packed is not None)
 
 
 def _row_bucket(rows: int) -> int:
@@ -124,7 +134,7 @@ class Fp32Matmul:
     matmuls; they differ only in summation order. The packed copy follows in-place changes of the
     weight (its storage and version) and exists only while oneDNN serves some bucket."""
 
-    __slots__ = ("weight", "bias", "_t", "_packed", "_packed_key", "_calls")
+    __slots__ = ("weight", "bias", "_t", "_packed", "_packed_key", "_calls", "__weakref__")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias, self._t = weight, bias, weight.t()
@@ -153,11 +163,17 @@ class Fp32Matmul:
         choice = FP32_MATMUL if FP32_MATMUL != "auto" else _CHOICES.get(key)
         if choice is None:
             choice = _CHOICES[key] = _faster({"mkl": self.mkl, "onednn": self.onednn}, x) if _ONEDNN else "mkl"
-        if choice == "onednn":
+        if choice == "onednn" and (self in _PACKED or self._fits()):
+            _PACKED.add(self)
             return self.onednn
         if self.onednn not in self._calls:
-            self._packed = self._packed_key = None  # measured and lost: no second copy kept
+            self._packed = self._packed_key = None  # measured and lost (or over the cap): no copy kept
+            _PACKED.discard(self)
         return self.mkl
+
+    def _fits(self) -> bool:
+        """Whether one more packed copy stays within `FP32_PACKED_MAX_BYTES`."""
+        return packed_bytes() + self.weight.numel() * self.weight.element_size() <= FP32_PACKED_MAX_BYTES
 
 
 def _faster(kernels: dict, x: torch.Tensor, budget_s: float = 2e-3) -> str:

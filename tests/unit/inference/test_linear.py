@@ -120,3 +120,19 @@ def test_faster_names_the_kernel_that_ran_fastest():
         time.sleep(1e-3)
 
     assert linear._faster({"slow": slow, "fast": lambda x: None}, x) == "fast"
+
+
+def test_packed_copies_stop_at_the_byte_cap_and_the_rest_stay_on_mkl(monkeypatch):
+    monkeypatch.setattr(linear, "FP32_MATMUL", "onednn")
+    layers = [Linear(32, 16) for _ in range(3)]
+    for layer in layers:
+        layer.weight = torch.nn.Parameter(input_major(layer.weight.detach()))
+    one = 32 * 16 * 4
+    monkeypatch.setattr(linear, "FP32_PACKED_MAX_BYTES", linear.packed_bytes() + 2 * one)
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        outs = [layer(x) for layer in layers]
+    assert [layer._fp32._calls[1].__name__ for layer in layers] == ["onednn", "onednn", "mkl"]
+    assert layers[2]._fp32._packed is None
+    for layer, out in zip(layers, outs, strict=True):
+        torch.testing.assert_close(out, F.linear(x, layer.weight), atol=1e-5, rtol=1e-5)
