@@ -60,11 +60,17 @@ class LayerCache:
         interval: int | None,
         dtype: torch.dtype,
         device: torch.device,
+        max_positions: int | None = None,
     ) -> None:
+        """`max_positions`: the longest sequence this cache will hold, if known; its slots then
+        never grow past what that needs (`cache_slots`), so that its bytes can be budgeted."""
         self.window, self.interval = window, interval
         self.length = 0
         self.node_positions: list[int] = []
+        self.max_slots = None if max_positions is None else cache_slots(window, interval, max_positions)
         slots = 256 if window is None else window + 64
+        if self.max_slots is not None:
+            slots = min(slots, self.max_slots)
         self.k = torch.zeros(num_kv_heads, slots, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         # norms of the block being filled: the first `_filled` entries
@@ -165,6 +171,10 @@ class LayerCache:
         if slots <= self.k.shape[1]:
             return
         grown = max(slots, 2 * self.k.shape[1] - (self.window or 0))
+        if self.max_slots is not None:
+            if slots > self.max_slots:
+                raise ValueError(f"a cache made for {self.max_slots} slots was asked for {slots}")
+            grown = min(grown, self.max_slots)
         for name in ("k", "v"):
             old = getattr(self, name)
             new = old.new_zeros(old.shape[0], grown, old.shape[2])
@@ -237,13 +247,32 @@ class LayerCache:
         return AttentionContext(keys, values, prev.numel() + n, start - prev.numel(), start)
 
 
+def cache_slots(window: int | None, interval: int | None, positions: int) -> int:
+    """Key/value slots a `LayerCache` needs for a sequence of `positions`: the ring and one node
+    per complete block (sparse), or every position (dense)."""
+    if window is None:
+        return positions
+    return window + positions // interval
+
+
+def layer_cache_bytes(config: ModelConfig, dtype: torch.dtype, positions: int) -> int:
+    """The most a `LayerCache` made with `max_positions=positions` allocates: keys and values,
+    and for a sparse layer the rollback log and the norms it keeps."""
+    width, size = config.num_key_value_heads * config.head_dim, dtype.itemsize
+    kv = 2 * cache_slots(config.sliding_window, config.global_interval, positions) * width * size
+    if config.sliding_window is None:
+        return kv
+    return kv + 2 * ROLLBACK_LIMIT * width * size + (2 * config.global_interval + ROLLBACK_LIMIT) * 4
+
+
 class KVCache:
     """All layers of one sequence: the decoder layers, then one per MTP module."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None,
-                 mtp_only: bool = False) -> None:
+                 mtp_only: bool = False, max_positions: int | None = None) -> None:
         """`mtp_only`: the MTP layers alone (the decoder layers' entries are None), for a
-        sequence whose decoder layers live in the serving engine's paged cache."""
+        sequence whose decoder layers live in the serving engine's paged cache.
+        `max_positions`: the longest the sequence can get (see `LayerCache`)."""
         self.num_hidden_layers = config.num_hidden_layers
         count = config.num_hidden_layers + config.num_mtp_heads
         self.layers = [
@@ -256,6 +285,7 @@ class KVCache:
                 config.global_interval,
                 dtype or config.dtype,
                 torch.device(device),
+                max_positions,
             )
             for i in range(count)
         ]

@@ -45,6 +45,9 @@ class EngineBackend:
             raise LLMError(f"engine settings refused: {exc}", transient=False) from exc
         if args.speculative_k:
             log.info("engine decodes with MTP speculative decoding, %d drafts per step", args.speculative_k)
+        if engine.mtp_cache_bytes:
+            log.info("engine: MTP caches of speculative sequences take at most mtp_cache_bytes=%d",
+                     engine.mtp_cache_bytes)
         return cls(EngineService(engine), path.name)
 
     @staticmethod

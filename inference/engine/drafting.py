@@ -4,7 +4,8 @@ Each speculative sequence keeps its own MTP caches (`KVCache(mtp_only=True)`: on
 per MTP head, the last W positions plus key nodes, a few hundred KB on the demo model) instead of
 pages in the paged cache: the MTP layers roll back every round (`LayerCache.truncate`), and
 drafts run sequence by sequence anyway, so per-sequence caches are the simple correct home. They
-are not part of the KV budget. The drafter is `inference.speculative.MTPDrafter`, the very one
+sit outside the paged cache, each bounded by the engine's `mtp_positions` (so their bytes are
+known: a budget the engine works out sets `LLMEngine.mtp_cache_bytes` aside). The drafter is `inference.speculative.MTPDrafter`, the very one
 the single-request decoder uses, so both paths draft alike; `verify_drafts` decides acceptance
 (greedy: the longest prefix equal to the model's argmax; sampling: rejection sampling).
 
@@ -35,8 +36,9 @@ from inference.speculative import MTPDrafter, _Chooser, draft_modules, greedy_ac
 class SequenceDrafts:
     """One sequence's drafter and next-token chooser (its params and private generator)."""
 
-    def __init__(self, model, seq: Sequence, sampler: Sampler) -> None:
-        cache = KVCache(model.config, model.device, model.model.embed_tokens.weight.dtype, mtp_only=True)
+    def __init__(self, model, seq: Sequence, sampler: Sampler, max_positions: int | None = None) -> None:
+        cache = KVCache(model.config, model.device, model.model.embed_tokens.weight.dtype, mtp_only=True,
+                        max_positions=max_positions)
         self.drafter = MTPDrafter(model, cache, seq.speculative_k, base=seq.num_computed_tokens)
         self.chooser = _Chooser(sampler, seq.params, seq.generator)
 

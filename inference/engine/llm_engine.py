@@ -19,6 +19,7 @@ from inference.engine.errors import PromptTooLongError, RequestFailedError
 from inference.engine.model_runner import ModelRunner, kv_bytes_per_block
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.kv_cache import layer_cache_bytes
 from inference.layers.sampler import generator_for
 from inference.llm import Prompt, _TextOut
 from inference.loader import load_model
@@ -34,7 +35,12 @@ class EngineArgs:
     """Engine settings, named as vLLM names them. The KV budget is `kv_cache_bytes` when set,
     else on CUDA `gpu_memory_utilization` of the device memory minus what is already in use
     (weights), else 1 GiB on CPU. `max_model_len` defaults to what one sequence can hold.
-    `speculative_k`: MTP drafts per step for requests that do not choose (0 = plain decoding)."""
+    `speculative_k`: MTP drafts per step for requests that do not choose (0 = plain decoding).
+
+    A model with MTP heads also keeps, per speculative sequence, its MTP layers' caches outside
+    the paged cache (`inference.engine.drafting`), each bounded by `max_model_len`: at most
+    `LLMEngine.mtp_cache_bytes` for `max_num_seqs` sequences. A budget the engine works out
+    (CUDA, CPU default) sets that much aside; `kv_cache_bytes` is the paged cache alone."""
 
     model: str | None = None
     block_size: int = 64
@@ -89,8 +95,13 @@ class LLMEngine:
         self.model, self.tokenizer, config = model, tokenizer, model.config
         self.eos_token_ids = set(eos_token_ids or config.eos_token_ids or (tokenizer.eos_token_ids if tokenizer else []))
         dtype = model.model.embed_tokens.weight.dtype
+        # MTP caches are sized for the longest a sequence may get (plus a round of drafts)
+        self.mtp_positions = min(args.max_model_len or config.max_position_embeddings,
+                                 config.max_position_embeddings) + MAX_DRAFT + 1
+        self.mtp_cache_bytes = (args.max_num_seqs * config.num_mtp_heads
+                                * layer_cache_bytes(config, dtype, self.mtp_positions))
         num_blocks = self._kv_budget(model.device) // kv_bytes_per_block(config, args.block_size, dtype)
-        self.runner = ModelRunner(model, num_blocks, args.block_size)
+        self.runner = ModelRunner(model, num_blocks, args.block_size, self.mtp_positions)
         self.block_manager = BlockManager(num_blocks, args.block_size, config.sliding_window,
                                           config.global_interval, self.runner.cache.num_node_pages,
                                           args.enable_prefix_caching)
@@ -124,12 +135,20 @@ class LLMEngine:
             raise ValueError("speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)")
 
     def _kv_budget(self, device: torch.device) -> int:
+        """Bytes for the paged cache: `kv_cache_bytes`, or what the device allows less the MTP
+        caches' share."""
         if self.args.kv_cache_bytes is not None:
             return self.args.kv_cache_bytes
         if device.type == "cuda":
             free, total = torch.cuda.mem_get_info(device)
-            return int(free - total * (1 - self.args.gpu_memory_utilization))
-        return CPU_KV_CACHE_BYTES
+            budget = int(free - total * (1 - self.args.gpu_memory_utilization))
+        else:
+            budget = CPU_KV_CACHE_BYTES
+        if self.mtp_cache_bytes >= budget:
+            raise ValueError(
+                f"the MTP caches of {self.args.max_num_seqs} sequences ({self.mtp_cache_bytes} bytes) "
+                f"leave nothing of the KV budget ({budget} bytes): lower max_num_seqs or max_model_len")
+        return budget - self.mtp_cache_bytes
 
     def _max_model_len(self, num_blocks: int) -> int:
         """The longest sequence the cache can hold on its own (sparse: the window's blocks plus a

@@ -165,8 +165,10 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model, num_blocks: int, block_size: int, mtp_positions: int | None = None) -> None:
+        """`mtp_positions`: what a speculative sequence's MTP caches are bounded to."""
         self.model, self.config, self.block_size = model, model.config, block_size
+        self.mtp_positions = mtp_positions
         self.device = model.device
         self.cache = PagedKVCache(self.config, num_blocks, block_size,
                                   model.model.embed_tokens.weight.dtype, self.device)
@@ -184,7 +186,7 @@ class ModelRunner:
         for seq, n in batch:
             if seq.speculative_k:
                 if seq.drafts is None:
-                    seq.drafts = SequenceDrafts(self.model, seq, self.sampler)
+                    seq.drafts = SequenceDrafts(self.model, seq, self.sampler, self.mtp_positions)
                 if n > 1 and seq.num_computed_tokens == seq.num_tokens - 1:
                     wanted.append((seq, n - 1))
         drafted = self.drafter.draft(wanted) if wanted else {}

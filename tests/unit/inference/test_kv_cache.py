@@ -87,3 +87,17 @@ def test_32k_prompt_keeps_window_plus_nodes():
     assert layer.num_positions == 512 + n // 64
     per_position = 2 * config.num_key_value_heads * config.head_dim * 4  # k and v, fp32
     assert layer.nbytes() <= (512 + n // 64 + 64) * per_position  # not n * per_position
+
+
+def test_a_cache_made_for_max_positions_never_allocates_past_them():
+    from inference.kv_cache import LayerCache, cache_slots
+
+    torch.manual_seed(0)
+    cache = LayerCache(2, 8, 16, 4, torch.float32, torch.device("cpu"), max_positions=100)
+    assert cache_slots(16, 4, 100) == 16 + 25
+    for start in range(0, 100, 10):
+        cache.extend(torch.randn(2, 10, 8), torch.randn(2, 10, 8), torch.rand(10))
+        assert cache.k.shape[1] <= 16 + 25
+    assert cache.num_nodes == 25 and cache.k.shape[1] == 16 + 25
+    with pytest.raises(ValueError, match="made for 41 slots"):
+        cache.extend(torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.rand(4))

@@ -302,3 +302,41 @@ def test_worker_engine_takes_k_from_settings(tmp_path):
     with pytest.raises(LLMError, match="MTP heads") as failure:
         EngineBackend.from_settings(settings(write_checkpoint(tmp_path / "no", glm5_config(num_mtp_heads=0)), 3))
     assert not failure.value.transient
+
+
+def test_mtp_caches_are_bounded_and_a_worked_out_budget_sets_them_aside(monkeypatch):
+    """Per speculative sequence the MTP caches never allocate past what `max_model_len` needs,
+    and on the CPU default budget the paged cache gets the rest."""
+    from inference.engine import llm_engine
+    from inference.kv_cache import cache_slots, layer_cache_bytes
+
+    model = build(max_position_embeddings=300, num_mtp_heads=2)  # W=16, G=4, 2 kv heads x 8
+    config, per_block = model.config, kv_bytes_per_block(model.config, 64, torch.float32)
+    monkeypatch.setattr(llm_engine, "CPU_KV_CACHE_BYTES", 64 * per_block)
+    engine = LLMEngine(model, args=EngineArgs(max_num_seqs=3, speculative_k=4), eos_token_ids=[])
+    one = layer_cache_bytes(config, torch.float32, engine.mtp_positions)
+    assert engine.mtp_positions == 300 + 9 and engine.mtp_cache_bytes == 3 * 2 * one
+    assert engine.block_manager.blocks.num_free == (64 * per_block - engine.mtp_cache_bytes) // per_block
+
+    params = SamplingParams(temperature=0, max_tokens=270, ignore_eos=True)
+    for prompt in random_prompts(3, 10, 25):
+        engine.add_request(prompt, params)
+    peak = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in engine.requests.values():
+            if seq.drafts is not None:
+                caches = [layer for layer in seq.drafts.drafter.cache.layers if layer is not None]
+                peak = max(peak, max(layer.nbytes() for layer in caches))
+    # past 64 nodes the caches grew (from W + 64 slots), but only up to what 309 positions need
+    bound = 2 * cache_slots(16, 4, engine.mtp_positions) * 2 * 8 * 4
+    assert 2 * (16 + 64) * 2 * 8 * 4 < peak == bound < one
+
+
+def test_mtp_caches_leave_nothing_of_a_small_worked_out_budget_is_a_clear_error(monkeypatch):
+    from inference.engine import llm_engine
+
+    model = build(num_mtp_heads=1)
+    monkeypatch.setattr(llm_engine, "CPU_KV_CACHE_BYTES", 1000)
+    with pytest.raises(ValueError, match="MTP caches of 64 sequences"):
+        LLMEngine(model, args=EngineArgs(), eos_token_ids=[])
