@@ -13,22 +13,22 @@ from torch import nn
 # Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight; a
 # speculative verify or a small continuous batch is a matmul of a few rows. Which fp32 kernel is
 # fastest depends on the CPU: MKL on the weight stored input-major (`[in, out]` in memory, what
-# `w.t().contiguous()` holds) or oneDNN on a copy packed once. Measured, in us per call:
+# `w.t().contiguous()` holds) or oneDNN on a copy packed once. Measured:
 #   2-core AMD EPYC, AVX2 only (all linears of a 132M GLM-4, weights cold, in ms):
 #                 1 row   5 rows   8 rows   64 rows
 #   MKL [out, in] 16.3    30.8     40.6     71.8
 #   MKL [in, out] 14.7    27.1     29.7     69.2
 #   oneDNN packed 19.5    26.6     28.8     62.9      (7M demo: 0.36 / 0.44 / 0.49 / 1.89 ms MKL
 #                                                      against oneDNN's 0.75 / 1.09 / 1.13 / 2.48)
-#   2-core AMD EPYC with AVX-512 (one 4096x256 lm head / one 1280x256 projection, warm):
+#   2-core AMD EPYC with AVX-512 (one 4096x256 lm head / one 1280x256 projection, warm, in us):
 #                 1 row   2 rows   5 rows   9 rows   20 rows
 #   MKL [in, out] 70/23   149/48   291/66   399/97   424/138
 #   oneDNN packed 55/28    63/27    82/38   109/49   239/81
 # So the loader stores fp32 CPU weights input-major (same shape, same values, other strides, no
 # extra memory), and `Fp32Matmul` measures both kernels the first time it meets a weight shape
-# and a row bucket, and keeps the faster (a packed copy only where oneDNN won). oneDNN gives a
-# row the same bits whatever the number of rows beside it (MKL does not), so where it wins a
-# speculative verify computes exactly the logits plain decoding does.
+# and a row bucket, and keeps the faster (a packed copy only where oneDNN won). oneDNN gave a
+# row the same bits whatever the number of rows beside it (MKL did not), so where it serves both
+# one row and a few, a speculative verify computes exactly the logits plain decoding does.
 # bf16 is the other way round: `F.linear` reorders the weight for oneDNN on every call, so a copy
 # packed once is faster (demo model 447 vs 383 tok/s). oneDNN's bf16 reorder needs avx512 (bf16)
 # or avx_ne_convert: on an AVX2-only CPU bf16 weights go to F.linear as they are.
@@ -236,7 +236,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cpu and x.dim() == 2:  # decode and verify rows: as few dispatches as can be
-            # (a demo-model linear is ~8 us of kernel and was ~20 us with the module's checks)
+            # (a demo-model linear is ~8 us of kernel; each cast or check costs 1-4 us more)
             out = _INT8_MM(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16), self.weight, self.scales)
             if x.dtype != torch.bfloat16:
                 out = out.to(x.dtype)
