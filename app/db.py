@@ -27,13 +27,13 @@ backstop, at 10,000 pages.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -129,22 +129,25 @@ def make_engine(url: str, **kwargs) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(connection):
+            owner = connection.connection.dbapi_connection
             if queue is not None:
                 checkpointer.ensure_running()
-                queue.acquire()
+                queue.acquire(owner)
             try:
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
             except BaseException:
                 if queue is not None:
-                    queue.release()
+                    queue.release(owner)
                 raise
 
         if queue is not None:
-            # Whichever way the transaction ends (commit, rollback, a connection thrown away or
-            # returned to the pool mid-transaction), the turn passes on.
+            # Whichever way the transaction ends (commit, rollback, its connection returned to
+            # the pool, invalidated or closed, on whatever thread), the turn passes on.
             for name in ("commit", "rollback"):
-                event.listen(engine, name, lambda _connection: queue.release())
-            event.listen(engine, "checkin", lambda _dbapi, _record: queue.release())
+                event.listen(engine, name, lambda connection: queue.release(_dbapi_of(connection)))
+            for name in ("checkin", "invalidate", "close"):
+                event.listen(engine.pool, name, lambda dbapi, *_rest: queue.release(dbapi))
+            engine.writer_queue = queue  # for a diagnosis when a write waited in vain
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 5)
@@ -154,6 +157,12 @@ def make_engine(url: str, **kwargs) -> Engine:
 
 
 BACKSTOP_CHECKPOINT_PAGES = 10_000
+
+
+def _dbapi_of(connection):
+    """The DBAPI connection under ``connection``; None once invalidated (asking would reconnect,
+    and the pool's ``invalidate`` event has released its turn already)."""
+    return None if connection.invalidated else connection.connection.dbapi_connection
 
 
 class WalCheckpointer:
@@ -204,8 +213,18 @@ class WalCheckpointer:
 
 class WriterQueue:
     """One SQLite transaction at a time across processes (``flock``) and threads (a lock), with
-    waiters woken as soon as the holder is done. Releasing when this thread holds nothing is a
-    no-op, so every way a transaction can end may release."""
+    waiters woken as soon as the holder is done.
+
+    The turn belongs to a connection, not to a thread: it passes on when that connection's
+    transaction ends, even where the end is seen on another thread (a connection returned to
+    the pool by the garbage collector). Releasing for a connection that does not hold the turn
+    is a no-op, so every way a transaction can end may release. A second transaction that the
+    holding thread opens on another connection goes straight to SQLite, whose busy timeout
+    then decides (it cannot queue behind its own thread). The holder writes who it is into the
+    lock file (``holder``), so a wait that ends in vain can say what it waited for.
+    """
+
+    WARN_AFTER_S = 10.0
 
     def __init__(self, database: str):
         self._path = f"{database}.writer-lock"
@@ -217,29 +236,64 @@ class WriterQueue:
         if self._pid != os.getpid():
             self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
             self._thread_lock = threading.Lock()
-            self._held = threading.local()
+            self._release_lock = threading.Lock()  # one release per turn, whichever thread sees it
+            self._owner = None
+            self._owner_thread: int | None = None
+            self._owner_name = ""
+            self._owner_since = 0.0
             self._pid = os.getpid()
 
-    def acquire(self) -> None:
+    def acquire(self, owner) -> None:
         self._for_this_process()
-        if getattr(self._held, "yes", False):
-            return
-        self._thread_lock.acquire()
+        if self._owner_thread == threading.get_ident():
+            return  # nested on this thread: see the class docstring
+        while not self._thread_lock.acquire(timeout=self.WARN_AFTER_S):
+            log.warning("SQLite writer turn: waited %.0f s more; held in this process by thread "
+                        "%r for %.1f s", self.WARN_AFTER_S, self._owner_name,
+                        time.monotonic() - self._owner_since)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
             self._thread_lock.release()
             raise
-        self._held.yes = True
+        thread = threading.current_thread()
+        self._owner, self._owner_thread, self._owner_name = owner, thread.ident, thread.name
+        self._owner_since = time.monotonic()
+        with contextlib.suppress(OSError):  # the note is for people; the lock does not need it
+            note = f"pid {os.getpid()} thread {thread.name!r} since {time.time():.3f}\n".encode()
+            os.pwrite(self._fd, note.ljust(96), 0)
 
-    def release(self) -> None:
-        if self._pid != os.getpid() or not getattr(self._held, "yes", False):
+    def release(self, owner) -> None:
+        if self._pid != os.getpid() or owner is None or self._owner is not owner:
             return
-        self._held.yes = False
+        with self._release_lock:
+            if self._owner is not owner:
+                return
+            self._owner, self._owner_thread = None, None
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                self._thread_lock.release()
+
+    def holder(self) -> str:
+        """Who holds the turn now, as the holder wrote it, and for how long; or "nobody"."""
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            probe = os.open(self._path, os.O_RDWR)
+        except OSError as exc:
+            return f"unknown ({type(exc).__name__})"
+        try:
+            try:  # a description of our own: our process's hold counts as taken too
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                note = os.pread(probe, 96, 0).decode(errors="replace").strip()
+                head, _, since = note.rpartition(" since ")
+                try:
+                    return f"{head} for {time.time() - float(since):.1f} s"
+                except ValueError:
+                    return note or "unknown"
+            return "nobody"
         finally:
-            self._thread_lock.release()
+            os.close(probe)  # drops the probe's lock too
 
 
 class Database:
@@ -250,7 +304,7 @@ class Database:
         self.engine = make_engine(url, **engine_kwargs)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    @contextmanager
+    @contextlib.contextmanager
     def transaction(self):
         """One unit of work: commit on success, roll back on any error."""
         with self.sessions.begin() as session:
@@ -258,6 +312,11 @@ class Database:
 
     def session(self) -> Session:
         return self.sessions()
+
+    def writer_holder(self) -> str | None:
+        """Who holds SQLite's writer turn now (``WriterQueue.holder``); None off SQLite files."""
+        queue = getattr(self.engine, "writer_queue", None)
+        return queue.holder() if queue is not None else None
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -66,7 +66,9 @@ class Intake:
         self._writer.put(pending)
         if not pending.done.wait(self.timeout_s):
             pending.abandoned = True
-            raise IntakeUnavailable(f"not written within {self.timeout_s:g} s")
+            holder = self.services.db.writer_holder()
+            waited = f" (SQLite writer turn held by {holder})" if holder else ""
+            raise IntakeUnavailable(f"not written within {self.timeout_s:g} s{waited}")
         if pending.error is not None:
             raise IntakeUnavailable(f"not written: {type(pending.error).__name__}") from pending.error
         return pending.result

@@ -4,6 +4,7 @@ lost or interleaved, and every way a transaction ends hands the turn on."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 
 import pytest
@@ -70,3 +71,56 @@ def test_a_failed_transaction_hands_the_turn_on(tmp_path):
     other.join(10)
     assert not other.is_alive(), "the rolled-back transaction kept the writer lock"
     assert _count(db) == 1
+
+
+def _writes_within(db: Database, seconds: float) -> bool:
+    other = threading.Thread(target=_increment, args=(db, 1), daemon=True)
+    other.start()
+    other.join(seconds)
+    return not other.is_alive()
+
+
+def test_a_transaction_ended_on_another_thread_hands_the_turn_on(tmp_path):
+    """The turn is the connection's: ended elsewhere (a connection closed by the thread that
+    received it, or by the garbage collector), it still passes on."""
+    db = _counter_db(tmp_path)
+    began = threading.Event()
+    holder: dict = {}
+
+    def begin_here() -> None:
+        connection = db.engine.connect()
+        connection.execute(text("UPDATE counter SET n = 5"))
+        holder["connection"] = connection
+        began.set()
+
+    starter = threading.Thread(target=begin_here)
+    starter.start()
+    starter.join(10)
+    assert began.is_set()
+    connection = holder.pop("connection")
+    connection.commit()  # on this thread, not the one that began
+    connection.close()
+    assert _writes_within(db, 10), "the turn stayed with the thread that began the transaction"
+    assert _count(db) == 6
+
+
+def test_a_connection_dropped_mid_transaction_hands_the_turn_on(tmp_path):
+    db = _counter_db(tmp_path)
+    connection = db.engine.connect()
+    connection.execute(text("UPDATE counter SET n = 7"))
+    connection.invalidate()  # its DBAPI connection is closed, the transaction with it
+    assert _writes_within(db, 10), "an invalidated connection kept the writer turn"
+    connection.rollback()
+    connection.close()
+    assert _count(db) == 1
+
+
+def test_the_holder_is_named_while_it_holds_the_turn(tmp_path):
+    db = _counter_db(tmp_path)
+    assert db.writer_holder() == "nobody"
+    with db.transaction() as session:
+        session.execute(text("UPDATE counter SET n = 1"))
+        held = db.writer_holder()
+    assert held.startswith(f"pid {os.getpid()} thread {threading.current_thread().name!r} for ")
+    assert db.writer_holder() == "nobody"
+    assert Database("sqlite:///:memory:").writer_holder() is None
