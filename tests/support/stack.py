@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
+# The stacks running now: a failing test's report gets the tails of their processes' logs
+# (tests/conftest.py), which is all there is to go on when a stack misbehaves only in CI.
+LIVE_STACKS: set[Stack] = set()
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -133,6 +137,7 @@ class Stack:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Stack:
+        LIVE_STACKS.add(self)
         self.emulator.start()
         self.env["WECOM_API_BASE"] = self.emulator.url
         from app import migrate
@@ -169,6 +174,7 @@ class Stack:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
+        LIVE_STACKS.discard(self)
         self.stop_processes()
         self.emulator.stop()
         self.model.stop()
@@ -203,6 +209,15 @@ class Stack:
 
     def log(self, name: str) -> str:
         return self.logs[name].read_text(errors="replace")
+
+    def log_tails(self, lines: int = 60) -> list[tuple[str, str]]:
+        """(name, last ``lines`` lines) of each process's log, for a failing test's report."""
+        tails = []
+        for name, path in self.logs.items():
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                tails.append((f"{self.tmp.name} {name}.log", "\n".join(text)))
+        return tails
 
     # -- talking to it -------------------------------------------------------------------------
     def emu(self, method: str, path: str, **kwargs):

@@ -1,0 +1,16 @@
+"""Suite-wide hooks."""
+
+import pytest
+
+from tests.support.stack import LIVE_STACKS
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails while stacks run carries their processes' last log lines."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when in ("setup", "call"):
+        for stack in list(LIVE_STACKS):
+            for title, text in stack.log_tails():
+                report.sections.append((f"stack log: {title}", text))
