@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.layers import w8a16_triton
+
 # Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight; a
 # speculative verify or a small continuous batch is a matmul of a few rows. Which fp32 kernel is
 # fastest depends on the CPU: MKL on the weight stored input-major (`[in, out]` in memory, what
@@ -212,8 +214,9 @@ class Int8Linear(nn.Module):
     """W8A16: int8 weights with one scale per output channel, activations stay bf16/fp16/fp32.
 
     On CPU the matmul is `aten._weight_int8pack_mm` (bf16 activations; measured 1.6x fp32 decode
-    on a 134M model, where dequantize-then-`F.linear` was 8x slower than dense). Elsewhere the
-    weight is dequantized per call: correct, not fast.
+    on a 134M model, where dequantize-then-`F.linear` was 8x slower than dense). On CUDA a few
+    rows (decode, verify) go to a Triton kernel that dequantizes in registers
+    (`w8a16_triton`); many rows, or a GPU without triton, dequantize per call and use cuBLAS.
     """
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -244,7 +247,10 @@ class Int8Linear(nn.Module):
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if flat.device.type == "cpu":
             out = _INT8_MM(flat.to(torch.bfloat16), self.weight, self.scales)
-        else:
+        elif w8a16_triton.usable(flat):  # a few rows on CUDA: the int8 weight read once
+            out = w8a16_triton.matmul(flat, self.weight, self.scales, self.bias)
+            return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+        else:  # many rows (compute-bound): one dequantized copy, then cuBLAS
             out = F.linear(flat, self.weight.to(flat.dtype)) * self.scales.to(flat.dtype)
         out = out.to(x.dtype)
         if self.bias is not None:
