@@ -211,6 +211,17 @@ class WalCheckpointer:
             connection.close()
 
 
+_SETUP_LOCK = threading.Lock()  # a WriterQueue's first use in a process; brief, never nested
+
+
+def _new_setup_lock() -> None:  # a fork may copy it held by a thread the child does not have
+    global _SETUP_LOCK
+    _SETUP_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_setup_lock)
+
+
 class WriterQueue:
     """One SQLite transaction at a time across processes (``flock``) and threads (a lock), with
     waiters woken as soon as the holder is done.
@@ -232,8 +243,14 @@ class WriterQueue:
         self._fd = -1
 
     def _for_this_process(self) -> None:
-        """A forked child starts with its own file description, lock and no holder."""
-        if self._pid != os.getpid():
+        """A forked child starts with its own file description, lock and no holder. Threads that
+        write first at the same moment set it up once: each opening a lock file description of
+        its own, they wedged the process (the loser flock-waited on the winner's, forever)."""
+        if self._pid == os.getpid():
+            return
+        with _SETUP_LOCK:
+            if self._pid == os.getpid():
+                return
             self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
             self._thread_lock = threading.Lock()
             self._release_lock = threading.Lock()  # one release per turn, whichever thread sees it
@@ -241,7 +258,7 @@ class WriterQueue:
             self._owner_thread: int | None = None
             self._owner_name = ""
             self._owner_since = 0.0
-            self._pid = os.getpid()
+            self._pid = os.getpid()  # last: another thread that sees it finds all of it set
 
     def acquire(self, owner) -> None:
         self._for_this_process()

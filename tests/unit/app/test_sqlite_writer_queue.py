@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import threading
 
 import pytest
@@ -124,3 +125,35 @@ def test_the_holder_is_named_while_it_holds_the_turn(tmp_path):
     assert held.startswith(f"pid {os.getpid()} thread {threading.current_thread().name!r} for ")
     assert db.writer_holder() == "nobody"
     assert Database("sqlite:///:memory:").writer_holder() is None
+
+
+def test_threads_that_write_first_at_once_in_a_new_process_do_not_wedge(tmp_path):
+    """The queue sets itself up per process on first use; threads racing to be first once each
+    opened a lock of their own, and the loser's turn was never given back."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as it can be: races show
+    try:
+        _first_writes_race(tmp_path)
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def _first_writes_race(tmp_path):
+    for attempt in range(20):
+        db = _counter_db(tmp_path / str(attempt))
+        db.engine.dispose()
+        queue = db.engine.writer_queue
+        queue._pid = None  # as in a process that has not written yet
+        start = threading.Barrier(8)
+
+        def first_write(db=db, start=start):
+            start.wait(10)
+            _increment(db, 1)
+
+        threads = [threading.Thread(target=first_write, daemon=True) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads), f"writers wedged on attempt {attempt}"
+        assert _count(db) == 8
