@@ -53,3 +53,18 @@ def test_narrow_column_blocks_when_the_weight_has_few_columns():
     assert w8a16_triton._blocks(1, 4096, 1) == (16, 64, 128)
     assert w8a16_triton._blocks(1, 1024, 264)[:2] == (16, 16)  # 132 SMs x 2 programs wanted
     assert w8a16_triton._blocks(40, 4096, 1)[0] == 64
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_int8_linear_takes_the_kernel_and_matches_the_dequantized_path():
+    from inference.layers.linear import Int8Linear
+
+    linear = torch.nn.Linear(4096, 1000, bias=True).to("cuda", torch.bfloat16)
+    int8 = Int8Linear.from_linear(linear)
+    for rows in (1, 5, 64, 65):
+        x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+        assert w8a16_triton.usable(x) == (rows <= w8a16_triton.MAX_ROWS)
+        dequantized = (x.float() @ (int8.weight.float() * int8.scales.float()[:, None]).t()
+                       + int8.bias.float())
+        error = (int8(x).float() - dequantized).abs().max() / dequantized.abs().max()
+        assert error < 1e-2, (rows, error)
