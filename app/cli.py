@@ -85,7 +85,7 @@ def audit() -> None:
 def verify() -> None:
     """Check the chain; name every changed, deleted, inserted or reordered row (exit 1)."""
     services = _services()
-    with services.db.session() as session:
+    with services.db.reader() as session:
         report = services.audit.verify(session)
     for issue in report.issues:
         click.echo(str(issue), err=True)

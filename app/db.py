@@ -129,7 +129,18 @@ def make_engine(url: str, **kwargs) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(connection):
-            owner = connection.connection.dbapi_connection
+            read_only = bool(connection.get_execution_options().get(READ_ONLY))
+            pooled = connection.connection
+            if pooled.info.get(READ_ONLY, False) != read_only:  # switched only when it changes
+                connection.exec_driver_sql(f"PRAGMA query_only={int(read_only)}")
+                pooled.info[READ_ONLY] = read_only
+            if read_only:
+                # A WAL reader: its snapshot neither waits for the writer nor holds one up, so
+                # a long read (a streamed export to a slow client) leaves the callbacks alone;
+                # query_only makes a write through it an error instead of a queue-jumper.
+                connection.exec_driver_sql("BEGIN")
+                return
+            owner = pooled.dbapi_connection
             if queue is not None:
                 checkpointer.ensure_running()
                 queue.acquire(owner)
@@ -157,6 +168,7 @@ def make_engine(url: str, **kwargs) -> Engine:
 
 
 BACKSTOP_CHECKPOINT_PAGES = 10_000
+READ_ONLY = "wecom_bot_read_only"  # execution option of ``Database.reader`` sessions
 
 
 def _dbapi_of(connection):
@@ -320,6 +332,8 @@ class Database:
         self.url = url
         self.engine = make_engine(url, **engine_kwargs)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._readers = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}),
+                                     expire_on_commit=False)
 
     @contextlib.contextmanager
     def transaction(self):
@@ -329,6 +343,13 @@ class Database:
 
     def session(self) -> Session:
         return self.sessions()
+
+    def reader(self) -> Session:
+        """A session for reading only, for reads that may last (exports, reports, dashboards).
+        On SQLite it begins a plain deferred transaction outside the writer queue instead of
+        ``BEGIN IMMEDIATE``, so it never holds the writers up, and a write through it is an
+        error (``PRAGMA query_only``). Elsewhere it is ``session()``."""
+        return self._readers()
 
     def writer_holder(self) -> str | None:
         """Who holds SQLite's writer turn now (``WriterQueue.holder``); None off SQLite files."""

@@ -90,7 +90,7 @@ class BudgetSpendCollector(Collector):
         starts = {p: period_start(p, now, self.tz) for p in ("day", "week", "month")}
         current = or_(*[and_(Budget.period == p, BudgetPeriod.period_start == s)
                         for p, s in starts.items()])
-        with self.db.session() as session:
+        with self.db.reader() as session:
             return list(session.execute(
                 select(Budget, BudgetPeriod)
                 .outerjoin(BudgetPeriod, and_(BudgetPeriod.budget_id == Budget.id, current))

@@ -95,7 +95,7 @@ class _Sink(io.RawIOBase):
 
 
 def count_rows(db, query: ExportQuery) -> int:
-    with db.session() as session:
+    with db.reader() as session:
         return session.scalar(select(func.count()).select_from(AuditEvent)
                               .where(*query.conditions())) or 0
 
@@ -108,7 +108,7 @@ def _events(services, query: ExportQuery, upto_seq: int) -> Iterator[dict]:
     """
     table, after = AuditEvent.__table__, 0
     while True:
-        with services.db.session() as session:
+        with services.db.reader() as session:
             rows = session.execute(select(table).where(
                 table.c.seq > after, table.c.seq <= upto_seq, *query.conditions())
                 .order_by(table.c.seq).limit(BATCH)).all()
@@ -153,7 +153,7 @@ def _spool_writer(raw) -> gzip.GzipFile:
 def export_stream(services, query: ExportQuery, *, reason: str, exported_by: str,
                   progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """Yield the export zip's bytes, chunk by chunk."""
-    with services.db.session() as session:
+    with services.db.reader() as session:
         report = services.audit.verify(session)
         head = session.get(AuditChain, 1)
         head_seq, head_hash, anchor_seq = head.last_seq, head.last_hash, head.anchor_seq

@@ -10,12 +10,13 @@ import threading
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from app.db import Database
 
 
-def _counter_db(tmp_path) -> Database:
-    db = Database(f"sqlite:///{tmp_path}/queue.db")
+def _counter_db(tmp_path, **engine_kwargs) -> Database:
+    db = Database(f"sqlite:///{tmp_path}/queue.db", **engine_kwargs)
     with db.engine.begin() as connection:
         connection.execute(text("CREATE TABLE counter (n INTEGER)"))
         connection.execute(text("INSERT INTO counter VALUES (0)"))
@@ -157,3 +158,22 @@ def _first_writes_race(tmp_path):
             t.join(20)
         assert not any(t.is_alive() for t in threads), f"writers wedged on attempt {attempt}"
         assert _count(db) == 8
+
+
+def test_a_long_read_does_not_hold_the_writers_up(tmp_path):
+    """A reader session (a streamed export) reads its snapshot while writers go on."""
+    db = _counter_db(tmp_path)
+    with db.reader() as reader:
+        before = reader.execute(text("SELECT n FROM counter")).scalar()
+        assert _writes_within(db, 5), "a writer waited for a read-only session"
+        assert reader.execute(text("SELECT n FROM counter")).scalar() == before  # its snapshot
+    assert _count(db) == 1
+
+
+def test_a_reader_cannot_write_and_the_connection_writes_again_after(tmp_path):
+    db = _counter_db(tmp_path, pool_size=1, max_overflow=0)  # the writer gets the reader's connection
+    with db.reader() as reader, pytest.raises(OperationalError, match="readonly"):
+        reader.execute(text("UPDATE counter SET n = 5"))
+    _increment(db, 1)
+    with db.reader() as reader:
+        assert reader.execute(text("SELECT n FROM counter")).scalar() == 1
