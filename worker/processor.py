@@ -182,12 +182,12 @@ class MessageProcessor:
 
     def _drain_after(self, message_id: int) -> None:
         """Answer the user's next queued messages now, in order, while we are here."""
-        with self.services.db.session() as session:
+        with self.services.db.reader() as session:
             row = session.get(outbox.InboundMessage, message_id)
             user_hash = row.user_hash if row else None
         current = message_id
         for _ in range(MAX_DRAIN):
-            with self.services.db.session() as session:
+            with self.services.db.reader() as session:  # the claim below decides, in a write
                 nxt = outbox.next_pending_of_user(session, user_hash, current)
             if nxt is None:
                 return

@@ -27,7 +27,7 @@ def sweep(services: Services, publish: Callable[[int], None]) -> list[int]:
         return []
     try:
         queued_before = utcnow() - timedelta(seconds=services.settings.sweep_queued_after_s)
-        with services.db.session() as session:
+        with services.db.reader() as session:  # publishing twice is harmless: a plain read
             ids = outbox.stale_rows(session, queued_before)
         published = []
         for message_id in ids:
