@@ -80,6 +80,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.cache  # asked by every decode-step linear: worked out once per shape
 def _blocks(m: int, n: int, programs_wanted: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K): `tl.dot` needs 16 rows at least; narrower column blocks
     when the weight has too few of them to give every multiprocessor work (decoding)."""
@@ -93,7 +94,13 @@ def _blocks(m: int, n: int, programs_wanted: int) -> tuple[int, int, int]:
 def _programs_wanted(device: torch.device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter (tests): any grid is correct
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return _twice_the_multiprocessors(device.index if device.index is not None
+                                      else torch.cuda.current_device())
+
+
+@functools.cache
+def _twice_the_multiprocessors(index: int) -> int:
+    return 2 * torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
