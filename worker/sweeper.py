@@ -20,9 +20,19 @@ from app.services import Services
 log = logging.getLogger(__name__)
 
 
+LOCK_KEY = "outbox:sweeper"
+
+
+def lock_timeout_s(settings) -> float:
+    """How long a sweeper's lock outlives it. The lock only saves duplicate publishes (which
+    are harmless), while a sweeper killed mid-sweep (its worker SIGKILLed) leaves it behind and
+    stops every sweep until it expires: so about one sweep interval, never a minute."""
+    return max(5.0, settings.sweep_interval_s)
+
+
 def sweep(services: Services, publish: Callable[[int], None]) -> list[int]:
     """Publish every stale row once; only one sweeper runs at a time (a Redis lock)."""
-    lock = services.redis.lock("outbox:sweeper", timeout=60, blocking=False)
+    lock = services.redis.lock(LOCK_KEY, timeout=lock_timeout_s(services.settings), blocking=False)
     if not lock.acquire():
         return []
     try:

@@ -15,7 +15,7 @@ from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 from tests.support.stack import TempDatabase
 from worker.celery_app import HANDLE_MESSAGE
-from worker.sweeper import sweep
+from worker.sweeper import LOCK_KEY, lock_timeout_s, sweep
 
 REDIS_DB = 13
 DEAD_BROKER = "redis://127.0.0.1:1/0"
@@ -81,6 +81,21 @@ def test_sweeper_takes_rows_of_dead_workers_but_not_live_ones(env):
     with services.db.session() as session:
         claim = outbox.claim(session, first, "rescuer", 60)
         assert claim.result == outbox.ClaimResult.CLAIMED and claim.row.attempts == 2
+
+
+def test_a_sweeper_killed_mid_sweep_holds_the_others_off_for_one_interval_only(env):
+    services = Services(settings_from(env, sweep_queued_after_s=0, sweep_interval_s=2))
+    client = create_app(services=services).test_client()
+    forger = CallbackForger(env)
+    params, body = forger.request(forger.message_xml("清扫者被杀"))
+    assert client.post("/wecom/callback", query_string=params, data=body).status_code == 200
+    [row] = rows(services)
+    # what a SIGKILLed sweeper leaves: its lock, never released
+    assert services.redis.lock(LOCK_KEY, timeout=lock_timeout_s(services.settings)).acquire()
+    assert sweep(services, lambda _: None) == []  # held off while the lock lives
+    assert lock_timeout_s(services.settings) <= 5.0
+    time.sleep(lock_timeout_s(services.settings) + 0.5)
+    assert sweep(services, lambda _: None) == [row.id]
 
 
 def test_duplicate_callback_is_one_row(env):
