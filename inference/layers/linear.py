@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.layers import w8a16_triton
+from inference.layers import cpu_gemv, w8a16_triton
 
 # Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight; a
 # speculative verify or a small continuous batch is a matmul of a few rows. Which fp32 kernel is
@@ -31,14 +31,20 @@ from inference.layers import w8a16_triton
 # and a row bucket, and keeps the faster (a packed copy only where oneDNN won). oneDNN gave a
 # row the same bits whatever the number of rows beside it (MKL did not), so where it serves both
 # one row and a few, a speculative verify computes exactly the logits plain decoding does.
+# One row (batch-1 decode) goes to neither where this machine can build `cpu_gemv` (a plain
+# streaming matrix-vector loop on an output-major copy): inside a decode step it kept ahead of
+# both (figures in inference/layers/cpu_gemv.py). A row then gets other bits than the same row
+# computed beside others (verify), as MKL's did; greedy speculative decoding stays lossless up to
+# ties that close.
 # bf16 is the other way round: `F.linear` reorders the weight for oneDNN on every call, so a copy
 # packed once is faster (demo model 447 vs 383 tok/s). oneDNN's bf16 reorder needs avx512 (bf16)
 # or avx_ne_convert: on an AVX2-only CPU bf16 weights go to F.linear as they are.
 _MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 # "auto" (measure), or "mkl" / "onednn" to pin every fp32 CPU linear to one kernel
 FP32_MATMUL = os.environ.get("INFERENCE_FP32_MATMUL", "auto")
-# A packed oneDNN copy is a second copy of the weight: past this many bytes of them in a process,
-# the rest of the weights stay on MKL (a large fp32 model on CPU would otherwise double).
+# A packed oneDNN copy, or the output-major copy `cpu_gemv` reads, is a second copy of the weight:
+# past this many bytes of them in a process, the rest of the weights stay on MKL (a large fp32
+# model on CPU would otherwise double).
 FP32_PACKED_MAX_BYTES = int(os.environ.get("INFERENCE_FP32_PACKED_MAX_BYTES", 1 << 30))
 
 
@@ -116,12 +122,16 @@ class Linear(nn.Linear):
 _ONEDNN = torch.backends.mkldnn.is_available()
 # (weight shape, has bias, row bucket) -> "mkl" | "onednn": measured once per process and shape
 _CHOICES: dict[tuple, str] = {}
-_PACKED: weakref.WeakSet = weakref.WeakSet()  # the Fp32Matmuls that keep a packed copy
+_PACKED: weakref.WeakSet = weakref.WeakSet()  # the Fp32Matmuls that keep a copy of their weight
 
 
 def packed_bytes() -> int:
-    """Bytes of the packed oneDNN copies alive in this process."""
-    return sum(m.weight.numel() * m.weight.element_size() for m in list(_PACKED) if m._packed is not None)
+    """Bytes of the weight copies (packed for oneDNN, output-major for `cpu_gemv`) alive in this
+    process."""
+    return sum(
+        m.weight.numel() * m.weight.element_size() * ((m._packed is not None) + (m._rows is not None))
+        for m in list(_PACKED)
+    )
 
 
 def _row_bucket(rows: int) -> int:
@@ -132,16 +142,19 @@ def _row_bucket(rows: int) -> int:
 class Fp32Matmul:
     """`x @ weight.t() + bias` on CPU in fp32 for an input-major `weight`, with the faster of MKL
     (`mm`/`addmm` on the `[in, out]` view) and oneDNN (a copy packed once) for each row bucket,
-    measured on the first input of that bucket (see the figures above). Both are exact fp32
-    matmuls; they differ only in summation order. The packed copy follows in-place changes of the
-    weight (its storage and version) and exists only while oneDNN serves some bucket."""
+    measured on the first input of that bucket (see the figures above), and `cpu_gemv` for one
+    row where it is built. All are exact fp32 matmuls; they differ only in summation order. A copy
+    follows in-place changes of the weight (its storage and version) and exists only while its
+    kernel serves some bucket."""
 
-    __slots__ = ("weight", "bias", "_t", "_packed", "_packed_key", "_calls", "__weakref__")
+    __slots__ = ("weight", "bias", "_t", "_packed", "_packed_key", "_rows", "_rows_key", "_calls", "__weakref__")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         self.weight, self.bias, self._t = weight, bias, weight.t()
         self._packed: torch.Tensor | None = None
         self._packed_key: tuple[int, int] | None = None
+        self._rows: torch.Tensor | None = None  # output-major copy for cpu_gemv
+        self._rows_key: tuple[int, int] | None = None
         self._calls: list = [None] * 4
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,18 +173,38 @@ class Fp32Matmul:
             self._packed, self._packed_key = onednn_packed(self.weight.detach(), 5), key
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
+    def gemv(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # ctypes reads raw memory: leave the error to torch
+            return self.mkl(x)
+        key = weight_key(self.weight)
+        if key != self._rows_key:
+            self._rows, self._rows_key = self.weight.detach().contiguous(), key
+        return cpu_gemv.matvec(x, self._rows, self.bias)
+
     def _choose(self, x: torch.Tensor, bucket: int):
+        if bucket == 0 and FP32_MATMUL == "auto" and self._gemv_serves():
+            _PACKED.add(self)
+            return self.gemv
         key = (tuple(self.weight.shape), self.bias is not None, bucket)
         choice = FP32_MATMUL if FP32_MATMUL != "auto" else _CHOICES.get(key)
         if choice is None:
             choice = _CHOICES[key] = _faster({"mkl": self.mkl, "onednn": self.onednn}, x) if _ONEDNN else "mkl"
-        if choice == "onednn" and (self in _PACKED or self._fits()):
+        if choice == "onednn" and (self._packed is not None or self._fits()):
             _PACKED.add(self)
             return self.onednn
         if self.onednn not in self._calls:
             self._packed = self._packed_key = None  # measured and lost (or over the cap): no copy kept
-            _PACKED.discard(self)
+            if self._rows is None:
+                _PACKED.discard(self)
         return self.mkl
+
+    def _gemv_serves(self) -> bool:
+        """Whether one row goes to `cpu_gemv`: built here, a plain fp32 bias, and room for the
+        output-major copy under the cap."""
+        bias = self.bias
+        if bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous() and bias.dim() == 1):
+            return False
+        return cpu_gemv.available() and (self._rows is not None or self._fits())
 
     def _fits(self) -> bool:
         """Whether one more packed copy stays within `FP32_PACKED_MAX_BYTES`."""
