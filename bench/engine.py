@@ -28,6 +28,7 @@ from transformers import Glm4ForCausalLM as HfGlm4
 
 from inference.config import ModelConfig
 from inference.kv_cache import LayerCache
+from inference.layers import linear
 from inference.layers.attention import sparse_attention
 from inference.loader import load_model
 
@@ -119,6 +120,9 @@ def bench_decode() -> None:
     hf = HfGlm4(hf_config).eval()
     params = sum(p.numel() for p in hf.parameters())
     weight_bytes = (params - hf_config.vocab_size * hf_config.hidden_size) * 4  # embedding: one row per token
+    # two engine models of 409 MiB each, both with their kernels' weight copies (output-major for
+    # one row, packed for the prefill's rows): past the default 1 GiB cap the second would lose them
+    linear.FP32_PACKED_MAX_BYTES = max(linear.FP32_PACKED_MAX_BYTES, 4 * weight_bytes)
     with tempfile.TemporaryDirectory() as path:
         hf.save_pretrained(path)
         engine = load_model(path, ModelConfig.from_pretrained(path), "cpu")

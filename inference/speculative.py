@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.kv_cache import KVCache
+from inference.layers import cpu_kernels
 from inference.layers.linear import Int8Linear, quantize_linears_, weight_key
 from inference.layers.sampler import Sampler
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
@@ -104,10 +105,19 @@ class _Chooser:
         return float(torch.rand((), generator=self.generator))
 
 
+# fp32 draft weights (MTP modules + lm head) up to this size draft in fp32 where the CPU kernels
+# are built (inference/models/cpu_decode.py): they stay in the caches, so reading a quarter of
+# the bytes buys little and the fused fp32 layer's fewer ops win (demo model, ~10 MiB of them:
+# batch-1 decode 1604 tok/s fp32 against 1283 int8). Larger ones read from memory: int8 there.
+FP32_DRAFT_MAX_BYTES = 32 << 20
+
+
 class DraftModules:
     """What drafts run: on CPU int8 (W8A16) copies of the MTP modules and of the lm head, made
-    once per model and remade when a weight changes. On the demo model int8 decodes about twice
-    as fast as fp32 (the lm head alone is the largest matrix, read at every draft position).
+    once per model and remade when a weight changes; the model's own fp32 ones where they are
+    small and the CPU kernels are built (`FP32_DRAFT_MAX_BYTES`). Before the fused fp32 layer,
+    int8 drafted about twice as fast as fp32 on the demo model (the lm head alone is the largest
+    matrix, read at every draft position).
     Drafts need not be exact: the main model verifies them and rejection sampling uses the very
     distribution a draft was drawn from, so greedy stays lossless and sampling exact."""
 
@@ -119,7 +129,7 @@ class DraftModules:
 
     def refresh(self) -> None:
         model = self.model
-        if model.device.type != "cpu" or not isinstance(model.lm_head, torch.nn.Linear):
+        if model.device.type != "cpu" or not isinstance(model.lm_head, torch.nn.Linear) or _fp32_drafts(model):
             self.mtp, self.head = [None] * len(model.model.mtp), None  # the model's own
             return
         key = tuple(weight_key(p) for p in (*model.model.mtp.parameters(), model.lm_head.weight))
@@ -130,6 +140,14 @@ class DraftModules:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden) if self.head is None else self.head(hidden)
+
+
+def _fp32_drafts(model: Glm5SparseForCausalLM) -> bool:
+    """Whether the model's own fp32 draft weights beat int8 copies here (see FP32_DRAFT_MAX_BYTES)."""
+    weights = [*model.model.mtp.parameters(), model.lm_head.weight]
+    if any(w.dtype != torch.float32 for w in weights) or not cpu_kernels.available():
+        return False
+    return sum(w.numel() * w.element_size() for w in weights) <= FP32_DRAFT_MAX_BYTES
 
 
 def draft_modules(model: Glm5SparseForCausalLM) -> DraftModules:

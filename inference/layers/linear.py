@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.layers import cpu_gemv, w8a16_triton
+from inference.layers import cpu_kernels, w8a16_triton
 
 # Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight; a
 # speculative verify or a small continuous batch is a matmul of a few rows. Which fp32 kernel is
@@ -31,9 +31,9 @@ from inference.layers import cpu_gemv, w8a16_triton
 # and a row bucket, and keeps the faster (a packed copy only where oneDNN won). oneDNN gave a
 # row the same bits whatever the number of rows beside it (MKL did not), so where it serves both
 # one row and a few, a speculative verify computes exactly the logits plain decoding does.
-# One row (batch-1 decode) goes to neither where this machine can build `cpu_gemv` (a plain
+# One row (batch-1 decode) goes to neither where this machine can build `cpu_kernels` (a plain
 # streaming matrix-vector loop on an output-major copy): inside a decode step it kept ahead of
-# both (figures in inference/layers/cpu_gemv.py). A row then gets other bits than the same row
+# both (figures in inference/layers/cpu_kernels.py). A row then gets other bits than the same row
 # computed beside others (verify), as MKL's did; greedy speculative decoding stays lossless up to
 # ties that close.
 # bf16 is the other way round: `F.linear` reorders the weight for oneDNN on every call, so a copy
@@ -42,7 +42,7 @@ from inference.layers import cpu_gemv, w8a16_triton
 _MKLDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 # "auto" (measure), or "mkl" / "onednn" to pin every fp32 CPU linear to one kernel
 FP32_MATMUL = os.environ.get("INFERENCE_FP32_MATMUL", "auto")
-# A packed oneDNN copy, or the output-major copy `cpu_gemv` reads, is a second copy of the weight:
+# A packed oneDNN copy, or the output-major copy `cpu_kernels` reads, is a second copy of the weight:
 # past this many bytes of them in a process, the rest of the weights stay on MKL (a large fp32
 # model on CPU would otherwise double).
 FP32_PACKED_MAX_BYTES = int(os.environ.get("INFERENCE_FP32_PACKED_MAX_BYTES", 1 << 30))
@@ -106,17 +106,38 @@ class Linear(nn.Linear):
                 # strides cannot change in place: only a new weight (or bias) leaves this
                 self._fp32 = Fp32Matmul(w, self.bias)
                 return self.forward(x)
+            if x.dim() == 2 and x.shape[0] <= 8 and FP32_MATMUL == "auto" and _kernel_reads(w, self.bias):
+                return cpu_kernels.matmul(x, w, self.bias)  # an output-major weight: as it is
             return F.linear(x, self._cpu_weight(w, input_major), self.bias)
         if w.dtype == torch.bfloat16 and _MKLDNN_BF16:
             packed = self._cpu_weight(w, onednn_packed)
             return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, w, self.bias)
 
+    def output_major(self) -> torch.Tensor | None:
+        """For an fp32 CPU weight under inference, the output-major layout the fused CPU decode
+        layer reads: the weight itself where it is stored so, else the copy `Fp32Matmul.rows`
+        keeps of an input-major one; otherwise None."""
+        w, fast = self.weight, self._fp32
+        if w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous():
+            return w  # output-major already (a model built in code rather than loaded)
+        if fast is None or fast.weight is not w or fast.bias is not self.bias:
+            if w.dtype != torch.float32 or w.device.type != "cpu" or not w.t().is_contiguous():
+                return None
+            fast = self._fp32 = Fp32Matmul(w, self.bias)
+        return fast.rows()
+
     def _cpu_weight(self, w: torch.Tensor, make) -> torch.Tensor:
         copy, key = self._copy, weight_key(w)
         if copy is None or copy[1:] != key:
             copy = self._copy = (make(w.detach()), *key)
         return copy[0]
+
+
+def _kernel_reads(w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `cpu_kernels.matmul` can take this output-major weight and bias as they are."""
+    plain_bias = bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.dim() == 1)
+    return w.is_contiguous() and plain_bias and cpu_kernels.available()
 
 
 _ONEDNN = torch.backends.mkldnn.is_available()
@@ -126,7 +147,7 @@ _PACKED: weakref.WeakSet = weakref.WeakSet()  # the Fp32Matmuls that keep a copy
 
 
 def packed_bytes() -> int:
-    """Bytes of the weight copies (packed for oneDNN, output-major for `cpu_gemv`) alive in this
+    """Bytes of the weight copies (packed for oneDNN, output-major for `cpu_kernels`) alive in this
     process."""
     return sum(
         m.weight.numel() * m.weight.element_size() * ((m._packed is not None) + (m._rows is not None))
@@ -142,7 +163,7 @@ def _row_bucket(rows: int) -> int:
 class Fp32Matmul:
     """`x @ weight.t() + bias` on CPU in fp32 for an input-major `weight`, with the faster of MKL
     (`mm`/`addmm` on the `[in, out]` view) and oneDNN (a copy packed once) for each row bucket,
-    measured on the first input of that bucket (see the figures above), and `cpu_gemv` for one
+    measured on the first input of that bucket (see the figures above), and `cpu_kernels` for one
     row where it is built. All are exact fp32 matmuls; they differ only in summation order. A copy
     follows in-place changes of the weight (its storage and version) and exists only while its
     kernel serves some bucket."""
@@ -153,7 +174,7 @@ class Fp32Matmul:
         self.weight, self.bias, self._t = weight, bias, weight.t()
         self._packed: torch.Tensor | None = None
         self._packed_key: tuple[int, int] | None = None
-        self._rows: torch.Tensor | None = None  # output-major copy for cpu_gemv
+        self._rows: torch.Tensor | None = None  # output-major copy for cpu_kernels
         self._rows_key: tuple[int, int] | None = None
         self._calls: list = [None] * 4
 
@@ -173,23 +194,35 @@ class Fp32Matmul:
             self._packed, self._packed_key = onednn_packed(self.weight.detach(), 5), key
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
-    def gemv(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32:  # ctypes reads raw memory: leave the error to torch
+    def few_rows(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.rows() if x.dtype == torch.float32 else None
+        if rows is None:  # ctypes reads raw memory: other dtypes get torch's own error
             return self.mkl(x)
+        return cpu_kernels.matmul(x, rows, self.bias)
+
+    def rows(self) -> torch.Tensor | None:
+        """The output-major copy of the weight that `cpu_kernels` reads, remade when the weight
+        changes; None when a new one would pass the copy cap."""
         key = weight_key(self.weight)
         if key != self._rows_key:
+            if self._rows is None and not self._fits():
+                return None
             self._rows, self._rows_key = self.weight.detach().contiguous(), key
-        return cpu_gemv.matvec(x, self._rows, self.bias)
+            _PACKED.add(self)
+        return self._rows
 
     def _choose(self, x: torch.Tensor, bucket: int):
-        if bucket == 0 and FP32_MATMUL == "auto" and self._gemv_serves():
+        if bucket <= 1 and FP32_MATMUL == "auto" and self._kernel_serves():
             _PACKED.add(self)
-            return self.gemv
+            return self.few_rows
         key = (tuple(self.weight.shape), self.bias is not None, bucket)
         choice = FP32_MATMUL if FP32_MATMUL != "auto" else _CHOICES.get(key)
         if choice is None:
             choice = _CHOICES[key] = _faster({"mkl": self.mkl, "onednn": self.onednn}, x) if _ONEDNN else "mkl"
-        if choice == "onednn" and (self._packed is not None or self._fits()):
+        # a prefill's packed copy leaves room for the copy the decode rows will want (first come
+        # is the prefill; without this its packs could take the whole cap from the hot path)
+        reserve = 2 if self._rows is None and FP32_MATMUL == "auto" and cpu_kernels.available() else 1
+        if choice == "onednn" and (self._packed is not None or self._fits(reserve)):
             _PACKED.add(self)
             return self.onednn
         if self.onednn not in self._calls:
@@ -198,17 +231,17 @@ class Fp32Matmul:
                 _PACKED.discard(self)
         return self.mkl
 
-    def _gemv_serves(self) -> bool:
-        """Whether one row goes to `cpu_gemv`: built here, a plain fp32 bias, and room for the
-        output-major copy under the cap."""
+    def _kernel_serves(self) -> bool:
+        """Whether up to 8 rows go to `cpu_kernels`: built here, a plain fp32 bias, and room for
+        the output-major copy under the cap."""
         bias = self.bias
         if bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous() and bias.dim() == 1):
             return False
-        return cpu_gemv.available() and (self._rows is not None or self._fits())
+        return cpu_kernels.available() and (self._rows is not None or self._fits())
 
-    def _fits(self) -> bool:
-        """Whether one more packed copy stays within `FP32_PACKED_MAX_BYTES`."""
-        return packed_bytes() + self.weight.numel() * self.weight.element_size() <= FP32_PACKED_MAX_BYTES
+    def _fits(self, copies: int = 1) -> bool:
+        """Whether `copies` more copies of this weight stay within `FP32_PACKED_MAX_BYTES`."""
+        return packed_bytes() + copies * self.weight.numel() * self.weight.element_size() <= FP32_PACKED_MAX_BYTES
 
 
 def _faster(kernels: dict, x: torch.Tensor, budget_s: float = 2e-3) -> str:

@@ -33,6 +33,7 @@ from inference.layers.attention import Attention
 from inference.layers.linear import Int8Linear, Linear, input_major, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
+from inference.models import cpu_decode
 
 
 class MLP(nn.Module):
@@ -106,6 +107,9 @@ class DecoderLayer(nn.Module):
         return self._fused("_fused8", _fused_int8)
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        plan = cpu_decode.plan(self, h)
+        if plan is not None:  # one fp32 row on CPU: two compiled calls around the attention
+            return cpu_decode.forward(self, plan, h, rotations, cache)
         x = self.input_layernorm(h)
         qkv, gate = self.qkv_and_gate(x)
         h = h + self.self_attn(x, rotations, cache, self.node_norms(h), gate, qkv)

@@ -94,7 +94,7 @@ def test_packed_onednn_copy_follows_in_place_weight_changes(monkeypatch):
 
 def test_auto_measures_once_per_shape_and_bucket_and_keeps_no_unused_copy(monkeypatch):
     monkeypatch.setattr(linear, "_CHOICES", {})
-    monkeypatch.setattr(linear.cpu_gemv, "available", lambda: False)  # one row measured too
+    monkeypatch.setattr(linear.cpu_kernels, "available", lambda: False)  # one row measured too
     measured = []
 
     def pick_mkl(kernels, x):

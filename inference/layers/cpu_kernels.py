@@ -1,4 +1,4 @@
-"""The fp32 matrix-vector product of batch-1 CPU decode, compiled on this machine on first use.
+"""fp32 CPU kernels for decoding a few rows, compiled on this machine on first use.
 
 A decode step at batch 1 reads every weight once for one row of activations: it is bound by
 memory reads, and the library kernels lose time there. Measured on a 2-core AVX-512 EPYC, the
@@ -8,12 +8,12 @@ kernel (the best library choice there) and 61 % with the same loop on the input-
 In a tight loop over the weights alone all of them read near the bandwidth; between the other
 ops of a step the library kernels fall behind.
 
-`cpu_gemv.c` is compiled with the system C compiler (`CC`, else `cc`) and `-march=native` into
+`cpu_kernels.c` is compiled with the system C compiler (`CC`, else `cc`) and `-march=native` into
 a per-user cache (`INFERENCE_KERNEL_DIR`, default `~/.cache/wecom-bot/kernels`), keyed by the
 source, the flags, the compiler and the CPU, and loaded with ctypes. It links the OpenMP runtime
 by soname, so it shares torch's (loaded first) and its threads. Without a compiler, or when the
 build fails, `library()` is None and the caller keeps the library kernels (logged once);
-`INFERENCE_CPU_GEMV=0` turns it off.
+`INFERENCE_CPU_KERNELS=0` turns it off.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_gemv.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
 def enabled() -> bool:
-    return os.environ.get("INFERENCE_CPU_GEMV", "1") != "0"
+    return os.environ.get("INFERENCE_CPU_KERNELS", "1") != "0"
 
 
 def cache_dir() -> Path:
@@ -65,7 +65,7 @@ def build(compiler: str, directory: Path, extra_flags: tuple[str, ...] = ()) -> 
     flags = (*FLAGS, *extra_flags)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, version, _cpu_id()]).encode()).hexdigest()[:16]
-    target = directory / f"cpu_gemv-{key}.so"
+    target = directory / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
@@ -95,10 +95,16 @@ def library() -> ctypes.CDLL | None:
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Give the kernel's entry point its C signature."""
-    fn = lib.wecom_gemv_f32
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int]
-    fn.restype = None
+    """Give the kernels' entry points their C signatures (pointers as addresses)."""
+    pointer = ctypes.c_void_p
+    for name, argtypes in (
+        ("wecom_gemm_f32", [pointer, pointer, ctypes.c_long, pointer, pointer, ctypes.c_long,
+                            ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]),
+        ("wecom_layer_pre", [pointer, ctypes.c_long] + [pointer] * 5),
+        ("wecom_layer_post", [pointer, ctypes.c_long] + [pointer] * 4),
+    ):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
     return lib
 
 
@@ -106,18 +112,20 @@ def available() -> bool:
     return library() is not None
 
 
-def matvec(
+def matmul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: ctypes.CDLL | None = None
 ) -> torch.Tensor:
-    """`x [1, K] @ weight.T (+ bias)` for a contiguous fp32 CPU `weight [N, K]`; returns `[1, N]`.
-    The caller checks `available()` and the dtypes; `x` is made contiguous if it is not. `lib`:
-    another build of the kernel (tests)."""
+    """`x [R, K] @ weight.T (+ bias)` for a contiguous fp32 CPU `weight [N, K]`; returns `[R, N]`.
+    Meant for a few rows (decode, verify, small batches): the weight is read once for all of
+    them. The caller checks `available()` and the dtypes; `x` is made contiguous if it is not.
+    `lib`: another build of the kernels (tests)."""
     n, k = weight.shape
-    if x.shape != (1, k):
-        raise ValueError(f"matvec takes one row of {k} features, got {tuple(x.shape)}")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"matmul takes rows of {k} features, got {tuple(x.shape)}")
     x = x.contiguous()
-    out = torch.empty(1, n, dtype=torch.float32)
-    (lib or library()).wecom_gemv_f32(
-        weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(),
-        n, k, torch.get_num_threads())
+    rows = x.shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32)
+    (lib or library()).wecom_gemm_f32(
+        weight.data_ptr(), x.data_ptr(), k, None if bias is None else bias.data_ptr(), out.data_ptr(), n,
+        rows, n, k, torch.get_num_threads())
     return out

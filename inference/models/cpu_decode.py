@@ -1,0 +1,164 @@
+"""A few decode rows through a decoder layer on CPU in fp32: two compiled calls around the attention.
+
+At batch 1 a layer is four matrix-vector products and ~45 small torch ops; the products are bound
+by reading the weights, the small ops by dispatch and Python, and they ran on caches that each
+weight stream had just emptied (1.5 ms of a 10 ms step warm, 3-5 ms between the streams, on the
+132M GLM-4 of bench.engine). `cpu_kernels.c`'s `wecom_layer_pre` does the input norm, the q/k/v
+(and router) projection, rotary and the node norm; `wecom_layer_post` the output projection,
+GLM-4's sandwich norms, both residuals and the MLP. The attention between them is the layer's
+own (`LayerCache.extend` + `sparse_attention`, or the serving engine's paged `attend`), so every
+cache and attention mode keeps its one implementation.
+
+Taken for up to `MAX_ROWS` rows (a decode step, a speculative verify, a small continuous batch;
+each weight is read once for all of them) when the kernels are built here, autograd is off, the
+rows are fp32 on the CPU and every
+matmul of the layer is a dense `Linear` with an input-major weight (as the loader stores them)
+and no bias outside q/k/v; anything else runs the torch layers. The plan holds the layer's
+weights as the kernels read them (the output-major copies `Fp32Matmul.rows` keeps, within its
+copy cap, and the norm weights in place) and is remade when any of them changes. Module hooks
+on the layer's sub-modules do not run on this path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from inference.layers import cpu_kernels
+from inference.layers.attention import sparse_attention
+from inference.layers.linear import Linear, PackedLinear
+from inference.layers.norm import RMSNorm
+
+MAX_ROWS = 16  # past this a chunk is a prefill: compute-bound, where oneDNN's blocking wins
+
+
+class _LayerStruct(ctypes.Structure):
+    """`wecom_layer` of cpu_kernels.c, field for field."""
+
+    _fields_ = [
+        ("hidden", ctypes.c_long), ("heads", ctypes.c_long), ("kv_heads", ctypes.c_long),
+        ("head_dim", ctypes.c_long), ("rotary_dim", ctypes.c_long), ("intermediate", ctypes.c_long),
+        ("proj_rows", ctypes.c_long), ("eps", ctypes.c_float), ("threads", ctypes.c_int),
+        ("input_norm", ctypes.c_void_p), ("proj", ctypes.c_void_p), ("proj_bias", ctypes.c_void_p),
+        ("o_proj", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p), ("pre_mlp_norm", ctypes.c_void_p),
+        ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p), ("post_mlp_norm", ctypes.c_void_p),
+    ]
+
+
+class Plan:
+    """What the kernels read for one layer, and what it was made from (to notice changes)."""
+
+    __slots__ = ("sources", "tensors", "struct", "ref", "qkv_cols", "routed", "hidden", "intermediate")
+
+    def __init__(self, sources: tuple, tensors: list[torch.Tensor], struct: _LayerStruct, qkv_cols: int,
+                 routed: bool) -> None:
+        self.sources, self.tensors, self.struct, self.qkv_cols, self.routed = sources, tensors, struct, qkv_cols, routed
+        self.ref = ctypes.addressof(struct)
+        self.hidden, self.intermediate = struct.hidden, struct.intermediate
+
+
+def _norm_weight(norm) -> torch.Tensor | None:
+    w = getattr(norm, "weight", None)
+    if not isinstance(norm, RMSNorm) or w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
+        return None
+    return w
+
+
+def _parts(layer) -> tuple[list, tuple] | None:
+    """The layer's projection Linear (q/k/v, fused with the router when routed), its other three
+    Linears and its norms; None when the layer is not one this path serves."""
+    attn, mlp = layer.self_attn, layer.mlp
+    dense = (Linear, PackedLinear)
+    if not all(type(m) in dense for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+        return None
+    routed = layer.router is not None
+    if routed and type(layer.router) not in dense:
+        return None
+    proj = layer._fused_projection() if routed else attn.qkv_proj
+    linears = [proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    if any(m.bias is not None for m in linears[1:]):
+        return None
+    norms = [layer.input_layernorm, getattr(layer, "post_self_attn_layernorm", None),
+             layer.post_attention_layernorm, getattr(layer, "post_mlp_layernorm", None)]
+    return linears, norms
+
+
+def plan(layer, h: torch.Tensor) -> Plan | None:
+    """The layer's plan for the rows `h`, or None where the torch layers must run."""
+    if h.shape[0] > MAX_ROWS or h.dtype != torch.float32 or h.device.type != "cpu" or torch.is_grad_enabled():
+        return None
+    if not cpu_kernels.available():
+        return None
+    parts = _parts(layer)
+    if parts is None:
+        return None
+    linears, norms = parts
+    rows = [m.output_major() for m in linears]
+    weights = [None if n is None else _norm_weight(n) for n in norms]
+    sources = (*[id(r) for r in rows], *[id(w) for w in weights], id(linears[0].bias))
+    cached = layer.__dict__.get("_cpu_plan")
+    if cached is not None and cached.sources == sources:
+        return cached
+    if any(r is None for r in rows) or weights[0] is None or weights[2] is None:
+        return None
+    if (norms[1] is None) != (norms[3] is None) or (norms[1] is not None and (weights[1] is None or weights[3] is None)):
+        return None
+    eps = {n.eps for n in norms if n is not None}
+    if len(eps) != 1:
+        return None
+    made = _make(layer, linears, rows, weights, eps.pop())
+    made.sources = sources
+    layer.__dict__["_cpu_plan"] = made
+    return made
+
+
+def _make(layer, linears, rows, norm_weights, eps) -> Plan:
+    attn = layer.self_attn
+    proj_bias = linears[0].bias
+    if proj_bias is not None:
+        proj_bias = proj_bias.detach().contiguous().float()
+    qkv_cols = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    struct = _LayerStruct(
+        hidden=rows[0].shape[1], heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+        rotary_dim=0, intermediate=rows[3].shape[1], proj_rows=rows[0].shape[0], eps=eps,
+        threads=torch.get_num_threads(),
+        input_norm=ptr(norm_weights[0]), proj=ptr(rows[0]), proj_bias=ptr(proj_bias), o_proj=ptr(rows[1]),
+        post_attn_norm=ptr(norm_weights[1]), pre_mlp_norm=ptr(norm_weights[2]), gate_up=ptr(rows[2]),
+        down=ptr(rows[3]), post_mlp_norm=ptr(norm_weights[3]),
+    )
+    # kept alive with the plan: what its pointers point into, and what its sources name
+    keep = [*rows, *[w for w in norm_weights if w is not None], linears[0].bias, proj_bias]
+    return Plan((), keep, struct, qkv_cols, layer.router is not None)
+
+
+def forward(layer, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache) -> torch.Tensor:
+    """The layer's output for the rows `h [n, hidden]` (positions and cache as the torch layer
+    takes them)."""
+    lib = cpu_kernels.library()
+    attn = layer.self_attn
+    heads, kv_heads, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    n = h.shape[0]
+    plan_.struct.threads = torch.get_num_threads()
+    plan_.struct.rotary_dim = rotations.shape[-1] * 2  # the model's, as its rotations carry it
+    h = h.contiguous()
+    rotations = torch.view_as_real(rotations.contiguous())
+    proj = torch.empty(n, plan_.struct.proj_rows)
+    scratch = torch.empty(n, 2 * plan_.hidden + 3 * plan_.intermediate)
+    norms = torch.empty(n) if attn.window is not None else None
+    lib.wecom_layer_pre(plan_.ref, n, h.data_ptr(), rotations.data_ptr(), proj.data_ptr(),
+                        scratch.data_ptr(), None if norms is None else norms.data_ptr())
+    qkv = proj[:, : plan_.qkv_cols].view(n, heads + 2 * kv_heads, d)
+    q = qkv[:, :heads].transpose(0, 1)
+    k = qkv[:, heads : heads + kv_heads].transpose(0, 1)
+    v = qkv[:, heads + kv_heads :].transpose(0, 1)
+    gate = layer.gate(None, proj[:, plan_.qkv_cols : plan_.qkv_cols + 3]) if plan_.routed else None
+    if hasattr(cache, "attend"):  # the serving engine's paged cache
+        out = cache.attend(q, k, v, norms, gate)
+    else:
+        out = sparse_attention(q, cache.extend(k, v, norms), attn.window, attn.interval, gate)
+    a = out.transpose(0, 1).reshape(n, heads * d).contiguous()
+    result = torch.empty(n, plan_.hidden)
+    lib.wecom_layer_post(plan_.ref, n, h.data_ptr(), a.data_ptr(), result.data_ptr(), scratch.data_ptr())
+    return result

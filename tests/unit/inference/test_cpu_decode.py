@@ -1,0 +1,165 @@
+"""The fused one-row CPU decode layer gives the torch layers' numbers, in every model and cache
+mode, and steps aside where it does not apply."""
+
+import pytest
+import torch
+
+from inference.config import ModelConfig
+from inference.engine import EngineArgs, LLMEngine
+from inference.engine.model_runner import kv_bytes_per_block
+from inference.layers import cpu_kernels
+from inference.layers.linear import quantize_linears_
+from inference.llm import LLM
+from inference.loader import load_model
+from inference.models import cpu_decode
+from inference.sampling_params import SamplingParams
+from tests.unit.inference.helpers import glm5_config, write_checkpoint
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+
+N = 41  # crosses two windows of 16 and ten blocks of 4
+MODES = {
+    "glm5-routed": {},
+    "glm5-union": {"routed": False},
+    "glm5-routed-bias": {"attention_bias": True},
+    "glm4-sparse": {"model_type": "glm4", "num_mtp_heads": 0, "attention_bias": True},
+    "glm4-dense": {"model_type": "glm4", "sliding_window": None, "global_interval": None, "num_mtp_heads": 0},
+}
+
+
+def load(tmp_path, **overrides):
+    """Loaded as a checkpoint is: input-major fp32 weights, which the fused path needs."""
+    torch.manual_seed(0)
+    raw = glm5_config(**overrides)
+    return load_model(write_checkpoint(tmp_path, raw), ModelConfig.from_dict(raw), "cpu")
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """How many layer calls took the fused path."""
+    calls = []
+    real = cpu_decode.forward
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_decode, "forward", counting)
+    return calls
+
+
+def decode(model, ids, fused: bool, monkeypatch, chunks=None) -> torch.Tensor:
+    """Prefill 3 tokens, then one at a time (or in `chunks`); the logits of every position."""
+    chunks = chunks or [3] + [1] * (len(ids) - 3)
+    with monkeypatch.context() as patch:
+        if not fused:
+            patch.setattr(cpu_decode, "plan", lambda layer, h: None)
+        with torch.inference_mode():
+            cache, out, a = model.new_cache(), [], 0
+            for size in chunks:
+                out.append(model.compute_logits(model(ids[a : a + size], torch.arange(a, a + size), cache)))
+                a += size
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("overrides", MODES.values(), ids=MODES.keys())
+def test_fused_decode_equals_the_torch_layers(tmp_path, monkeypatch, fused_calls, overrides):
+    model = load(tmp_path, **overrides)
+    ids = torch.randint(0, 128, (N,), generator=torch.Generator().manual_seed(1))
+    torch_logits = decode(model, ids, False, monkeypatch)
+    assert not fused_calls
+    fused_logits = decode(model, ids, True, monkeypatch)
+    assert len(fused_calls) == (N - 2) * model.config.num_hidden_layers  # the 3-row prefill too
+    torch.testing.assert_close(fused_logits, torch_logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [MODES["glm5-routed"], MODES["glm4-sparse"]], ids=["glm5-routed", "glm4-sparse"])
+def test_chunks_of_a_few_rows_take_it_too_and_agree(tmp_path, monkeypatch, fused_calls, overrides):
+    """Speculative verifies and small batches: up to MAX_ROWS rows at once; a longer chunk is a
+    prefill and runs the torch layers."""
+    model = load(tmp_path, **overrides)
+    chunks = [3, 5, 1, 9, cpu_decode.MAX_ROWS, cpu_decode.MAX_ROWS + 1, 2, 4]  # 57: 3+ windows
+    ids = torch.randint(0, 128, (sum(chunks),), generator=torch.Generator().manual_seed(4))
+    torch_logits = decode(model, ids, False, monkeypatch, chunks)
+    fused_logits = decode(model, ids, True, monkeypatch, chunks)
+    assert len(fused_calls) == (len(chunks) - 1) * model.config.num_hidden_layers  # all but the 17
+    torch.testing.assert_close(fused_logits, torch_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_the_mtp_block_takes_it_too_and_agrees(tmp_path, monkeypatch, fused_calls):
+    model = load(tmp_path)
+    hidden, nxt = torch.randn(1, 32), torch.tensor([5])
+    results = []
+    for fused in (False, True):
+        with monkeypatch.context() as patch:
+            if not fused:
+                patch.setattr(cpu_decode, "plan", lambda layer, h: None)
+            with torch.inference_mode():
+                results.append(model.mtp_forward(0, hidden, nxt, torch.tensor([0]), model.new_cache()))
+    assert len(fused_calls) == 1
+    torch.testing.assert_close(results[1], results[0], atol=1e-5, rtol=1e-5)
+
+
+def test_weight_changes_are_followed(tmp_path, monkeypatch, fused_calls):
+    model = load(tmp_path, model_type="glm4", num_mtp_heads=0)
+    ids = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(2))
+    decode(model, ids, True, monkeypatch)
+    layer = model.model.layers[1]
+    with torch.no_grad():  # in place: same storage, new version (the copies are remade)
+        layer.mlp.down_proj.weight.mul_(1.5)
+        layer.self_attn.qkv_proj.weight.add_(0.01)
+        layer.post_mlp_layernorm.weight.mul_(0.5)  # read in place by the kernel
+    layer.post_attention_layernorm.weight = torch.nn.Parameter(torch.rand(32) + 0.5)  # replaced
+    torch.testing.assert_close(decode(model, ids, True, monkeypatch), decode(model, ids, False, monkeypatch),
+                               atol=1e-5, rtol=1e-5)
+    assert fused_calls
+
+
+def test_the_paged_engine_gives_the_torch_layers_tokens_alone_and_batched(tmp_path, monkeypatch, fused_calls):
+    model = load(tmp_path)
+    model.lm_head.weight.data *= 8  # no near-ties that rounding between paths could flip
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (23, 5, 40, 11)]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    per_block = kv_bytes_per_block(model.config, 64, torch.float32)
+    engine = LLMEngine(model, args=EngineArgs(kv_cache_bytes=32 * per_block), eos_token_ids=[])
+    alone = engine.generate(prompts[:1], params)[0].token_ids
+    batched = [o.token_ids for o in engine.generate(prompts, params)]
+    assert fused_calls
+    with monkeypatch.context() as patch:
+        patch.setattr(cpu_decode, "plan", lambda layer, h: None)
+        plain = [LLM(model, eos_token_ids=[]).generate(p, params).token_ids for p in prompts]
+    assert alone == plain[0]
+    assert batched == plain
+
+
+def test_it_steps_aside_where_it_does_not_apply(tmp_path):
+    model = load(tmp_path)
+    layer = model.model.layers[0]
+    row = torch.randn(1, 32)
+    with torch.inference_mode():
+        assert cpu_decode.plan(layer, row) is not None
+        assert cpu_decode.plan(layer, torch.randn(cpu_decode.MAX_ROWS, 32)) is not None
+        assert cpu_decode.plan(layer, torch.randn(cpu_decode.MAX_ROWS + 1, 32)) is None  # a prefill
+        assert cpu_decode.plan(layer, row.to(torch.bfloat16)) is None
+    assert cpu_decode.plan(layer, row) is None  # autograd on
+    quantize_linears_(model)  # int8 weights: the torch layers
+    with torch.inference_mode():
+        assert cpu_decode.plan(model.model.layers[0], row) is None
+
+
+def test_a_model_built_in_code_reads_its_weights_in_place(monkeypatch, fused_calls):
+    """Weights as nn.Linear makes them (output-major): no copies, the same numbers."""
+    from tests.unit.inference.test_kv_cache import build
+
+    torch.manual_seed(0)
+    model = build(model_type="glm4", num_mtp_heads=0)
+    ids = torch.randint(0, 128, (N,), generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(decode(model, ids, True, monkeypatch), decode(model, ids, False, monkeypatch),
+                               atol=1e-5, rtol=1e-5)
+    assert fused_calls
+    layer = model.model.layers[0]
+    assert cpu_decode.plan(layer, torch.randn(1, 32)) is None  # autograd on
+    with torch.inference_mode():
+        plan = cpu_decode.plan(layer, torch.randn(1, 32))
+    assert plan.tensors[1].data_ptr() == layer.self_attn.o_proj.weight.data_ptr()  # not a copy
