@@ -1,19 +1,20 @@
 """fp32 CPU kernels for decoding a few rows, compiled on this machine on first use.
 
-A decode step at batch 1 reads every weight once for one row of activations: it is bound by
-memory reads, and the library kernels lose time there. Measured on a 2-core AVX-512 EPYC, the
-decode steps of a 132M GLM-4 (all linears in place, interleaved runs, 4 Dec 2026): the step took
-71 % of the read-bandwidth bound with this kernel against 57 % with oneDNN's packed one-row
-kernel (the best library choice there) and 61 % with the same loop on the input-major weight.
-In a tight loop over the weights alone all of them read near the bandwidth; between the other
-ops of a step the library kernels fall behind.
+A decode step reads every weight once for one row of activations (or a few: a verify, a small
+batch): it is bound by memory reads, and the library kernels lose time there. Measured on a
+2-core AVX-512 EPYC, the decode steps of a 132M GLM-4 (all linears in place, interleaved runs,
+4 Dec 2026): the step took 71 % of the read-bandwidth bound with this kernel against 57 % with
+oneDNN's packed one-row kernel (the best library choice there) and 61 % with the same loop on
+the input-major weight. In a tight loop over the weights alone all of them read near the
+bandwidth; between the other ops of a step the library kernels fall behind. The same source
+holds the fused decoder-layer calls of `inference/models/cpu_decode.py`.
 
 `cpu_kernels.c` is compiled with the system C compiler (`CC`, else `cc`) and `-march=native` into
 a per-user cache (`INFERENCE_KERNEL_DIR`, default `~/.cache/wecom-bot/kernels`), keyed by the
 source, the flags, the compiler and the CPU, and loaded with ctypes. It links the OpenMP runtime
 by soname, so it shares torch's (loaded first) and its threads. Without a compiler, or when the
-build fails, `library()` is None and the caller keeps the library kernels (logged once);
-`INFERENCE_CPU_KERNELS=0` turns it off.
+build fails, `library()` is None and the callers keep the library kernels and torch layers
+(logged once); `INFERENCE_CPU_KERNELS=0` turns them off.
 """
 
 from __future__ import annotations

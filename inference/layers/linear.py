@@ -31,11 +31,10 @@ from inference.layers import cpu_kernels, w8a16_triton
 # and a row bucket, and keeps the faster (a packed copy only where oneDNN won). oneDNN gave a
 # row the same bits whatever the number of rows beside it (MKL did not), so where it serves both
 # one row and a few, a speculative verify computes exactly the logits plain decoding does.
-# One row (batch-1 decode) goes to neither where this machine can build `cpu_kernels` (a plain
-# streaming matrix-vector loop on an output-major copy): inside a decode step it kept ahead of
-# both (figures in inference/layers/cpu_kernels.py). A row then gets other bits than the same row
-# computed beside others (verify), as MKL's did; greedy speculative decoding stays lossless up to
-# ties that close.
+# 1-8 rows (decode, verify, small batches) go to neither where this machine can build
+# `cpu_kernels` (a plain streaming loop on an output-major copy, each weight read once for all
+# the rows): inside a decode step it kept ahead of both (figures in
+# inference/layers/cpu_kernels.py). Its rows too get the same bits whatever the rows beside them.
 # bf16 is the other way round: `F.linear` reorders the weight for oneDNN on every call, so a copy
 # packed once is faster (demo model 447 vs 383 tok/s). oneDNN's bf16 reorder needs avx512 (bf16)
 # or avx_ne_convert: on an AVX2-only CPU bf16 weights go to F.linear as they are.
