@@ -123,6 +123,8 @@ def matmul(
     n, k = weight.shape
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"matmul takes rows of {k} features, got {tuple(x.shape)}")
+    if bias is not None and bias.numel() != n:
+        raise ValueError(f"bias of {bias.numel()} for {n} outputs")
     x = x.contiguous()
     rows = x.shape[0]
     out = torch.empty(rows, n, dtype=torch.float32)

@@ -86,7 +86,7 @@ def _parts(layer) -> tuple[list, tuple] | None:
 
 def plan(layer, h: torch.Tensor) -> Plan | None:
     """The layer's plan for the rows `h`, or None where the torch layers must run."""
-    if h.shape[0] > MAX_ROWS or h.dtype != torch.float32 or h.device.type != "cpu" or torch.is_grad_enabled():
+    if h.dim() != 2 or h.shape[0] > MAX_ROWS or h.dtype != torch.float32 or h.device.type != "cpu" or torch.is_grad_enabled():
         return None
     if not cpu_kernels.available():
         return None
@@ -99,7 +99,7 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
     sources = (*[id(r) for r in rows], *[id(w) for w in weights], id(linears[0].bias))
     cached = layer.__dict__.get("_cpu_plan")
     if cached is not None and cached.sources == sources:
-        return cached
+        return cached if h.shape[1] == cached.hidden else None
     if any(r is None for r in rows) or weights[0] is None or weights[2] is None:
         return None
     if (norms[1] is None) != (norms[3] is None) or (norms[1] is not None and (weights[1] is None or weights[3] is None)):
@@ -108,17 +108,32 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
     if len(eps) != 1:
         return None
     made = _make(layer, linears, rows, weights, eps.pop())
+    if made is None:
+        return None
     made.sources = sources
     layer.__dict__["_cpu_plan"] = made
-    return made
+    return made if h.shape[1] == made.hidden else None
 
 
-def _make(layer, linears, rows, norm_weights, eps) -> Plan:
+def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
+    """The plan, or None where the shapes are not what the kernels assume (the torch layers then
+    run, and say what is wrong, instead of the kernels reading past a tensor)."""
     attn = layer.self_attn
     proj_bias = linears[0].bias
     if proj_bias is not None:
         proj_bias = proj_bias.detach().contiguous().float()
     qkv_cols = (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim
+    hidden, intermediate = rows[0].shape[1], rows[3].shape[1]
+    shapes_hold = (
+        rows[0].shape[0] >= qkv_cols + (3 if layer.router is not None else 0)
+        and tuple(rows[1].shape) == (hidden, attn.num_heads * attn.head_dim)
+        and tuple(rows[2].shape) == (2 * intermediate, hidden)
+        and tuple(rows[3].shape) == (hidden, intermediate)
+        and all(w.numel() == hidden for w in norm_weights if w is not None)
+        and (proj_bias is None or proj_bias.numel() == rows[0].shape[0])
+    )
+    if not shapes_hold:
+        return None
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     struct = _LayerStruct(
         hidden=rows[0].shape[1], heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
@@ -140,6 +155,8 @@ def forward(layer, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache)
     attn = layer.self_attn
     heads, kv_heads, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     n = h.shape[0]
+    if rotations.shape != (n, rotations.shape[-1]) or rotations.shape[-1] * 2 > d or rotations.dtype != torch.complex64:
+        raise ValueError(f"rotations {tuple(rotations.shape)} {rotations.dtype} for {n} rows of head_dim {d}")
     plan_.struct.threads = torch.get_num_threads()
     plan_.struct.rotary_dim = rotations.shape[-1] * 2  # the model's, as its rotations carry it
     h = h.contiguous()

@@ -163,3 +163,18 @@ def test_a_model_built_in_code_reads_its_weights_in_place(monkeypatch, fused_cal
     with torch.inference_mode():
         plan = cpu_decode.plan(layer, torch.randn(1, 32))
     assert plan.tensors[1].data_ptr() == layer.self_attn.o_proj.weight.data_ptr()  # not a copy
+
+
+def test_shapes_the_kernels_cannot_take_get_the_torch_layers_and_their_errors(tmp_path):
+    model = load(tmp_path, model_type="glm4", num_mtp_heads=0)
+    layer = model.model.layers[0]
+    with torch.inference_mode():
+        assert cpu_decode.plan(layer, torch.randn(1, 31)) is None  # a row of the wrong width
+        with pytest.raises(RuntimeError):  # torch's own error, not a read past the weight
+            layer(torch.randn(1, 31), model.rotary.rotations(torch.tensor([0])), model.new_cache().layers[0])
+        plan = cpu_decode.plan(layer, torch.randn(1, 32))
+        with pytest.raises(ValueError, match="rotations"):
+            cpu_decode.forward(layer, plan, torch.randn(1, 32), model.rotary.rotations(torch.tensor([0, 1])),
+                               model.new_cache().layers[0])
+    with pytest.raises(ValueError, match="bias"):
+        cpu_kernels.matmul(torch.randn(1, 8), torch.randn(4, 8), torch.randn(5))
