@@ -49,13 +49,47 @@ class _LayerStruct(ctypes.Structure):
 class Plan:
     """What the kernels read for one layer, and what it was made from (to notice changes)."""
 
-    __slots__ = ("sources", "tensors", "struct", "ref", "qkv_cols", "routed", "hidden", "intermediate")
+    __slots__ = ("watched", "tensors", "struct", "ref", "qkv_cols", "routed", "hidden", "intermediate")
 
-    def __init__(self, sources: tuple, tensors: list[torch.Tensor], struct: _LayerStruct, qkv_cols: int,
-                 routed: bool) -> None:
-        self.sources, self.tensors, self.struct, self.qkv_cols, self.routed = sources, tensors, struct, qkv_cols, routed
+    def __init__(self, tensors: list[torch.Tensor], struct: _LayerStruct, qkv_cols: int, routed: bool) -> None:
+        self.watched: list[tuple[object, str, object, int | None]] = []
+        self.tensors, self.struct, self.qkv_cols, self.routed = tensors, struct, qkv_cols, routed
         self.ref = ctypes.addressof(struct)
         self.hidden, self.intermediate = struct.hidden, struct.intermediate
+
+    def still_holds(self) -> bool:
+        """Whether every module and tensor it was made from is still in place and unmodified: the
+        same objects (`is`), tensors at the same version (inference tensors have none). About
+        two dozen lookups, against the ~50 us a call that re-deriving the plan cost."""
+        for where, name, value, version in self.watched:
+            current = where.get(name)
+            if current is not value or (version is not None and current._version != version):
+                return False
+        return True
+
+
+def _watch(layer) -> list[tuple[object, str, object, int | None]]:
+    """(the dict that holds it, attribute, value, version) of every module and tensor a plan of
+    `layer` is made from: nn.Module keeps parameters and sub-modules in dicts of their own, and a
+    lookup there is a fraction of `getattr`'s cost."""
+    attn, mlp = layer.self_attn, layer.mlp
+    entries = [(layer, "self_attn"), (layer, "mlp"), (layer, "router"), (attn, "qkv_proj"), (attn, "o_proj"),
+               (mlp, "gate_up_proj"), (mlp, "down_proj")]
+    linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    if layer.router is not None:
+        linears.append(layer.router)
+    entries += [(m, name) for m in linears for name in ("weight", "bias")]
+    for name in ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"):
+        norm = getattr(layer, name, None)
+        if norm is not None:
+            entries += [(layer, name), (norm, "weight")]
+    watched = []
+    for holder, name in entries:
+        value = getattr(holder, name)
+        where = next(d for d in (holder._parameters, holder._modules, holder._buffers, holder.__dict__) if name in d)
+        versioned = isinstance(value, torch.Tensor) and not value.is_inference()
+        watched.append((where, name, value, value._version if versioned else None))
+    return watched
 
 
 def _norm_weight(norm) -> torch.Tensor | None:
@@ -88,6 +122,10 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
     """The layer's plan for the rows `h`, or None where the torch layers must run."""
     if h.dim() != 2 or h.shape[0] > MAX_ROWS or h.dtype != torch.float32 or h.device.type != "cpu" or torch.is_grad_enabled():
         return None
+    cached = layer.__dict__.get("_cpu_plan")
+    if cached is not None and cached.still_holds():
+        return cached if h.shape[1] == cached.hidden else None
+    layer.__dict__.pop("_cpu_plan", None)
     if not cpu_kernels.available():
         return None
     parts = _parts(layer)
@@ -96,10 +134,6 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
     linears, norms = parts
     rows = [m.output_major() for m in linears]
     weights = [None if n is None else _norm_weight(n) for n in norms]
-    sources = (*[id(r) for r in rows], *[id(w) for w in weights], id(linears[0].bias))
-    cached = layer.__dict__.get("_cpu_plan")
-    if cached is not None and cached.sources == sources:
-        return cached if h.shape[1] == cached.hidden else None
     if any(r is None for r in rows) or weights[0] is None or weights[2] is None:
         return None
     if (norms[1] is None) != (norms[3] is None) or (norms[1] is not None and (weights[1] is None or weights[3] is None)):
@@ -110,7 +144,7 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
     made = _make(layer, linears, rows, weights, eps.pop())
     if made is None:
         return None
-    made.sources = sources
+    made.watched = _watch(layer)
     layer.__dict__["_cpu_plan"] = made
     return made if h.shape[1] == made.hidden else None
 
@@ -145,7 +179,7 @@ def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
     )
     # kept alive with the plan: what its pointers point into, and what its sources name
     keep = [*rows, *[w for w in norm_weights if w is not None], linears[0].bias, proj_bias]
-    return Plan((), keep, struct, qkv_cols, layer.router is not None)
+    return Plan(keep, struct, qkv_cols, layer.router is not None)
 
 
 def forward(layer, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache) -> torch.Tensor:
