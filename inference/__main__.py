@@ -1,6 +1,7 @@
 """Command line: `python -m inference generate --model DIR --prompt TEXT`,
-`python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits)
-and `python -m inference quantize --model DIR --out DIR` (a W8A16 int8 checkpoint)."""
+`python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits),
+`python -m inference quantize --model DIR --out DIR` (a W8A16 int8 checkpoint) and
+`python -m inference kernels` (build the CPU decode kernels now, or say why they cannot be)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def _arguments() -> argparse.ArgumentParser:
     quantize = commands.add_parser("quantize", help="write a W8A16 (int8 weight-only) checkpoint")
     quantize.add_argument("--model", required=True, help="checkpoint directory")
     quantize.add_argument("--out", required=True, help="directory for the int8 checkpoint")
+    commands.add_parser("kernels", help="build the CPU decode kernels (or say why not); exit 1 without them")
     for command in (generate, chat):
         command.add_argument("--model", required=True, help="checkpoint directory")
         command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
@@ -80,6 +82,11 @@ def _chat(llm: LLM, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
+    if args.command == "kernels":
+        from inference.layers import cpu_kernels
+
+        print(cpu_kernels.describe())
+        return 0 if cpu_kernels.available() else 1
     if args.command == "quantize":
         from inference.quantize import quantize_checkpoint
 

@@ -77,22 +77,39 @@ def build(compiler: str, directory: Path, extra_flags: tuple[str, ...] = ()) -> 
     return target
 
 
+_WHY_NOT: list[str] = []  # why `library()` is None, once it has been asked
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel, or None where it is off or cannot be built here (said once)."""
+    """The loaded kernels, or None where they are off or cannot be built here (said once)."""
+    _WHY_NOT.clear()
     if not enabled():
+        _WHY_NOT.append("turned off (INFERENCE_CPU_KERNELS=0)")
         return None
     compiler = _compiler()
     if compiler is None:
-        log.info("no C compiler found: batch-1 fp32 CPU decode uses the library kernels")
+        _WHY_NOT.append("no C compiler found (CC, cc or gcc)")
+        log.info("no C compiler found: fp32 CPU decoding uses the library kernels")
         return None
     try:
         lib = ctypes.CDLL(str(build(compiler, cache_dir())))
     except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        log.warning("the CPU GEMV kernel could not be built, library kernels are used: %s", str(detail)[:500])
+        detail = str(getattr(exc, "stderr", "") or exc)[:500]
+        _WHY_NOT.append(f"the build failed: {detail}")
+        log.warning("the CPU kernels could not be built, library kernels are used: %s", detail)
         return None
     return declare(lib)
+
+
+def describe() -> str:
+    """One line on the kernels of this machine: the library loaded and its code path, or why
+    there is none (`python -m inference kernels`)."""
+    lib = library()
+    if lib is None:
+        return f"CPU kernels unavailable: {_WHY_NOT[0] if _WHY_NOT else 'unknown'}"
+    path = "AVX-512" if "avx512f" in _cpu_id() else "portable"
+    return f"CPU kernels: {lib._name} ({path} path)"
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:

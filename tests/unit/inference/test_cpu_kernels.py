@@ -94,23 +94,37 @@ def test_a_failed_build_says_why_and_leaves_the_library_kernels(tmp_path, monkey
     try:
         assert cpu_kernels.library() is None
         assert "could not be built" in caplog.text
+        assert "the build failed" in cpu_kernels.describe()
     finally:
         cpu_kernels.library.cache_clear()
     assert not list((tmp_path / "cache").glob("*.so"))
 
 
-def test_off_or_without_a_compiler_there_is_no_kernel(monkeypatch, tmp_path):
+def test_off_or_without_a_compiler_there_is_no_kernel_and_the_cli_says_why(monkeypatch, tmp_path, capsys):
+    from inference.__main__ import main
+
     cpu_kernels.library.cache_clear()
     try:
         monkeypatch.setenv("INFERENCE_CPU_KERNELS", "0")
         assert cpu_kernels.library() is None
+        assert main(["kernels"]) == 1 and "turned off" in capsys.readouterr().out
         cpu_kernels.library.cache_clear()
         monkeypatch.delenv("INFERENCE_CPU_KERNELS")
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
         monkeypatch.setattr(shutil, "which", lambda name: None)
         assert cpu_kernels.library() is None
+        assert main(["kernels"]) == 1 and "no C compiler" in capsys.readouterr().out
     finally:
         cpu_kernels.library.cache_clear()
+
+
+@needs_kernel
+def test_the_cli_builds_and_names_the_kernels(capsys):
+    from inference.__main__ import main
+
+    assert main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("CPU kernels: ") and ".so" in out
 
 
 def test_a_compiler_that_cannot_run_is_a_build_error(tmp_path):
