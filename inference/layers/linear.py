@@ -133,10 +133,14 @@ class Linear(nn.Linear):
         return copy[0]
 
 
+def _plain_bias(bias: torch.Tensor | None) -> bool:
+    """A bias `cpu_kernels.matmul` reads as it is (or none)."""
+    return bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.dim() == 1)
+
+
 def _kernel_reads(w: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether `cpu_kernels.matmul` can take this output-major weight and bias as they are."""
-    plain_bias = bias is None or (bias.dtype == torch.float32 and bias.is_contiguous() and bias.dim() == 1)
-    return w.is_contiguous() and plain_bias and cpu_kernels.available()
+    return w.is_contiguous() and _plain_bias(bias) and cpu_kernels.available()
 
 
 _ONEDNN = torch.backends.mkldnn.is_available()
@@ -162,8 +166,8 @@ def _row_bucket(rows: int) -> int:
 class Fp32Matmul:
     """`x @ weight.t() + bias` on CPU in fp32 for an input-major `weight`, with the faster of MKL
     (`mm`/`addmm` on the `[in, out]` view) and oneDNN (a copy packed once) for each row bucket,
-    measured on the first input of that bucket (see the figures above), and `cpu_kernels` for one
-    row where it is built. All are exact fp32 matmuls; they differ only in summation order. A copy
+    measured on the first input of that bucket (see the figures above), and `cpu_kernels` for 1-8
+    rows where it is built. All are exact fp32 matmuls; they differ only in summation order. A copy
     follows in-place changes of the weight (its storage and version) and exists only while its
     kernel serves some bucket."""
 
@@ -212,7 +216,6 @@ class Fp32Matmul:
 
     def _choose(self, x: torch.Tensor, bucket: int):
         if bucket <= 1 and FP32_MATMUL == "auto" and self._kernel_serves():
-            _PACKED.add(self)
             return self.few_rows
         key = (tuple(self.weight.shape), self.bias is not None, bucket)
         choice = FP32_MATMUL if FP32_MATMUL != "auto" else _CHOICES.get(key)
@@ -233,10 +236,7 @@ class Fp32Matmul:
     def _kernel_serves(self) -> bool:
         """Whether up to 8 rows go to `cpu_kernels`: built here, a plain fp32 bias, and room for
         the output-major copy under the cap."""
-        bias = self.bias
-        if bias is not None and not (bias.dtype == torch.float32 and bias.is_contiguous() and bias.dim() == 1):
-            return False
-        return cpu_kernels.available() and (self._rows is not None or self._fits())
+        return _plain_bias(self.bias) and cpu_kernels.available() and (self._rows is not None or self._fits())
 
     def _fits(self, copies: int = 1) -> bool:
         """Whether `copies` more copies of this weight stay within `FP32_PACKED_MAX_BYTES`."""

@@ -11,12 +11,12 @@ cache and attention mode keeps its one implementation.
 
 Taken for up to `MAX_ROWS` rows (a decode step, a speculative verify, a small continuous batch;
 each weight is read once for all of them) when the kernels are built here, autograd is off, the
-rows are fp32 on the CPU and every
-matmul of the layer is a dense `Linear` with an input-major weight (as the loader stores them)
-and no bias outside q/k/v; anything else runs the torch layers. The plan holds the layer's
-weights as the kernels read them (the output-major copies `Fp32Matmul.rows` keeps, within its
-copy cap, and the norm weights in place) and is remade when any of them changes. Module hooks
-on the layer's sub-modules do not run on this path.
+rows are fp32 on the CPU and every matmul of the layer is a dense fp32 `Linear` with no bias
+outside q/k/v; anything else runs the torch layers. The plan holds the layer's weights as the
+kernels read them (output-major: a weight stored so is read in place, an input-major one, as the
+loader stores them, through the copy `Fp32Matmul.rows` keeps within its cap; the norm weights in
+place) and is remade when any of them changes. Module hooks on the layer's sub-modules do not
+run on this path.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Plan:
     __slots__ = ("watched", "tensors", "struct", "ref", "qkv_cols", "routed", "hidden", "intermediate")
 
     def __init__(self, tensors: list[torch.Tensor], struct: _LayerStruct, qkv_cols: int, routed: bool) -> None:
-        self.watched: list[tuple[object, str, object, int | None]] = []
+        self.watched: list[tuple] = []
         self.tensors, self.struct, self.qkv_cols, self.routed = tensors, struct, qkv_cols, routed
         self.ref = ctypes.addressof(struct)
         self.hidden, self.intermediate = struct.hidden, struct.intermediate
@@ -61,17 +61,18 @@ class Plan:
         """Whether every module and tensor it was made from is still in place and unmodified: the
         same objects (`is`), tensors at the same version (inference tensors have none). About
         two dozen lookups, against the ~50 us a call that re-deriving the plan cost."""
-        for where, name, value, version in self.watched:
-            current = where.get(name)
+        for holder, where, name, value, version in self.watched:
+            current = where.get(name) if where is not None else getattr(holder, name, None)
             if current is not value or (version is not None and current._version != version):
                 return False
         return True
 
 
-def _watch(layer) -> list[tuple[object, str, object, int | None]]:
-    """(the dict that holds it, attribute, value, version) of every module and tensor a plan of
-    `layer` is made from: nn.Module keeps parameters and sub-modules in dicts of their own, and a
-    lookup there is a fraction of `getattr`'s cost."""
+def _watch(layer) -> list[tuple]:
+    """(holder, the dict that holds it, attribute, value, version) of every module and tensor a
+    plan of `layer` is made from: nn.Module keeps parameters and sub-modules in dicts of their
+    own, and a lookup there is a fraction of `getattr`'s cost. A plain attribute (a router that
+    is None) is looked up with `getattr`: assigning a module to it moves it to another dict."""
     attn, mlp = layer.self_attn, layer.mlp
     entries = [(layer, "self_attn"), (layer, "mlp"), (layer, "router"), (attn, "qkv_proj"), (attn, "o_proj"),
                (mlp, "gate_up_proj"), (mlp, "down_proj")]
@@ -86,9 +87,9 @@ def _watch(layer) -> list[tuple[object, str, object, int | None]]:
     watched = []
     for holder, name in entries:
         value = getattr(holder, name)
-        where = next(d for d in (holder._parameters, holder._modules, holder._buffers, holder.__dict__) if name in d)
+        where = next((d for d in (holder._parameters, holder._modules, holder._buffers) if name in d), None)
         versioned = isinstance(value, torch.Tensor) and not value.is_inference()
-        watched.append((where, name, value, value._version if versioned else None))
+        watched.append((holder, where, name, value, value._version if versioned else None))
     return watched
 
 
@@ -170,14 +171,14 @@ def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
         return None
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     struct = _LayerStruct(
-        hidden=rows[0].shape[1], heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-        rotary_dim=0, intermediate=rows[3].shape[1], proj_rows=rows[0].shape[0], eps=eps,
+        hidden=hidden, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+        rotary_dim=0, intermediate=intermediate, proj_rows=rows[0].shape[0], eps=eps,
         threads=torch.get_num_threads(),
         input_norm=ptr(norm_weights[0]), proj=ptr(rows[0]), proj_bias=ptr(proj_bias), o_proj=ptr(rows[1]),
         post_attn_norm=ptr(norm_weights[1]), pre_mlp_norm=ptr(norm_weights[2]), gate_up=ptr(rows[2]),
         down=ptr(rows[3]), post_mlp_norm=ptr(norm_weights[3]),
     )
-    # kept alive with the plan: what its pointers point into, and what its sources name
+    # kept alive with the plan: what its pointers point into
     keep = [*rows, *[w for w in norm_weights if w is not None], linears[0].bias, proj_bias]
     return Plan(keep, struct, qkv_cols, layer.router is not None)
 

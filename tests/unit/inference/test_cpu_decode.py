@@ -178,3 +178,15 @@ def test_shapes_the_kernels_cannot_take_get_the_torch_layers_and_their_errors(tm
                                model.new_cache().layers[0])
     with pytest.raises(ValueError, match="bias"):
         cpu_kernels.matmul(torch.randn(1, 8), torch.randn(4, 8), torch.randn(5))
+
+
+def test_a_router_given_to_a_layer_without_one_remakes_the_plan(tmp_path):
+    model = load(tmp_path, routed=False)
+    layer = model.model.layers[0]
+    row = torch.randn(1, 32)
+    with torch.inference_mode():
+        first = cpu_decode.plan(layer, row)
+    layer.router = torch.nn.Linear(32, 3)  # a plain nn.Linear: the torch layers now
+    with torch.inference_mode():
+        assert cpu_decode.plan(layer, row) is None
+    assert first is not None
