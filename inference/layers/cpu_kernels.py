@@ -43,7 +43,7 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("INFERENCE_KERNEL_DIR") or Path.home() / ".cache" / "wecom-bot" / "kernels")
+    return Path(os.environ.get("INFERENCE_KERNEL_DIR") or "~/.cache/wecom-bot/kernels").expanduser()
 
 
 def _cpu_id() -> str:

@@ -183,3 +183,11 @@ def test_a_pinned_library_kernel_keeps_the_few_rows_too(monkeypatch):
     with torch.inference_mode():
         layer(torch.randn(1, 32))
     assert layer._fp32._calls[0].__name__ == "mkl" and layer._fp32._rows is None
+
+
+def test_the_cache_directory_comes_from_the_environment_with_the_home_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("INFERENCE_KERNEL_DIR", "~/kernels-here")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cpu_kernels.cache_dir() == tmp_path / "kernels-here"
+    monkeypatch.delenv("INFERENCE_KERNEL_DIR")
+    assert cpu_kernels.cache_dir() == tmp_path / ".cache" / "wecom-bot" / "kernels"
