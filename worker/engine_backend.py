@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
+from inference.layers import cpu_kernels
 from inference.sampling_params import SamplingParams
 from worker.engine_service import EngineService
 from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
@@ -43,6 +44,8 @@ class EngineBackend:
             engine = LLMEngine.from_engine_args(args)
         except ValueError as exc:  # e.g. ENGINE_SPECULATIVE_K for a checkpoint without MTP heads
             raise LLMError(f"engine settings refused: {exc}", transient=False) from exc
+        if engine.model.device.type == "cpu":  # built now, not on the first request; the log says which
+            log.info("engine: %s", cpu_kernels.describe())
         if args.speculative_k:
             log.info("engine decodes with MTP speculative decoding, %d drafts per step", args.speculative_k)
         if engine.mtp_cache_bytes:

@@ -281,9 +281,9 @@ def test_greedy_with_repetition_penalty_and_aborts(demo):
     assert not eng.has_unfinished_requests() and eng.block_manager.all_free()
 
 
-def test_worker_engine_takes_k_from_settings(tmp_path):
+def test_worker_engine_takes_k_from_settings(tmp_path, caplog):
     """ENGINE_SPECULATIVE_K reaches the worker's engine; a checkpoint without MTP heads is refused
-    with a clear, non-transient error."""
+    with a clear, non-transient error; a CPU engine says at start which CPU kernels it has."""
     from types import SimpleNamespace
 
     from tests.unit.inference.helpers import glm5_config, write_checkpoint
@@ -294,9 +294,11 @@ def test_worker_engine_takes_k_from_settings(tmp_path):
         return SimpleNamespace(model_dir=str(path), engine_max_num_seqs=4, engine_max_model_len=None,
                                engine_kv_cache_bytes=1 << 22, engine_speculative_k=k)
 
+    caplog.set_level("INFO", logger="worker.engine_backend")
     backend = EngineBackend.from_settings(settings(write_checkpoint(tmp_path / "mtp", glm5_config()), 3))
     try:
         assert backend.service.engine.args.speculative_k == 3
+        assert "engine: CPU kernels" in caplog.text
     finally:
         backend.close()
     with pytest.raises(LLMError, match="MTP heads") as failure:
