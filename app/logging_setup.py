@@ -19,9 +19,10 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
+import random
 import re
 import sys
-import uuid
 from datetime import UTC, datetime
 
 REDACTED = "[redacted]"
@@ -43,7 +44,15 @@ _MIN_SECRET_LEN = 6
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """32 hex digits from a generator seeded once per process from the OS. Not from
+    ``uuid4``: its ``os.urandom`` releases the GIL, and under gunicorn's threads a callback that
+    lets go of the GIL mid-request waits for it behind the others (it halved a bare callback's
+    rate on two cores). An id correlates log lines; it needs to be unique, not secret."""
+    return f"{_ids.getrandbits(128):032x}"
+
+
+_ids = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _ids.seed(os.urandom(32)))
 
 
 def clean_request_id(value: str | None) -> str | None:
