@@ -225,10 +225,13 @@ def _common_fields(fields: dict[str, Any]) -> dict[str, Any]:
         agent_id = int(agent) if agent else None
     except ValueError:
         raise MessageParseError("AgentID is not a number") from None
+    create_time = _number(fields, "CreateTime", int)
+    if not 0 <= create_time < 2**63:  # seconds since 1970, stored in a 64-bit column
+        raise MessageParseError("CreateTime is out of range")
     return {
         "to_user": _required(fields, "ToUserName"),
         "from_user": _required(fields, "FromUserName"),
-        "create_time": _number(fields, "CreateTime", int),
+        "create_time": create_time,
         "msg_type": _required(fields, "MsgType").lower(),
         "agent_id": agent_id,
     }

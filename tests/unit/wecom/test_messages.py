@@ -206,6 +206,8 @@ def test_missing_agent_id_is_none():
     msg("text", ""),
     msg("image", "<PicUrl>u</PicUrl>"),
     msg("text", "<Content>x</Content>").replace("1348831860", "yesterday"),
+    msg("text", "<Content>x</Content>").replace("1348831860", str(2**63)),  # past the 64-bit column
+    msg("text", "<Content>x</Content>").replace("1348831860", "-5"),
     msg("text", "<Content>x</Content>").replace("<FromUserName><![CDATA[ZhangSan]]></FromUserName>", ""),
     msg("text", "<Content>x</Content>").replace("1000002", "abc"),
     msg("location", "<Location_X>north</Location_X><Location_Y>1</Location_Y><Scale>1</Scale>"),
