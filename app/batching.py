@@ -42,6 +42,13 @@ class BatchThread:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
 
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything put before this call has been handled (a process about to
+        exit publishes what it committed); False if that took longer than ``timeout``."""
+        done = threading.Event()
+        self.put(_Flush(done))
+        return done.wait(timeout)
+
     def _next_batch(self) -> list | None:
         """What is waiting (at least one item), or None when the thread should exit."""
         try:
@@ -61,7 +68,22 @@ class BatchThread:
 
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
+            flushes = [item for item in batch if type(item) is _Flush]
+            if flushes:
+                batch = [item for item in batch if type(item) is not _Flush]
             try:
-                self.handle(batch)
+                if batch:
+                    self.handle(batch)
             except Exception:
                 log.exception("%s: a batch of %d failed", self.name, len(batch))
+            for flush in flushes:
+                flush.done.set()
+
+
+class _Flush:
+    """A marker in the queue: set once every item before it has been handled."""
+
+    __slots__ = ("done",)
+
+    def __init__(self, done: threading.Event):
+        self.done = done

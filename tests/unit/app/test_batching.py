@@ -59,3 +59,19 @@ def test_a_failing_batch_is_logged_and_the_next_one_is_handled(caplog):
     _wait(lambda: "a batch of 1 failed" in caplog.text)
     worker.put("good")
     _wait(lambda: seen == ["good"])
+
+
+def test_flush_returns_once_everything_put_before_it_is_handled():
+    seen, gate = [], threading.Event()
+
+    def handle(batch):
+        gate.wait(5)
+        seen.extend(batch)
+
+    worker = BatchThread("t", handle)
+    for item in range(3):
+        worker.put(item)
+    assert not worker.flush(0.1)  # the handler is held: not done yet
+    gate.set()
+    assert worker.flush(5)
+    assert seen == [0, 1, 2]  # the markers never reach the handler
