@@ -39,12 +39,40 @@ if _own_metrics_dir:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wecom-bot-metrics-")
 
 
+# -- The intake server (app/intake_server.py) ---------------------------------------------------
+# One process writes every web process's callbacks (larger batches, and no request thread holds
+# the GIL that a transaction waits for). gunicorn runs it as its one "dirty worker": started
+# with the service, started again if it dies, stopped with it. The web processes find it at
+# INTAKE_SOCKET (a private directory by default) and write in-process while it cannot be
+# reached. INTAKE_SERVER=0 leaves it out: each web process then writes its own callbacks.
+_own_intake_dir = None
+if os.environ.get("INTAKE_SERVER", "1") != "0":
+    if not os.environ.get("INTAKE_SOCKET"):
+        _own_intake_dir = tempfile.mkdtemp(prefix="wecom-bot-intake-")
+        os.environ["INTAKE_SOCKET"] = os.path.join(_own_intake_dir, "intake.sock")
+    dirty_apps = ["app.intake_server:IntakeApp"]
+    dirty_workers = 1
+    # gunicorn keys its dirty processes' pid file by this name and kills an "orphan" it finds
+    # there at start: one name per address keeps two services on one host apart.
+    proc_name = f"wecom-bot-{bind}"
+else:
+    os.environ.pop("INTAKE_SOCKET", None)
+
+
 def on_starting(server):
     directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
     os.makedirs(directory, exist_ok=True)
     for name in os.listdir(directory):
         if name.endswith(".db"):
             os.remove(os.path.join(directory, name))
+
+
+def post_worker_init(worker):
+    switch_ms = os.environ.get("WEB_GIL_SWITCH_MS")
+    if switch_ms:
+        import sys
+
+        sys.setswitchinterval(float(switch_ms) / 1000)
 
 
 def child_exit(server, worker):
@@ -56,3 +84,5 @@ def child_exit(server, worker):
 def on_exit(server):
     if _own_metrics_dir:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+    if _own_intake_dir:
+        shutil.rmtree(_own_intake_dir, ignore_errors=True)

@@ -119,6 +119,13 @@ class Settings(BaseSettings):
     # -- callback ------------------------------------------------------------------------------
     callback_max_bytes: int = 64 * 1024
     callback_timestamp_window_s: int = 300
+    # The intake server (app/intake_server.py) that gunicorn.conf.py runs writes every web
+    # process's callbacks; its socket is set there. Unset: each web process writes its own.
+    intake_socket: str | None = None
+    intake_linger_ms: float = Field(
+        default=1.0, ge=0, le=20,
+        description="how long a batch of the intake server may wait for callbacks that busy "
+                    "connections are about to send (a lone client never waits)")
 
     # -- worker --------------------------------------------------------------------------------
     conversation_ttl_s: int = 24 * 3600
@@ -201,7 +208,7 @@ class Settings(BaseSettings):
             raise ValueError("is not a valid EncodingAESKey (base64 of 32 bytes)") from exc
         return value
 
-    @field_validator("aibot_token", "aibot_encoding_aes_key", mode="before")
+    @field_validator("aibot_token", "aibot_encoding_aes_key", "intake_socket", mode="before")
     @classmethod
     def _blank_is_unset(cls, value):
         return None if value is None or (isinstance(value, str) and not value.strip()) else value

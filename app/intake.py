@@ -3,16 +3,24 @@
 Every accepted message is an outbox row and a ``message_received`` audit event, committed in
 one transaction before WeCom hears 200. One transaction per message made the callbacks queue on
 the database's single write lock (SQLite) or the audit chain's head row (PostgreSQL), each
-holder paying its own BEGIN, statement round trips and commit. So each web process has one
-writer thread (``app.batching``): a request thread hands it its message and waits; the writer
-takes everything that is waiting (up to ``max_batch``), writes it with one statement per kind,
-commits, and wakes them. A lone message waits for nobody; it is written as soon as the writer
-is free.
+holder paying its own BEGIN, statement round trips and commit. So messages are handed to one
+writer, which takes everything that is waiting, writes it with one statement per kind, commits
+and answers each. A lone message waits for nobody.
 
-The new rows' tasks are published after the commit by a second thread, all that wait in one
-Redis round trip: the row is durable when WeCom hears 200, so the acknowledgement does not wait
-for Redis, and a broker that is down or slow leaves the rows queued for the sweeper (the
-process dying between the commit and the publish does too) instead of holding the callbacks.
+Where that writer runs:
+
+- in the intake server (``app.intake_server``), one process for the whole web service, when
+  gunicorn runs one (``gunicorn.conf.py``): the batches hold every web process's messages, and
+  the transaction never waits for a GIL that request threads are holding;
+- otherwise, and whenever the server cannot be reached, in a thread of this process (``Intake``
+  below), which is also what tests and ``flask run`` use.
+
+The request thread prepares its message first (``outbox.prepare``: the hashes and the payload's
+JSON), so the writer does little besides the transaction. The new rows' tasks are published
+after the commit, all that wait in one Redis round trip: the row is durable when WeCom hears
+200, so the acknowledgement does not wait for Redis, and a broker that is down or slow leaves
+the rows queued for the sweeper (the process dying between the commit and the publish does too)
+instead of holding the callbacks.
 
 A batch that fails for another reason than the database being unreachable is retried one
 message at a time, so one bad message cannot refuse the others. A caller that waited
@@ -32,7 +40,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from app import metrics
 from app.audit import Event, EventType
 from app.batching import BatchThread
-from app.outbox import Accepted, Arrival, accept_many, user_hash
+from app.outbox import Accepted, Arrival, Prepared, accept_many, prepare
 from worker.celery_app import HANDLE_MESSAGE
 
 log = logging.getLogger(__name__)
@@ -42,10 +50,73 @@ class IntakeUnavailable(Exception):
     """The message was not (known to be) written: answer 503 so that WeCom retries."""
 
 
+def database_down(exc: BaseException) -> bool:
+    """An error that any other message would meet too (the database is unreachable)."""
+    return isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+class BatchWriter:
+    """Writes prepared messages, a batch per transaction: outbox rows and their audit events."""
+
+    def __init__(self, services, begin=None):
+        """``begin()`` gives the transaction's connection as a context manager (default: a new
+        one from the engine's pool each time)."""
+        self.services = services
+        self.begin = begin or services.db.engine.begin
+
+    def write(self, batch: list[Prepared]) -> list[Accepted | BaseException]:
+        """What became of each message: its row, or the error that refused it."""
+        try:
+            results = self.commit(batch)
+        except Exception as exc:
+            if len(batch) > 1 and not database_down(exc):
+                return [outcome for prepared in batch for outcome in self.write([prepared])]
+            log.warning("outbox write failed for %d message(s): %s", len(batch), type(exc).__name__)
+            return [exc] * len(batch)
+        metrics.CALLBACK_BATCH.observe(len(batch))
+        return results
+
+    def commit(self, batch: list[Prepared]) -> list[Accepted]:
+        services = self.services
+        # A Core transaction: the ORM session's bookkeeping cost about 0.2 ms a batch here.
+        with self.begin() as connection:
+            results = accept_many(connection, services.cipher, batch)
+            services.audit.append_many(connection, [
+                received_event(prepared, accepted)
+                for prepared, accepted in zip(batch, results, strict=True) if accepted.created])
+        return results
+
+
+def new_tasks(batch: list[Prepared], results: list) -> list[tuple[int, str | None]]:
+    """(row id, request id) of every row this batch created whose task the intake publishes."""
+    return [(accepted.id, prepared.request_id) for prepared, accepted in zip(batch, results, strict=True)
+            if isinstance(accepted, Accepted) and accepted.created and prepared.enqueue]
+
+
+def publish(services, tasks: list[tuple[int, str | None]], client=None) -> None:
+    """One Redis round trip for every task waiting (on ``client``, if given: see
+    ``TaskPublisher.send_many``); on a broker failure the rows stay queued and the sweeper
+    enqueues them."""
+    try:
+        services.publisher.send_many(HANDLE_MESSAGE, [
+            ([message_id], {"request_id": request_id} if request_id else None)
+            for message_id, request_id in tasks], client)
+    except Exception as exc:  # noqa: BLE001 - any broker failure leaves the rows to the sweeper
+        log.warning("enqueue failed for %d message(s), left for the sweeper: %s",
+                    len(tasks), type(exc).__name__)
+
+
+def received_event(prepared: Prepared, accepted: Accepted) -> Event:
+    return Event(
+        EventType.MESSAGE_RECEIVED, actor=prepared.user_hash, outcome="accepted",
+        request_id=prepared.request_id, fingerprint=prepared.fingerprint,
+        payload={"message_id": accepted.id, "msg_type": prepared.msg_type, "event": prepared.event,
+                 "agent_id": prepared.agent_id})
+
+
 @dataclass(eq=False)
 class _Pending:
-    arrival: Arrival
-    fingerprint: str | None
+    prepared: Prepared
     done: threading.Event = field(default_factory=threading.Event)
     result: Accepted | None = None
     error: BaseException | None = None
@@ -53,91 +124,52 @@ class _Pending:
 
 
 class Intake:
+    """The group commit in this process: one writer thread, one publisher thread."""
+
     def __init__(self, services, max_batch: int = 64, timeout_s: float = 3.0, idle_s: float = 30.0):
         self.services = services
         self.timeout_s = timeout_s
+        self.writer = BatchWriter(services)
         self._writer = BatchThread("callback-intake", self._write_batch, max_batch, idle_s)
         self._publisher = BatchThread("callback-publish", self._publish, 256, idle_s)
 
     def accept(self, arrival: Arrival, fingerprint: str | None = None) -> Accepted:
         """Write ``arrival`` (and its audit event, when it is new) and return its row. A new
         row's task is published after the commit, unless ``arrival.enqueue`` is false."""
-        pending = _Pending(arrival, fingerprint)
+        return self.accept_prepared(prepare(self.services.blind_index, arrival, fingerprint))
+
+    def accept_prepared(self, prepared: Prepared, timeout_s: float | None = None) -> Accepted:
+        """``accept`` for a message prepared already; waits ``timeout_s`` (default: the intake's)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        pending = _Pending(prepared)
         self._writer.put(pending)
-        if not pending.done.wait(self.timeout_s):
+        if not pending.done.wait(timeout_s):
             pending.abandoned = True
             holder = self.services.db.writer_holder()
             waited = f" (SQLite writer turn held by {holder})" if holder else ""
-            raise IntakeUnavailable(f"not written within {self.timeout_s:g} s{waited}")
+            raise IntakeUnavailable(f"not written within {timeout_s:g} s{waited}")
         if pending.error is not None:
             raise IntakeUnavailable(f"not written: {type(pending.error).__name__}") from pending.error
         return pending.result
 
-    # -- the writer thread -----------------------------------------------------------------------
     def _write_batch(self, batch: list[_Pending]) -> None:
         batch = [pending for pending in batch if not pending.abandoned]
         if not batch:
             return
         try:
-            self._write(batch)
+            results = self.writer.write([pending.prepared for pending in batch])
         except BaseException as exc:  # never leave a caller waiting for a dead thread
-            for pending in batch:
-                if not pending.done.is_set():
-                    pending.error = exc
-                    pending.done.set()
+            results = [exc] * len(batch)
             raise
-
-    def _write(self, batch: list[_Pending]) -> None:
-        try:
-            results = self._commit(batch)
-        except Exception as exc:
-            database_down = isinstance(exc, OperationalError) or (
-                isinstance(exc, DBAPIError) and exc.connection_invalidated)
-            if len(batch) > 1 and not database_down:
-                for pending in batch:
-                    self._write([pending])
-                return
-            log.warning("outbox write failed for %d message(s): %s", len(batch), type(exc).__name__)
-            for pending in batch:
-                pending.error = exc
+        finally:
+            for pending, outcome in zip(batch, results, strict=True):
+                if isinstance(outcome, Accepted):
+                    pending.result = outcome
+                else:
+                    pending.error = outcome
                 pending.done.set()
-            return
-        metrics.CALLBACK_BATCH.observe(len(batch))
-        for pending, accepted in zip(batch, results, strict=True):
-            pending.result = accepted
-            pending.done.set()
-        for pending, accepted in zip(batch, results, strict=True):
-            if accepted.created and pending.arrival.enqueue:
-                self._publisher.put((accepted.id, pending.arrival.request_id))
+        for task in new_tasks([pending.prepared for pending in batch], results):
+            self._publisher.put(task)
 
-    def _commit(self, batch: list[_Pending]) -> list[Accepted]:
-        services = self.services
-        # A Core transaction: the ORM session's bookkeeping cost about 0.2 ms a batch here.
-        with services.db.engine.begin() as connection:
-            results = accept_many(connection, services.cipher, services.blind_index,
-                                  [pending.arrival for pending in batch])
-            services.audit.append_many(connection, [
-                received_event(services, pending, accepted)
-                for pending, accepted in zip(batch, results, strict=True) if accepted.created])
-        return results
-
-    # -- the publisher thread --------------------------------------------------------------------
     def _publish(self, tasks: list[tuple[int, str | None]]) -> None:
-        """One Redis round trip for every task waiting; on a broker failure the rows stay
-        queued and the sweeper enqueues them."""
-        try:
-            self.services.publisher.send_many(HANDLE_MESSAGE, [
-                ([message_id], {"request_id": request_id} if request_id else None)
-                for message_id, request_id in tasks])
-        except Exception as exc:  # noqa: BLE001 - any broker failure leaves the rows to the sweeper
-            log.warning("enqueue failed for %d message(s), left for the sweeper: %s",
-                        len(tasks), type(exc).__name__)
-
-
-def received_event(services, pending: _Pending, accepted: Accepted) -> Event:
-    message = pending.arrival.message
-    return Event(
-        EventType.MESSAGE_RECEIVED, actor=user_hash(services.blind_index, message.from_user),
-        outcome="accepted", request_id=pending.arrival.request_id, fingerprint=pending.fingerprint,
-        payload={"message_id": accepted.id, "msg_type": message.msg_type,
-                 "event": getattr(message, "event", None), "agent_id": getattr(message, "agent_id", None)})
+        publish(self.services, tasks)

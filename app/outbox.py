@@ -1,7 +1,7 @@
 """The outbox: every accepted WeCom message is a row here until it is answered.
 
-The callback accepts messages (``accept_many``, in the group commit of ``app.intake``: the rows,
-encrypted, status ``queued``); the worker ``claim``s one with a lease (a compare-and-set on status,
+The callback accepts messages (``prepare`` on the request thread, then ``accept_many`` in the group
+commit of ``app.intake``: the rows, encrypted, status ``queued``); the worker ``claim``s one with a lease (a compare-and-set on status,
 so two deliveries of the same task never both run it, and a dead worker's lease simply expires),
 and the sweeper re-enqueues rows that nobody is working on. A user's messages are claimed strictly in arrival order.
 """
@@ -48,8 +48,55 @@ class Arrival:
     enqueue: bool = True  # the intake publishes the new row's task (the AI bot channel does it itself)
 
 
-def accept_many(session: Session | Connection, cipher: FieldCipher, blind_index: BlindIndex,
-                arrivals: list[Arrival]) -> list[Accepted]:
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """An arrival reduced to the values its write needs: the hashes and the payload's JSON are
+    worked out on the request thread, so the writer (a thread of this process, or the intake
+    server: ``app.intake_server``) does little but the transaction. Plain values, in the order
+    ``to_wire`` sends them; ``user`` and ``payload`` are the plaintexts that the writer seals
+    with the new row's id."""
+
+    dedup_hash: str
+    channel: str
+    agent_id: int | None
+    user_hash: str
+    msg_type: str
+    event: str | None
+    create_time: int
+    request_id: str | None
+    stream_id: str | None
+    user: str
+    payload: str
+    fingerprint: str | None = None
+    enqueue: bool = True
+
+    def to_wire(self) -> list:
+        return [getattr(self, name) for name in self.__slots__]
+
+    @classmethod
+    def from_wire(cls, values: list) -> Prepared:
+        """The inverse of ``to_wire``; a ``TypeError``/``ValueError`` names what does not fit."""
+        if not isinstance(values, list) or len(values) != len(cls.__slots__):
+            raise ValueError("not a prepared arrival")
+        prepared = cls(*values)
+        for name in ("dedup_hash", "channel", "user_hash", "msg_type", "user", "payload"):
+            if not isinstance(getattr(prepared, name), str):
+                raise TypeError(f"{name} is not a string")
+        if type(prepared.create_time) is not int:
+            raise TypeError("create_time is not an integer")
+        return prepared
+
+
+def prepare(blind_index: BlindIndex, arrival: Arrival, fingerprint: str | None = None) -> Prepared:
+    m = arrival.message
+    return Prepared(
+        blind_index("wecom-dedup", f"{arrival.channel}:{m.dedup_key}"), arrival.channel, m.agent_id,
+        user_hash(blind_index, m.from_user), m.msg_type, m.event, int(m.create_time),
+        arrival.request_id, arrival.stream_id, m.from_user,
+        json.dumps(_payload_of(m), ensure_ascii=False, default=str), fingerprint, arrival.enqueue)
+
+
+def accept_many(session: Session | Connection, cipher: FieldCipher, arrivals: list[Prepared]) -> list[Accepted]:
     """Insert the messages as queued rows, in order, or find the rows WeCom's retries duplicate.
 
     The caller owns the transaction. ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on the
@@ -63,34 +110,30 @@ def accept_many(session: Session | Connection, cipher: FieldCipher, blind_index:
         return []
     sql = DriverStatements(session)
     now = sql.time(utcnow())
-    rows = []
+    values = []
     for a in arrivals:
-        m = a.message
-        rows.append((blind_index("wecom-dedup", f"{a.channel}:{m.dedup_key}"), a.channel, m.agent_id,
-                     user_hash(blind_index, m.from_user), m.msg_type, m.event, int(m.create_time),
-                     a.request_id, a.stream_id, MessageStatus.QUEUED, 0, 0, now, now, now))
-    created = dict(sql.execute(_insert_sql(len(rows)), [value for row in rows for value in row]))
-    missing = list({row[0] for row in rows if row[0] not in created})
+        values += (a.dedup_hash, a.channel, a.agent_id, a.user_hash, a.msg_type, a.event, a.create_time,
+                   a.request_id, a.stream_id, MessageStatus.QUEUED, 0, 0, now, now, now)
+    created = dict(sql.execute(_insert_sql(len(arrivals)), values))
+    missing = list({a.dedup_hash for a in arrivals if a.dedup_hash not in created})
     existing = {}
     if missing:
         existing = {dedup: (row_id, stream_id)
                     for dedup, row_id, stream_id in sql.execute(_find_sql(len(missing)), missing)}
     results, seals, first_stream = [], [], {}
-    for arrival, row in zip(arrivals, rows, strict=True):
-        dedup = row[0]
-        row_id = created.get(dedup)
+    for a in arrivals:
+        row_id = created.get(a.dedup_hash)
         if row_id is None:  # a retry of a message accepted before
-            known_id, known_stream = existing[dedup]
+            known_id, known_stream = existing[a.dedup_hash]
             results.append(Accepted(known_id, False, known_stream))
             continue
-        if dedup in first_stream:  # a retry of a message earlier in this batch
-            results.append(Accepted(row_id, False, first_stream[dedup]))
+        if a.dedup_hash in first_stream:  # a retry of a message earlier in this batch
+            results.append(Accepted(row_id, False, first_stream[a.dedup_hash]))
             continue
-        first_stream[dedup] = arrival.stream_id
-        payload = json.dumps(_payload_of(arrival.message), ensure_ascii=False, default=str)
-        seals.append((cipher.encrypt(arrival.message.from_user, TABLE, "user_enc", row_id),
-                      cipher.encrypt(payload, TABLE, "payload_enc", row_id), row_id))
-        results.append(Accepted(row_id, True, arrival.stream_id))
+        first_stream[a.dedup_hash] = a.stream_id
+        seals.append((cipher.encrypt(a.user, TABLE, "user_enc", row_id),
+                      cipher.encrypt(a.payload, TABLE, "payload_enc", row_id), row_id))
+        results.append(Accepted(row_id, True, a.stream_id))
     sql.executemany(_SEAL, seals)
     return results
 

@@ -43,7 +43,12 @@ class Services:
 
     @cached_property
     def intake(self):
-        """The callbacks' group commit (one writer thread per process, started on first use)."""
+        """The callbacks' group commit: the intake server's client when one runs (gunicorn),
+        else a writer thread in this process, started on first use."""
+        if self.settings.intake_socket:
+            from app.intake_client import RemoteIntake
+
+            return RemoteIntake(self, self.settings.intake_socket)
         from app.intake import Intake
 
         return Intake(self)

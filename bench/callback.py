@@ -150,6 +150,7 @@ def main() -> None:
     bare_port = free_port()
     stack.start_process("web", [sys.executable, "-m", "gunicorn", "app:create_app()"])
     stack.env["WEB_BIND"] = f"127.0.0.1:{bare_port}"
+    stack.env["INTAKE_SERVER"] = "0"  # the bare endpoint writes nothing
     stack.start_process("bare", [sys.executable, "-m", "gunicorn", "bench.bare_app:app"])
     try:
         wait_for(stack._web_ready, 60, what="gunicorn (app)")
