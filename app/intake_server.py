@@ -19,8 +19,9 @@ request thread of a web process has a connection of its own), so answers need no
 socket's directory is the service user's alone (mode 0700, the socket 0600).
 
 Lingering: a batch waits up to ``linger_s`` for more requests while other connections sent one
-within the last ``ACTIVE_S`` (like PostgreSQL's ``commit_delay`` with ``commit_siblings``), since
-a commit costs about as much as the next several messages' rows. A lone client never waits.
+within the last ``ACTIVE_S`` and new ones keep coming (like PostgreSQL's ``commit_delay`` with
+``commit_siblings``), since a commit costs about as much as the next several messages' rows. A
+lone client never waits.
 """
 
 from __future__ import annotations
@@ -224,8 +225,9 @@ class IntakeServer:
         """Wait a little for the requests that other busy connections are about to send.
 
         Requests spread over connections (a web process's threads take turns), so a connection
-        that sent recently is only a hint: lingering that gathers nothing three times in a row
-        is left off for the next ``LINGER_REST`` batches, then tried again."""
+        that sent recently is only a hint: the wait ends when a quarter of ``linger_s`` passes
+        without a new request, and lingering that gathers nothing three times in a row is left
+        off for the next ``LINGER_REST`` batches, then tried again."""
         if self.linger_s <= 0:
             return
         if self._linger_rest:
@@ -233,6 +235,7 @@ class IntakeServer:
             return
         before = len(self._pending)
         deadline = time.monotonic() + self.linger_s
+        gap = self.linger_s / 4
         while len(self._pending) < self.max_batch:
             now = time.monotonic()
             waiting = {id(connection) for connection, _, _ in self._pending}
@@ -240,7 +243,10 @@ class IntakeServer:
                            for c in self._connections.values())
             if not siblings or now >= deadline:
                 break
-            self._poll(deadline - now)
+            had = len(self._pending)
+            self._poll(min(deadline - now, gap))
+            if len(self._pending) == had:  # nothing came within the gap: the rest is far off
+                break
         if len(self._pending) > before:
             self._fruitless = 0
         else:
