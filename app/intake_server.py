@@ -259,6 +259,8 @@ class IntakeServer:
         batch, self._pending = self._pending[:self.max_batch], self._pending[self.max_batch:]
         prepared = [p for _, p, _ in batch if p is not None]
         outcomes = self.writer.write(prepared) if prepared else []
+        self.stats["batches"] += 1
+        self.stats["messages"] += len(batch)
         written = iter(outcomes)
         for connection, p, refusal in batch:
             outcome = next(written) if p is not None else None
@@ -267,8 +269,6 @@ class IntakeServer:
             else:
                 answer = {"error": refusal or f"not written: {type(outcome).__name__}"}
             self._send(connection, encode(answer))
-        self.stats["batches"] += 1
-        self.stats["messages"] += len(batch)
         tasks = new_tasks(prepared, outcomes)
         if tasks:
             self.publisher.put(tasks)
