@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 
+from app import metrics
 from app.intake import Intake, IntakeUnavailable
 from app.intake_server import HEADER, MAX_FRAME, encode
 from app.outbox import Accepted, Arrival, Prepared, prepare
@@ -67,6 +68,7 @@ class RemoteIntake:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntakeUnavailable(f"not written within {self.timeout_s:g} s")
+        metrics.INTAKE_FALLBACKS.inc()
         return self.fallback.accept_prepared(prepared, remaining)
 
     @property

@@ -15,6 +15,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from app import metrics
 from app.intake import IntakeUnavailable
 from app.intake_client import RemoteIntake
 from app.intake_server import HEADER, MAX_FRAME, IntakeServer, encode
@@ -165,10 +166,12 @@ def test_a_frame_larger_than_any_message_closes_the_connection(server, socket_pa
 
 def test_without_a_server_the_client_writes_in_process(services, socket_path, caplog):
     client = RemoteIntake(services, socket_path)  # nothing listens there
+    fallbacks = metrics.INTAKE_FALLBACKS._value.get()
     with caplog.at_level("WARNING", logger="app.intake_client"):
         first = client.accept(Arrival(_message(services, 1)))
         second = client.accept(Arrival(_message(services, 1)))
     assert first.created and not second.created and second.id == first.id
+    assert metrics.INTAKE_FALLBACKS._value.get() == fallbacks + 2
     assert "unreachable" in caplog.text and caplog.text.count("unreachable") == 1  # said once
     with services.db.session() as session:
         assert services.audit.verify(session).ok
