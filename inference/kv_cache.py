@@ -115,6 +115,47 @@ class LayerCache:
         self.length += n
         return ctx
 
+    def row_slots(self) -> tuple[int, int, int, int, int, int]:
+        """Where a kernel that appends one position itself (the compiled one-row decode of
+        `inference/models/cpu_decode.py`) writes it, room made first: (the slot of its key and
+        value, the undo slot that slot's old contents go to or -1, the norm-log index or -1, the
+        block-norm index or -1, window keys, node keys). Its query attends to slots `[0, window)`
+        and `[window, window + nodes)`: what `extend` hands a single query. `row_appended` ends
+        the append; between the two the cache must not be touched."""
+        start, w = self.length, self.window
+        if w is None:
+            self._reserve(start + 1)
+            return start, -1, -1, -1, start + 1, 0
+        local = min(start + 1, w)
+        nodes = self._valid_nodes(start) if local == w else 0
+        undo = start % ROLLBACK_LIMIT if start >= w else -1
+        return start % w, undo, start % self._norm_log.numel(), self._filled, local, nodes
+
+    def row_appended(self) -> None:
+        """After a kernel wrote position `length` where `row_slots` said: elect the node of the
+        block it completed, and count it. The election comes after the ring write here (it
+        precedes it in `extend`): the elected key is the new one or still in the ring either
+        way, since a block is never longer than the window."""
+        if self.window is not None:
+            if self._filled + 1 < self.interval:
+                self._filled += 1
+            else:
+                self._elect_filled_block()
+        self.length += 1
+
+    def _elect_filled_block(self) -> None:
+        """`_elect` for the block that position `length` completes, its norms all in
+        `_block_norms` and its keys in the ring."""
+        w = self.window
+        # argmax returns the first maximal index: ties go to the earliest position.
+        position = self.length - self.interval + 1 + int(self._block_norms.argmax())
+        base = w + self.num_nodes
+        self._reserve(base + 1)
+        self.k[:, base] = self.k[:, position % w]
+        self.v[:, base] = self.v[:, position % w]
+        self.node_positions.append(position)
+        self._filled = 0
+
     def truncate(self, length: int) -> None:
         """Drop positions `[length, self.length)`, as if they had never been appended."""
         if not 0 <= length <= self.length:

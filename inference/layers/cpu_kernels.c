@@ -1,57 +1,72 @@
 /* fp32 CPU kernels for decoding a few rows: a matrix product that reads each weight once for all
- * of them, and a decoder layer's work around its attention in two calls.
+ * of them, a decoder layer's work around its attention in two calls, and a whole layer for one
+ * decode row.
  *
  * The product, Y = X W^T (+ bias):
  * W is [N, K] row-major (output-major, as checkpoints store it). Each thread takes a contiguous
- * run of rows, so it streams one unbroken stretch of memory, four rows at a time against the
- * same x (which stays in L1). The work is bound by reading W; nothing here is clever beyond
- * keeping the loads sequential and the thread split even. Built by cpu_kernels.py with the
- * compiler's -march=native, so the AVX-512 path below is taken where the CPU has it and the
- * portable loop (vectorised by the compiler) elsewhere (or with -DWECOM_GEMV_PORTABLE).
+ * run of weight rows and reads them one after another, each row once for all the rows of X (up
+ * to four at a time against it; the row stays in L1 for the next four), so a thread's loads are
+ * one unbroken sequential stream. The work is bound by reading W. That one stream matters: on the
+ * 2-core AVX-512 EPYC this was measured on (4 Dec 2026, all the weights of a 132M GLM-4, 2
+ * threads), reading four weight rows side by side (four streams a few KB apart) took 0.92 of a
+ * plain `sum`'s bandwidth at 50 GB/s and 0.87 at 80 GB/s, one row at a time 1.00 and 0.98.
+ * Built by cpu_kernels.py with the compiler's -march=native, so the AVX-512 path below is taken
+ * where the CPU has it and the portable loop (vectorised by the compiler) elsewhere (or with
+ * -DWECOM_GEMV_PORTABLE).
  *
- * Summation order per row depends only on K and the build, never on N, the thread count or the
- * rows beside it: a row's result is the same bits in every call.
+ * Summation order per output depends only on K and the build, never on N, the thread count or
+ * the rows beside it: a row's result is the same bits in every call.
  */
+#include <math.h>
 #include <stddef.h>
 
 #if defined(__AVX512F__) && !defined(WECOM_GEMV_PORTABLE)
 #include <immintrin.h>
+#define WECOM_AVX512 1
 
-static void rows4(const float *w, const float *x, float *y, long K) {
-    const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+/* y[r * ldy] = w . x[r * ldx] for R (1-4) rows of x: per row four partial sums of 16 lanes over
+ * 64-wide blocks, the 16-wide and masked tails into the first, then ((a0 + a1) + (a2 + a3)).
+ * Four independent sums keep four loads of w in flight. Inlined with R a constant. */
+static inline __attribute__((always_inline)) void dots(const float *w, const float *x, long ldx, float *y,
+                                                       long ldy, long K, int R) {
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++)
+            a[r][j] = _mm512_setzero_ps();
     long k = 0;
-    for (; k + 16 <= K; k += 16) {
-        __m512 xv = _mm512_loadu_ps(x + k);
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + k), xv, a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + k), xv, a1);
-        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + k), xv, a2);
-        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + k), xv, a3);
+    for (; k + 64 <= K; k += 64)
+        for (int j = 0; j < 4; j++) {
+            __m512 wv = _mm512_loadu_ps(w + k + 16 * j);
+            for (int r = 0; r < R; r++)
+                a[r][j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * ldx + k + 16 * j), a[r][j]);
+        }
+    for (; k < K; k += 16) {
+        __mmask16 m = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        __m512 wv = _mm512_maskz_loadu_ps(m, w + k);
+        for (int r = 0; r < R; r++)
+            a[r][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + r * ldx + k), a[r][0]);
     }
-    if (k < K) {
-        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-        __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + k), xv, a0);
-        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + k), xv, a1);
-        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + k), xv, a2);
-        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + k), xv, a3);
-    }
-    y[0] = _mm512_reduce_add_ps(a0);
-    y[1] = _mm512_reduce_add_ps(a1);
-    y[2] = _mm512_reduce_add_ps(a2);
-    y[3] = _mm512_reduce_add_ps(a3);
+    for (int r = 0; r < R; r++)
+        y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]),
+                                                        _mm512_add_ps(a[r][2], a[r][3])));
 }
 
 static float row1(const float *w, const float *x, long K) {
-    __m512 a = _mm512_setzero_ps();
-    long k = 0;
-    for (; k + 16 <= K; k += 16)
-        a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(x + k), a);
-    if (k < K) {
-        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w + k), _mm512_maskz_loadu_ps(m, x + k), a);
+    float y;
+    dots(w, x, 0, &y, 0, K, 1);
+    return y;
+}
+
+/* one weight row against R rows of x, four at a time */
+static void weight_row(const float *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
+    long r = 0;
+    for (; r + 4 <= R; r += 4)
+        dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 4);
+    switch (R - r) {
+    case 3: dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 3); break;
+    case 2: dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 2); break;
+    case 1: dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 1); break;
     }
-    return _mm512_reduce_add_ps(a);
 }
 
 #else /* portable: 8 partial sums per row, in a fixed order the compiler can vectorise */
@@ -71,44 +86,99 @@ static float row1(const float *restrict w, const float *restrict x, long K) {
     return s;
 }
 
-static void rows4(const float *w, const float *x, float *y, long K) {
-    for (int r = 0; r < 4; r++)
-        y[r] = row1(w + r * K, x, K);
+static void weight_row(const float *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
+    for (long r = 0; r < R; r++)
+        y[r * ldy] = row1(w, x + r * ldx, K);
 }
 #endif
 
 /* Y[R, N] = X[R, K] W[N, K]^T (+ bias[N] when bias is not NULL), on `threads` OpenMP threads;
- * row r of X at X + r * ldx, of Y at Y + r * ldy. Each group of four weight rows is read from
- * memory once and applied to every row of X from the L1 cache: a few rows (a speculative
- * verify, a small batch) cost about what one does. */
+ * row r of X at X + r * ldx, of Y at Y + r * ldy. Each weight row is read from memory once and
+ * applied to every row of X from the L1 cache: a few rows (a speculative verify, a small batch)
+ * cost about what one does. */
 void wecom_gemm_f32(const float *W, const float *X, long ldx, const float *bias, float *Y, long ldy,
                     long R, long N, long K, int threads) {
-    long groups = N / 4;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (long g = 0; g < groups; g++)
-        for (long r = 0; r < R; r++)
-            rows4(W + 4 * g * K, X + r * ldx, Y + r * ldy + 4 * g, K);
-    for (long n = 4 * groups; n < N; n++)
-        for (long r = 0; r < R; r++)
-            Y[r * ldy + n] = row1(W + n * K, X + r * ldx, K);
+    for (long n = 0; n < N; n++)
+        weight_row(W + n * K, X, ldx, Y + n, ldy, K, R);
     if (bias != NULL)
         for (long r = 0; r < R; r++)
             for (long n = 0; n < N; n++)
                 Y[r * ldy + n] += bias[n];
 }
 
+/* ---- exp over arrays ---------------------------------------------------------------------------
+ * A layer's SiLU (2 * intermediate values) and its attention's softmax call exp thousands of times
+ * a step; libm's expf one value at a time took ~12 us a layer of the 132M GLM-4, serial, while
+ * the other thread waited. The AVX-512 path evaluates 16 at a time: exp(x) = 2^n exp(r) with
+ * x = n ln2 + r, |r| <= ln2 / 2, exp(r) = 1 + r + r^2 P(r) with P Cephes' degree-5 minimax
+ * polynomial for expf (about 1 ulp), 2^n applied by scalef (which also gives 0 and inf past the
+ * range). Elsewhere expf.
+ */
+#ifdef WECOM_AVX512
+static inline __m512 exp16(__m512 x) {
+    const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
+    /* past these exp is inf or 0 in fp32 (and +-inf would make r NaN); min/max return their second
+     * operand when one is NaN, so a NaN passes through */
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2_lo, _mm512_fnmadd_ps(n, ln2_hi, x));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* s[i] = exp(s[i] - top) for n values; returns their sum */
+static float exp_shifted(float *s, long n, float top) {
+    long i = 0;
+    float total = 0;
+#ifdef WECOM_AVX512
+    __m512 acc = _mm512_setzero_ps(), t = _mm512_set1_ps(top);
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + i), t)));
+        _mm512_mask_storeu_ps(s + i, m, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    total = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++)
+        total += s[i] = expf(s[i] - top);
+    return total;
+}
+
+/* out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i] (exported for the tests) */
+void wecom_silu_mul(const float *g, const float *u, float *out, long n) {
+    long i = 0;
+#ifdef WECOM_AVX512
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)),
+                                                _mm512_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++)
+        out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 /* ---- a decoder layer around its attention ---------------------------------------------------
  * At one row a layer is ~45 small torch ops besides its four matmuls, each a few microseconds of
  * dispatch and Python, on caches the weight streams just emptied. These two calls do everything
- * but the attention itself (which needs the cache, and stays in Python):
+ * but the attention itself (which needs the cache, and stays in Python for several rows):
  *   pre:  x = rmsnorm(h) ; p = W_qkv x (+ b) ; rotary on the q and k heads of p ; |h|
  *   post: o = W_o a ; [o = rmsnorm(o)] ; h2 = h + o ; x = rmsnorm(h2) ; g = W_gu x ;
  *         m = W_down (silu(g[:I]) * g[I:]) ; [m = rmsnorm(m)] ; out = h2 + m
  * the bracketed norms being GLM-4's sandwich norms. Same formulas as the torch layers
  * (inference/layers/norm.py, rotary.py, activation.py), in fp32.
  */
-#include <math.h>
-
 typedef struct {
     long hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, proj_rows;
     float eps;
@@ -121,6 +191,8 @@ typedef struct {
     const float *gate_up;        /* [2 * intermediate, hidden] */
     const float *down;           /* [hidden, intermediate] */
     const float *post_mlp_norm;  /* [hidden] or NULL */
+    int routed;                  /* the projection's rows after q/k/v start with the router's 3 logits */
+    float route_threshold;       /* routed: a path whose weight is below it is dropped */
 } wecom_layer;
 
 static float sum_squares(const float *x, long n) {
@@ -188,12 +260,8 @@ void wecom_layer_post(const wecom_layer *L, long R, const float *h, const float 
         rmsnorm(outrow, L->pre_mlp_norm, L->eps, H, x + r * H);
     }
     wecom_gemm_f32(L->gate_up, x, H, NULL, g, 2 * I, R, 2 * I, H, L->threads);
-    for (long r = 0; r < R; r++) {
-        const float *grow = g + r * 2 * I;
-        float *arow = act + r * I;
-        for (long i = 0; i < I; i++)
-            arow[i] = grow[i] / (1.0f + expf(-grow[i])) * grow[I + i];
-    }
+    for (long r = 0; r < R; r++)
+        wecom_silu_mul(g + r * 2 * I, g + r * 2 * I + I, act + r * I, I);
     wecom_gemm_f32(L->down, act, I, NULL, o, H, R, H, I, L->threads);
     for (long r = 0; r < R; r++) {
         float *orow = o + r * H, *outrow = out + r * H;
@@ -202,4 +270,162 @@ void wecom_layer_post(const wecom_layer *L, long R, const float *h, const float 
         for (long i = 0; i < H; i++)
             outrow[i] += orow[i];
     }
+}
+
+/* ---- one decode row through a whole layer, its cache and attention included -----------------
+ * Between the two calls above a single sequence's decode row spent ~25 us a layer (0.3 ms a step
+ * of the 132M GLM-4) in Python and ATen: cache writes, the undo log, views, SDPA's dispatch, on
+ * caches the weight streams had just emptied. `wecom_layer_decode` does the pre call, writes the row's key, value
+ * and node norm into the cache (`inference/kv_cache.py`'s `LayerCache`, whose bookkeeping stays
+ * in Python: it says where they go), attends, and does the post call. The attention is
+ * `inference/layers/attention.py`'s for one query: one softmax over the window and the valid key
+ * nodes (dense and union), or in routed mode p_local * Attn(window) + p_global * Attn(nodes) with
+ * the router's softmax thresholded; a path whose weight is 0, or nodes when there are none, is
+ * not computed.
+ */
+typedef struct {
+    float *k, *v;           /* [kv_heads, slots, head_dim]: the layer's cached keys and values */
+    long slots;             /* slots per kv head */
+    long slot;              /* where the row's key and value go */
+    float *undo_k, *undo_v; /* [kv_heads, undo_slots, head_dim]: what `slot` held is copied to
+                             * undo slot `undo_slot` first; NULL: nothing is kept */
+    long undo_slots, undo_slot;
+    float *norm_log, *block_norm; /* where the row's node norm (|h|) is noted; NULL: nowhere */
+    long local, nodes;      /* the row attends to slots [0, local) (its window, the row's own
+                             * included) and [local, local + nodes) (the key nodes it sees) */
+} wecom_kv_row;
+
+/* softmax(q . K[j] * scale) . V over `keys` rows of K and V (row stride head_dim), into out */
+static void attend_one(const float *q, const float *K, const float *V, long keys, long d, float *scores,
+                       float *out) {
+    float scale = 1.0f / sqrtf((float)d), top = -INFINITY;
+    for (long j = 0; j < keys; j++) {
+        scores[j] = row1(K + j * d, q, d) * scale;
+        top = scores[j] > top ? scores[j] : top;
+    }
+    float total = exp_shifted(scores, keys, top);
+    for (long i = 0; i < d; i++)
+        out[i] = 0;
+    for (long j = 0; j < keys; j++) {
+        const float *vrow = V + j * d;
+        for (long i = 0; i < d; i++)
+            out[i] += scores[j] * vrow[i];
+    }
+    for (long i = 0; i < d; i++)
+        out[i] /= total;
+}
+
+/* (p_local, p_global) of softmax(logits[0..2]), each zeroed below the threshold */
+static void route(const float *logits, float threshold, float *p) {
+    float top = logits[0];
+    for (int i = 1; i < 3; i++)
+        top = logits[i] > top ? logits[i] : top;
+    float e[3], total = 0;
+    for (int i = 0; i < 3; i++)
+        total += e[i] = expf(logits[i] - top);
+    for (int i = 0; i < 2; i++) {
+        p[i] = e[i] / total;
+        if (threshold > 0 && !(p[i] >= threshold))
+            p[i] = 0;
+    }
+}
+
+/* One row: h [hidden] in, out [hidden]; rotation: rotary_dim / 2 (cos, sin) pairs. scratch:
+ * proj_rows + hidden + heads * (head_dim + local + nodes) + 2 * hidden + 3 * intermediate floats */
+void wecom_layer_decode(const wecom_layer *L, const wecom_kv_row *C, const float *h, const float *rotation,
+                        float *out, float *scratch) {
+    long H = L->hidden, d = L->head_dim, heads = L->heads, kv = L->kv_heads, rep = heads / kv;
+    long keys = C->local + C->nodes;
+    float *proj = scratch, *x = proj + L->proj_rows, *attn = x + H, *scores = attn + heads * d,
+          *post = scores + heads * keys;
+    float norm;
+    wecom_layer_pre(L, 1, h, rotation, proj, x, &norm);
+    if (C->norm_log != NULL)
+        *C->norm_log = norm;
+    if (C->block_norm != NULL)
+        *C->block_norm = norm;
+    for (long g = 0; g < kv; g++) {
+        float *kslot = C->k + (g * C->slots + C->slot) * d, *vslot = C->v + (g * C->slots + C->slot) * d;
+        if (C->undo_k != NULL) {
+            long u = (g * C->undo_slots + C->undo_slot) * d;
+            for (long i = 0; i < d; i++) {
+                C->undo_k[u + i] = kslot[i];
+                C->undo_v[u + i] = vslot[i];
+            }
+        }
+        const float *knew = proj + (heads + g) * d, *vnew = proj + (heads + kv + g) * d;
+        for (long i = 0; i < d; i++) {
+            kslot[i] = knew[i];
+            vslot[i] = vnew[i];
+        }
+    }
+    float gate[2] = {1, 0};
+    if (L->routed)
+        route(proj + (heads + 2 * kv) * d, L->route_threshold, gate);
+#pragma omp parallel for schedule(static) num_threads(L->threads)
+    for (long head = 0; head < heads; head++) {
+        const float *q = proj + head * d;
+        const float *K = C->k + (head / rep) * C->slots * d, *V = C->v + (head / rep) * C->slots * d;
+        float *o = attn + head * d, *s = scores + head * keys;
+        if (!L->routed) {
+            attend_one(q, K, V, keys, d, s, o);
+            continue;
+        }
+        float part[d];
+        for (long i = 0; i < d; i++)
+            o[i] = 0;
+        if (gate[0] > 0) {
+            attend_one(q, K, V, C->local, d, s, part);
+            for (long i = 0; i < d; i++)
+                o[i] += gate[0] * part[i];
+        }
+        if (gate[1] > 0 && C->nodes > 0) {
+            attend_one(q, K + C->local * d, V + C->local * d, C->nodes, d, s, part);
+            for (long i = 0; i < d; i++)
+                o[i] += gate[1] * part[i];
+        }
+    }
+    wecom_layer_post(L, 1, h, attn, out, post);
+}
+
+/* ---- one decode token through a whole model ---------------------------------------------------
+ * The embedding row, the rotation of its position, every decoder layer (`wecom_layer_decode`,
+ * each with its cache row) and the final norm in one call: nothing of Python or ATen runs between
+ * the layers' weight streams (`inference/models/cpu_step.py` says why that matters). The rotation
+ * is the torch model's: angle_i = (float)position * inv_freq[i], (cos, sin) of it in fp32.
+ */
+typedef struct {
+    long layers;
+    const wecom_layer *const *layer; /* [layers] */
+    const float *embedding;          /* [vocab, hidden] */
+    long vocab;
+    const float *inv_freq;           /* [rotary_pairs] */
+    long rotary_pairs;
+    const float *norm;               /* [hidden]: the final norm */
+    float eps;
+} wecom_model;
+
+/* out [hidden]: the final-normed hidden state of `token` at `position`; rows[i]: layer i's cache
+ * row. scratch: 2 * hidden + 2 * rotary_pairs plus the most any layer's `wecom_layer_decode` takes.
+ * Returns 0, or -1 (having written nothing) when the token is not in the vocabulary. */
+int wecom_decode_step(const wecom_model *M, const wecom_kv_row *rows, const long long *token,
+                      const long long *position, float *out, float *scratch) {
+    if (*token < 0 || *token >= M->vocab)
+        return -1;
+    long H = M->layer[0]->hidden;
+    float *bufs[2] = {scratch, scratch + H}, *rotation = scratch + 2 * H, *rest = rotation + 2 * M->rotary_pairs;
+    float pos = (float)*position;
+    for (long i = 0; i < M->rotary_pairs; i++) {
+        float angle = pos * M->inv_freq[i];
+        rotation[2 * i] = cosf(angle);
+        rotation[2 * i + 1] = sinf(angle);
+    }
+    const float *in = M->embedding + *token * H;
+    for (long i = 0; i < M->layers; i++) {
+        float *dst = bufs[i % 2]; /* never the layer's own input */
+        wecom_layer_decode(M->layer[i], &rows[i], in, rotation, dst, rest);
+        in = dst;
+    }
+    rmsnorm(in, M->norm, M->eps, H, out);
+    return 0;
 }

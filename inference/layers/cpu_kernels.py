@@ -7,7 +7,9 @@ batch): it is bound by memory reads, and the library kernels lose time there. Me
 oneDNN's packed one-row kernel (the best library choice there) and 61 % with the same loop on
 the input-major weight. In a tight loop over the weights alone all of them read near the
 bandwidth; between the other ops of a step the library kernels fall behind. The same source
-holds the fused decoder-layer calls of `inference/models/cpu_decode.py`.
+holds the fused decoder-layer calls of `inference/models/cpu_decode.py` (a layer around its
+attention for a few rows; a whole layer, cache append and attention included, for one row) and
+the whole-model decode step of `inference/models/cpu_step.py`.
 
 `cpu_kernels.c` is compiled with the system C compiler (`CC`, else `cc`) and `-march=native` into
 a per-user cache (`INFERENCE_KERNEL_DIR`, default `~/.cache/wecom-bot/kernels`), keyed by the
@@ -120,9 +122,12 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]),
         ("wecom_layer_pre", [pointer, ctypes.c_long] + [pointer] * 5),
         ("wecom_layer_post", [pointer, ctypes.c_long] + [pointer] * 4),
+        ("wecom_layer_decode", [pointer] * 6),
+        ("wecom_decode_step", [pointer] * 6),
+        ("wecom_silu_mul", [pointer] * 3 + [ctypes.c_long]),
     ):
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int if name == "wecom_decode_step" else None
     return lib
 
 

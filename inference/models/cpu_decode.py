@@ -6,8 +6,17 @@ weight stream had just emptied (1.5 ms of a 10 ms step warm, 3-5 ms between the 
 132M GLM-4 of bench.engine). `cpu_kernels.c`'s `wecom_layer_pre` does the input norm, the q/k/v
 (and router) projection, rotary and the node norm; `wecom_layer_post` the output projection,
 GLM-4's sandwich norms, both residuals and the MLP. The attention between them is the layer's
-own (`LayerCache.extend` + `sparse_attention`, or the serving engine's paged `attend`), so every
-cache and attention mode keeps its one implementation.
+own (`LayerCache.extend` + `sparse_attention`, or the serving engine's paged `attend`).
+
+One row of a single sequence (a `LayerCache`: plain decoding, an MTP draft) takes one call instead,
+`wecom_layer_decode`: the same two halves with the cache append and the attention of one query
+between them, in C (the attention and the cache update were ~0.3 ms of Python and ATen a step).
+`LayerCache` keeps its bookkeeping: it says where the row's key, value and node norm go
+(`row_slots`) and elects nodes and counts the row afterwards (`row_appended`); the kernel writes
+them, saves what the ring slot held in the undo log, and attends to the window and the valid
+nodes exactly as `sparse_attention` does for one query (one softmax over both, or in routed mode
+the two paths weighted by the router's thresholded softmax, a path of weight 0 skipped). A whole
+model's step does the same for all its layers in one call (`inference/models/cpu_step.py`).
 
 Taken for up to `MAX_ROWS` rows (a decode step, a speculative verify, a small continuous batch;
 each weight is read once for all of them) when the kernels are built here, autograd is off, the
@@ -22,9 +31,11 @@ run on this path.
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
+from inference.kv_cache import LayerCache
 from inference.layers import cpu_kernels
 from inference.layers.attention import sparse_attention
 from inference.layers.linear import Linear, PackedLinear
@@ -43,6 +54,19 @@ class _LayerStruct(ctypes.Structure):
         ("input_norm", ctypes.c_void_p), ("proj", ctypes.c_void_p), ("proj_bias", ctypes.c_void_p),
         ("o_proj", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p), ("pre_mlp_norm", ctypes.c_void_p),
         ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p), ("post_mlp_norm", ctypes.c_void_p),
+        ("routed", ctypes.c_int), ("route_threshold", ctypes.c_float),
+    ]
+
+
+class KvRowStruct(ctypes.Structure):
+    """`wecom_kv_row` of cpu_kernels.c: where one decode row goes in a `LayerCache`, and what it
+    attends to."""
+
+    _fields_ = [
+        ("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("slots", ctypes.c_long), ("slot", ctypes.c_long),
+        ("undo_k", ctypes.c_void_p), ("undo_v", ctypes.c_void_p), ("undo_slots", ctypes.c_long),
+        ("undo_slot", ctypes.c_long), ("norm_log", ctypes.c_void_p), ("block_norm", ctypes.c_void_p),
+        ("local", ctypes.c_long), ("nodes", ctypes.c_long),
     ]
 
 
@@ -61,11 +85,7 @@ class Plan:
         """Whether every module and tensor it was made from is still in place and unmodified: the
         same objects (`is`), tensors at the same version (inference tensors have none). About
         two dozen lookups, against the ~50 us a call that re-deriving the plan cost."""
-        for holder, where, name, value, version in self.watched:
-            current = where.get(name) if where is not None else getattr(holder, name, None)
-            if current is not value or (version is not None and current._version != version):
-                return False
-        return True
+        return holds(self.watched)
 
 
 def _watch(layer) -> list[tuple]:
@@ -79,21 +99,38 @@ def _watch(layer) -> list[tuple]:
     linears = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
     if layer.router is not None:
         linears.append(layer.router)
+        entries.append((layer, "route_threshold"))  # the one-row kernel applies it
     entries += [(m, name) for m in linears for name in ("weight", "bias")]
     for name in ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"):
         norm = getattr(layer, name, None)
         if norm is not None:
             entries += [(layer, name), (norm, "weight")]
+    return watch(entries)
+
+
+def watch(entries: list[tuple]) -> list[tuple]:
+    """The `Plan.watched` entries of `(holder, attribute)` pairs, as they are now."""
     watched = []
     for holder, name in entries:
         value = getattr(holder, name)
-        where = next((d for d in (holder._parameters, holder._modules, holder._buffers) if name in d), None)
+        dicts = [getattr(holder, d, {}) for d in ("_parameters", "_modules", "_buffers")]
+        where = next((d for d in dicts if name in d), None)
         versioned = isinstance(value, torch.Tensor) and not value.is_inference()
         watched.append((holder, where, name, value, value._version if versioned else None))
     return watched
 
 
-def _norm_weight(norm) -> torch.Tensor | None:
+def holds(watched: list[tuple]) -> bool:
+    """Whether every entry of `watched` is still the same object (`is`) at the same version."""
+    for holder, where, name, value, version in watched:
+        current = where.get(name) if where is not None else getattr(holder, name, None)
+        if current is not value or (version is not None and current._version != version):
+            return False
+    return True
+
+
+def norm_weight(norm) -> torch.Tensor | None:
+    """An fp32 `RMSNorm`'s weight as the kernels read it, or None."""
     w = getattr(norm, "weight", None)
     if not isinstance(norm, RMSNorm) or w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
         return None
@@ -123,9 +160,16 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
     """The layer's plan for the rows `h`, or None where the torch layers must run."""
     if h.dim() != 2 or h.shape[0] > MAX_ROWS or h.dtype != torch.float32 or h.device.type != "cpu" or torch.is_grad_enabled():
         return None
+    made = layer_plan(layer)
+    return made if made is not None and h.shape[1] == made.hidden else None
+
+
+def layer_plan(layer) -> Plan | None:
+    """The layer's plan, remade when what it was made from changed; None where the layer is not
+    one the kernels serve. Rows and autograd are the caller's to check."""
     cached = layer.__dict__.get("_cpu_plan")
     if cached is not None and cached.still_holds():
-        return cached if h.shape[1] == cached.hidden else None
+        return cached
     layer.__dict__.pop("_cpu_plan", None)
     if not cpu_kernels.available():
         return None
@@ -134,7 +178,7 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
         return None
     linears, norms = parts
     rows = [m.output_major() for m in linears]
-    weights = [None if n is None else _norm_weight(n) for n in norms]
+    weights = [None if n is None else norm_weight(n) for n in norms]
     if any(r is None for r in rows) or weights[0] is None or weights[2] is None:
         return None
     if (norms[1] is None) != (norms[3] is None) or (norms[1] is not None and (weights[1] is None or weights[3] is None)):
@@ -147,7 +191,7 @@ def plan(layer, h: torch.Tensor) -> Plan | None:
         return None
     made.watched = _watch(layer)
     layer.__dict__["_cpu_plan"] = made
-    return made if h.shape[1] == made.hidden else None
+    return made
 
 
 def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
@@ -177,6 +221,7 @@ def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
         input_norm=ptr(norm_weights[0]), proj=ptr(rows[0]), proj_bias=ptr(proj_bias), o_proj=ptr(rows[1]),
         post_attn_norm=ptr(norm_weights[1]), pre_mlp_norm=ptr(norm_weights[2]), gate_up=ptr(rows[2]),
         down=ptr(rows[3]), post_mlp_norm=ptr(norm_weights[3]),
+        routed=layer.router is not None, route_threshold=layer.route_threshold,
     )
     # kept alive with the plan: what its pointers point into
     keep = [*rows, *[w for w in norm_weights if w is not None], linears[0].bias, proj_bias]
@@ -190,12 +235,12 @@ def forward(layer, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache)
     attn = layer.self_attn
     heads, kv_heads, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
     n = h.shape[0]
-    if rotations.shape != (n, rotations.shape[-1]) or rotations.shape[-1] * 2 > d or rotations.dtype != torch.complex64:
-        raise ValueError(f"rotations {tuple(rotations.shape)} {rotations.dtype} for {n} rows of head_dim {d}")
-    plan_.struct.threads = torch.get_num_threads()
-    plan_.struct.rotary_dim = rotations.shape[-1] * 2  # the model's, as its rotations carry it
+    rotations = _rotations(rotations, n, d)
+    _arm(plan_, rotations)
     h = h.contiguous()
-    rotations = torch.view_as_real(rotations.contiguous())
+    kv_row = row(cache, plan_) if n == 1 and type(cache) is LayerCache else None
+    if kv_row is not None:
+        return _decode_row(lib, plan_, h, rotations, cache, *kv_row)
     proj = torch.empty(n, plan_.struct.proj_rows)
     scratch = torch.empty(n, 2 * plan_.hidden + 3 * plan_.intermediate)
     norms = torch.empty(n) if attn.window is not None else None
@@ -214,3 +259,75 @@ def forward(layer, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache)
     result = torch.empty(n, plan_.hidden)
     lib.wecom_layer_post(plan_.ref, n, h.data_ptr(), a.data_ptr(), result.data_ptr(), scratch.data_ptr())
     return result
+
+
+def _rotations(rotations: torch.Tensor, n: int, d: int) -> torch.Tensor:
+    """The rotations of `n` rows as the kernels read them: (cos, sin) pairs, checked first."""
+    if rotations.shape != (n, rotations.shape[-1]) or rotations.shape[-1] * 2 > d or rotations.dtype != torch.complex64:
+        raise ValueError(f"rotations {tuple(rotations.shape)} {rotations.dtype} for {n} rows of head_dim {d}")
+    return torch.view_as_real(rotations.contiguous())
+
+
+def _arm(plan_: Plan, rotations: torch.Tensor) -> None:
+    """What a plan's struct takes from the call: the threads to use, the rotary width."""
+    plan_.struct.threads = torch.get_num_threads()
+    plan_.struct.rotary_dim = rotations.shape[-2] * 2  # the model's, as its rotations carry it
+
+
+def row(cache: LayerCache, plan_: Plan) -> tuple[KvRowStruct, int] | None:
+    """Where a decode row of the layer of `plan_` goes in `cache` (room made for it), as
+    `wecom_layer_decode` reads it, and how many keys its query attends to; None where the cache's
+    tensors are not what the kernel writes and reads (the torch layers then run). The call must
+    be followed by `cache.row_appended()`."""
+    slot, undo, logged, block, local, nodes = cache.row_slots()
+    buffers = _buffers(cache, plan_.struct.kv_heads, plan_.struct.head_dim)
+    if buffers is None:
+        return None
+    k, v, slots, undo_k, undo_v, undo_slots, norm_log, block_norms = buffers
+    if undo < 0:
+        undo_k = undo_v = None
+    if logged < 0:
+        norm_log = block_norms = None
+    else:
+        norm_log, block_norms = norm_log + 4 * logged, block_norms + 4 * block
+    return KvRowStruct(k, v, slots, slot, undo_k, undo_v, undo_slots, undo, norm_log, block_norms, local, nodes), local + nodes
+
+
+def _buffers(cache: LayerCache, heads: int, d: int) -> tuple | None:
+    """The addresses of the cache's keys, values, undo log and norms, with the slots of the keys
+    and of the undo log; None unless the keys and values are fp32 `[heads, slots, d]` on the CPU,
+    contiguous. Remembered on the cache for the tensors it holds (they change only when it grows,
+    and weakly: a cache that grew must not keep its old tensors): a decode step asks this of every
+    layer, and the ~8 tensor calls it replaces were as many cache misses there."""
+    k, v = cache.k, cache.v
+    seen = cache.__dict__.get("_cpu_buffers")
+    if seen is not None and seen[0]() is k and seen[1]() is v and seen[2] == heads and seen[3] == d:
+        return seen[4]
+    if not (k.dtype == torch.float32 and k.device.type == "cpu" and k.dim() == 3 and k.shape[0] == heads
+            and k.shape[2] == d and k.is_contiguous() and v.shape == k.shape and v.dtype == k.dtype
+            and v.device == k.device and v.is_contiguous()):
+        return None
+    buffers = (k.data_ptr(), v.data_ptr(), k.shape[1], None, None, 0, None, None)
+    if cache.window is not None:
+        undo_k, undo_v = cache._undo_k, cache._undo_v
+        buffers = (*buffers[:3], undo_k.data_ptr(), undo_v.data_ptr(), undo_k.shape[1],
+                   cache._norm_log.data_ptr(), cache._block_norms.data_ptr())
+    cache.__dict__["_cpu_buffers"] = (weakref.ref(k), weakref.ref(v), heads, d, buffers)
+    return buffers
+
+
+def row_scratch(plan_: Plan, keys: int) -> int:
+    """Floats of scratch `wecom_layer_decode` takes for a row attending to `keys` keys."""
+    s = plan_.struct
+    return s.proj_rows + 3 * plan_.hidden + s.heads * (s.head_dim + keys) + 3 * plan_.intermediate
+
+
+def _decode_row(lib, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache,
+                kv_row: KvRowStruct, keys: int) -> torch.Tensor:
+    """One row through the whole layer in one call, its cache append and attention included."""
+    scratch = torch.empty(row_scratch(plan_, keys))
+    out = torch.empty(1, plan_.hidden)
+    lib.wecom_layer_decode(plan_.ref, ctypes.addressof(kv_row), h.data_ptr(), rotations.data_ptr(), out.data_ptr(),
+                           scratch.data_ptr())
+    cache.row_appended()
+    return out

@@ -33,7 +33,7 @@ from inference.layers.attention import Attention
 from inference.layers.linear import Int8Linear, Linear, input_major, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
-from inference.models import cpu_decode
+from inference.models import cpu_decode, cpu_step
 
 
 class MLP(nn.Module):
@@ -192,6 +192,9 @@ class Glm5SparseForCausalLM(nn.Module):
         return KVCache(self.config, self.device, self.model.embed_tokens.weight.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        out = cpu_step.step(self, input_ids, positions, cache)
+        if out is not None:  # one fp32 token on CPU: the whole model in one compiled call
+            return out
         h = self.model.embed_tokens(input_ids)
         rotations = self.rotary.rotations(positions)
         for layer, layer_cache in zip(self.model.layers, cache.layers, strict=False):

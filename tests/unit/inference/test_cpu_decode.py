@@ -11,7 +11,7 @@ from inference.layers import cpu_kernels
 from inference.layers.linear import quantize_linears_
 from inference.llm import LLM
 from inference.loader import load_model
-from inference.models import cpu_decode
+from inference.models import cpu_decode, cpu_step
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.helpers import glm5_config, write_checkpoint
 
@@ -36,15 +36,23 @@ def load(tmp_path, **overrides):
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """How many layer calls took the fused path."""
+    """How many layer calls took a fused path: one layer at a time (`cpu_decode.forward`), or all
+    of a model's layers in one call (`cpu_step.step`, one entry per layer)."""
     calls = []
-    real = cpu_decode.forward
+    real, real_step = cpu_decode.forward, cpu_step.step
 
     def counting(*args):
-        calls.append(1)
+        calls.append("layer")
         return real(*args)
 
+    def counting_step(model, *args):
+        out = real_step(model, *args)
+        if out is not None:
+            calls.extend(["model"] * len(model.model.layers))
+        return out
+
     monkeypatch.setattr(cpu_decode, "forward", counting)
+    monkeypatch.setattr(cpu_step, "step", counting_step)
     return calls
 
 
@@ -53,7 +61,7 @@ def decode(model, ids, fused: bool, monkeypatch, chunks=None) -> torch.Tensor:
     chunks = chunks or [3] + [1] * (len(ids) - 3)
     with monkeypatch.context() as patch:
         if not fused:
-            patch.setattr(cpu_decode, "plan", lambda layer, h: None)
+            patch.setattr(cpu_decode, "layer_plan", lambda layer: None)  # the torch layers
         with torch.inference_mode():
             cache, out, a = model.new_cache(), [], 0
             for size in chunks:
@@ -93,7 +101,7 @@ def test_the_mtp_block_takes_it_too_and_agrees(tmp_path, monkeypatch, fused_call
     for fused in (False, True):
         with monkeypatch.context() as patch:
             if not fused:
-                patch.setattr(cpu_decode, "plan", lambda layer, h: None)
+                patch.setattr(cpu_decode, "layer_plan", lambda layer: None)  # the torch layers
             with torch.inference_mode():
                 results.append(model.mtp_forward(0, hidden, nxt, torch.tensor([0]), model.new_cache()))
     assert len(fused_calls) == 1
@@ -127,7 +135,7 @@ def test_the_paged_engine_gives_the_torch_layers_tokens_alone_and_batched(tmp_pa
     batched = [o.token_ids for o in engine.generate(prompts, params)]
     assert fused_calls
     with monkeypatch.context() as patch:
-        patch.setattr(cpu_decode, "plan", lambda layer, h: None)
+        patch.setattr(cpu_decode, "layer_plan", lambda layer: None)  # the torch layers
         plain = [LLM(model, eos_token_ids=[]).generate(p, params).token_ids for p in prompts]
     assert alone == plain[0]
     assert batched == plain
