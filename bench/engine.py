@@ -7,10 +7,12 @@
    interleaved and medians reported: the engine (model step + greedy argmax) against
    transformers `generate()`, over the whole run (prefill included) and over the decode steps
    alone, and the memory-bandwidth bound (weight bytes read per token / read bandwidth measured
-   here by summing a 1 GiB tensor), which the decode steps are set against. The
-   bandwidth is measured again before every round and each round's rate is set against its own
-   bound: on a shared VM the read bandwidth moves by half within a minute, so a bound taken once
-   at the start says little about the decode runs minutes later.
+   here by summing a 1 GiB tensor), which the decode steps are set against. The bandwidth is
+   measured right before and right after every run, and each run's rate is set against the bound
+   of the mean of those two readings: on a shared VM the read bandwidth moves between about 45
+   and 80 GB/s, at times within a second, so a bound taken once at the start says little about
+   the decode runs minutes later, and one taken only before a run is off whenever it moved during
+   that run (both ways: 0.70 and 1.27 of such a bound were seen on the same code, 4 Dec 2026).
 Targets: sparse prefill at 16k >= 2.5x dense; KV at 32k <= 1/20 of dense; decode >= 1.2x
 transformers and >= 80 % of the bound.
 """
@@ -34,6 +36,7 @@ from inference.loader import load_model
 
 HEADS, KV_HEADS, HEAD_DIM, WINDOW, INTERVAL = 8, 2, 64, 512, 64
 PROMPT, NEW_TOKENS = 32, 64
+ROUNDS = 7  # decode rounds; their medians are reported
 
 
 def best_of(fn, repeats: int) -> float:
@@ -128,29 +131,35 @@ def bench_decode() -> None:
         engine = load_model(path, ModelConfig.from_pretrained(path), "cpu")
         sparse = load_model(path, ModelConfig.from_pretrained(path, sliding_window=WINDOW, global_interval=INTERVAL), "cpu")
     prompt = torch.randint(2, hf_config.vocab_size, (PROMPT,))
-    decode_engine(engine, prompt)
+    for model in (engine, sparse):  # first calls make the kernels' plans and weight copies
+        decode_engine(model, prompt)
     decode_transformers(hf, prompt)
-    # Interleaved (bandwidth, engine, sparse, transformers) x 5 and medians: the machine is
-    # shared, so a burst of load should hit all of them alike. Whole runs (prefill included)
-    # and decode steps alone: the engine times its steps; for transformers a step is the
-    # difference between generating NEW_TOKENS and 1 token, over NEW_TOKENS - 1 steps.
+    # Interleaved (engine, sparse, transformers) x ROUNDS, a bandwidth reading between any two
+    # runs, and medians: the machine is shared, so a burst of load should hit all of them alike.
+    # Whole runs (prefill included) and decode steps alone: the engine times its steps; for
+    # transformers a step is the difference between generating NEW_TOKENS and 1 token, over
+    # NEW_TOKENS - 1 steps.
     whole = {"engine": [], "sparse": [], "hf": []}
     step = {"engine": [], "sparse": [], "hf": []}
-    bandwidths = []
+    around = {"engine": [], "sparse": [], "hf": []}  # each run's bandwidth: the mean of the readings before and after
     big = torch.ones(2**28)
-    for _ in range(5):
-        bandwidths.append(read_bandwidth(big, 3))
+    bandwidths = [read_bandwidth(big, 3)]
+    for _ in range(ROUNDS):
         for name, model in (("engine", engine), ("sparse", sparse)):
             total, per_step = decode_engine(model, prompt)
             whole[name].append(total)
             step[name].append(per_step)
+            bandwidths.append(read_bandwidth(big, 3))
+            around[name].append((bandwidths[-2] + bandwidths[-1]) / 2)
         whole["hf"].append(decode_transformers(hf, prompt))
         step["hf"].append((whole["hf"][-1] - decode_transformers(hf, prompt, 1)) / (NEW_TOKENS - 1))
+        bandwidths.append(read_bandwidth(big, 3))
+        around["hf"].append((bandwidths[-2] + bandwidths[-1]) / 2)
     del big
     bandwidth = statistics.median(bandwidths)
     print(f"\ndecode, batch 1: random GLM-4, {params / 1e6:.0f}M parameters fp32, {PROMPT}-token prompt + {NEW_TOKENS} new tokens")
     print(
-        f"weights read per token {weight_bytes / 2**20:.0f} MiB; read bandwidth per round "
+        f"weights read per token {weight_bytes / 2**20:.0f} MiB; read bandwidth between the runs "
         f"{min(bandwidths) / 1e9:.1f}-{max(bandwidths) / 1e9:.1f} GB/s (median "
         f"{bandwidth / 1e9:.1f}): bandwidth bound {bandwidth / weight_bytes:.1f} tok/s"
     )
@@ -160,17 +169,17 @@ def bench_decode() -> None:
         speedup = statistics.median(h / e for h, e in zip(whole["hf"], whole[name], strict=True))
         step_rate = 1 / statistics.median(step[name])
         step_speedup = statistics.median(h / e for h, e in zip(step["hf"], step[name], strict=True))
-        # each round's step rate against that round's bound, then the median
+        # each run's step rate against the bound of the bandwidth around it, then the median
         share = statistics.median(
-            (1 / s) / (b / weight_bytes) for s, b in zip(step[name], bandwidths, strict=True))
+            (1 / s) / (b / weight_bytes) for s, b in zip(step[name], around[name], strict=True))
         print(f"{label:>24}: {rate:6.1f} tok/s {speedup:5.2f}x transformers   "
               f"{step_rate:6.1f} tok/s {share:6.1%} of bound {step_speedup:5.2f}x transformers")
-    print("(the x-transformers figures are medians of the 5 paired runs' ratios)")
+    print(f"(the x-transformers figures are medians of the {ROUNDS} paired runs' ratios)")
 
 
 def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"read bandwidth {read_bandwidth() / 1e9:.1f} GB/s (sum of a 1 GiB fp32 tensor; measured again for each decode round)\n")
+    print(f"read bandwidth {read_bandwidth() / 1e9:.1f} GB/s (sum of a 1 GiB fp32 tensor; measured again around each decode run)\n")
     bench_prefill()
     bench_decode()
 
