@@ -167,7 +167,9 @@ class LayerCache:
             raise ValueError(f"a sparse cache rolls back at most {ROLLBACK_LIMIT} positions, never into a chunk longer than the window")
         w, g = self.window, self.interval
         if self.length > w:  # before that the dropped positions overwrote nothing
-            dropped = torch.arange(max(length, w), self.length, device=self.k.device)
+            # Only the first w dropped positions: a rollback longer than the window overwrote
+            # some slots twice, and the later overwrites saved dropped keys in the undo log.
+            dropped = torch.arange(max(length, w), min(self.length, length + w), device=self.k.device)
             self.k[:, dropped % w] = self._undo_k[:, dropped % ROLLBACK_LIMIT]
             self.v[:, dropped % w] = self._undo_v[:, dropped % ROLLBACK_LIMIT]
         complete = length // g

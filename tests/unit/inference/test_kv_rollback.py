@@ -38,6 +38,30 @@ def test_truncate_then_extend_matches_a_cache_that_never_saw_the_rejected(total)
     assert spec.node_positions == ref.node_positions
 
 
+@pytest.mark.parametrize("window", [4, 8])
+@pytest.mark.parametrize("chunks", [[1] * ROLLBACK_LIMIT, [3, 1, 4, 2, 4, 1, 1]], ids=["tokens", "chunks"])
+def test_a_rollback_longer_than_the_window_restores_it(window, chunks):
+    """Small windows: the dropped positions wrap the ring, so a slot was overwritten more than
+    once and only its first overwrite saved what the kept positions need."""
+    g, heads, d, total = 2, 2, 8, 30
+    k, v = torch.randn(heads, total + 8, d), torch.randn(heads, total + 8, d)
+    norms = _tie_free_norms(total + 8)
+    ref, spec = (LayerCache(heads, d, window, g, torch.float32, "cpu") for _ in range(2))
+    for cache in (ref, spec):
+        cache.extend(k[:, :total], v[:, :total], norms[:total])
+    for n in chunks:  # each no longer than the window: the undo log covers them
+        spec.extend(torch.randn(heads, n, d), torch.randn(heads, n, d), torch.full((n,), 1e6))
+    assert spec.length - total == sum(chunks) == ROLLBACK_LIMIT > window
+    spec.truncate(total)
+    assert spec.node_positions == ref.node_positions
+    for step in range(total, total + 8):
+        a = ref.extend(k[:, step : step + 1], v[:, step : step + 1], norms[step : step + 1])
+        b = spec.extend(k[:, step : step + 1], v[:, step : step + 1], norms[step : step + 1])
+        torch.testing.assert_close(b.keys, a.keys)
+        torch.testing.assert_close(b.values, a.values)
+    assert spec.node_positions == ref.node_positions
+
+
 def test_truncate_refuses_to_roll_back_too_far():
     cache = LayerCache(1, 4, 16, 4, torch.float32, "cpu")
     cache.extend(torch.randn(1, 40, 4), torch.randn(1, 40, 4), _tie_free_norms(40))
