@@ -96,7 +96,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, fast = self.weight, self._fp32
-        if fast is not None and fast.weight is w and fast.bias is self.bias and not torch.is_grad_enabled():
+        if fast is not None and fast.follows(w, self.bias) and not torch.is_grad_enabled():
             return fast(x) if x.dim() == 2 else fast(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
         if torch.is_grad_enabled() or w.device.type != "cpu" or x.dtype != w.dtype:
             return F.linear(x, w, self.bias)
@@ -120,7 +120,7 @@ class Linear(nn.Linear):
         w, fast = self.weight, self._fp32
         if w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous():
             return w  # output-major already (a model built in code rather than loaded)
-        if fast is None or fast.weight is not w or fast.bias is not self.bias:
+        if fast is None or not fast.follows(w, self.bias):
             if w.dtype != torch.float32 or w.device.type != "cpu" or not w.t().is_contiguous():
                 return None
             fast = self._fp32 = Fp32Matmul(w, self.bias)
@@ -171,10 +171,11 @@ class Fp32Matmul:
     follows in-place changes of the weight (its storage and version) and exists only while its
     kernel serves some bucket."""
 
-    __slots__ = ("weight", "bias", "_t", "_packed", "_packed_key", "_rows", "_rows_key", "_calls", "__weakref__")
+    __slots__ = ("weight", "bias", "_t", "_ptr", "_packed", "_packed_key", "_rows", "_rows_key", "_calls",
+                 "__weakref__")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight, self.bias, self._t = weight, bias, weight.t()
+        self.weight, self.bias, self._t, self._ptr = weight, bias, weight.t(), weight.data_ptr()
         self._packed: torch.Tensor | None = None
         self._packed_key: tuple[int, int] | None = None
         self._rows: torch.Tensor | None = None  # output-major copy for cpu_kernels
@@ -187,6 +188,11 @@ class Fp32Matmul:
         if call is None:
             call = self._calls[bucket] = self._choose(x, bucket)
         return call(x)
+
+    def follows(self, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """Whether this still serves `weight` and `bias`: the same objects, the weight on the
+        same memory (`param.data = t` keeps the object; the `[in, out]` view would not follow)."""
+        return self.weight is weight and self.bias is bias and self._ptr == weight.data_ptr()
 
     def mkl(self, x: torch.Tensor) -> torch.Tensor:
         return torch.mm(x, self._t) if self.bias is None else torch.addmm(self.bias, x, self._t)

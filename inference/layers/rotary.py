@@ -14,8 +14,18 @@ import torch
 class RotaryEmbedding:
     def __init__(self, rotary_dim: int, theta: float) -> None:
         self.rotary_dim = rotary_dim
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device="cpu") / rotary_dim))
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # (inv_freq, [1.0])
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device="cpu") / rotary_dim))
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        return self._inv_freq
+
+    @inv_freq.setter
+    def inv_freq(self, value: torch.Tensor) -> None:
+        """A new table (a scaled rope) drops the copies made of the old one on each device."""
+        self._inv_freq = value
+        self._on.clear()
 
     def rotations(self, positions: torch.Tensor) -> torch.Tensor:
         """Unit complex numbers `[L, rotary_dim / 2]` (complex64, angles computed in fp32).

@@ -7,7 +7,7 @@ import torch
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.model_runner import kv_bytes_per_block
-from inference.layers import cpu_kernels
+from inference.layers import cpu_kernels, linear
 from inference.layers.linear import quantize_linears_
 from inference.llm import LLM
 from inference.loader import load_model
@@ -121,6 +121,53 @@ def test_weight_changes_are_followed(tmp_path, monkeypatch, fused_calls):
     torch.testing.assert_close(decode(model, ids, True, monkeypatch), decode(model, ids, False, monkeypatch),
                                atol=1e-5, rtol=1e-5)
     assert fused_calls
+
+
+def _scaled(t: torch.Tensor) -> torch.Tensor:
+    """`t` changed, in its own memory layout (input-major weights stay input-major)."""
+    return t.detach().t().mul(1.5).add(0.01).t() if t.dim() == 2 else t.detach().mul(1.5).add(0.01)
+
+
+def _some_parameters(model) -> list[torch.nn.Parameter]:
+    """A weight and a bias of each kind: read in place by the kernels, read through copies."""
+    layer = model.model.layers[1]
+    return [layer.mlp.down_proj.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.qkv_proj.bias,
+            layer.post_mlp_layernorm.weight, model.model.embed_tokens.weight, model.model.norm.weight]
+
+
+def test_weights_given_new_data_are_followed(tmp_path, monkeypatch, fused_calls):
+    """`param.data = t` keeps the parameter object and its version; where the data lives moves.
+    Both paths follow it, as they follow the same change made in place (a twin model): the
+    compiled one (plans) and the torch layers on MKL (a cached transposed view of the weight)."""
+    monkeypatch.setattr(linear, "FP32_MATMUL", "mkl")  # the torch layers' linears all on MKL
+    model, twin = (load(tmp_path / name, model_type="glm4", num_mtp_heads=0) for name in ("model", "twin"))
+    ids = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(2))
+    decode(model, ids, True, monkeypatch)
+    decode(model, ids, False, monkeypatch)
+    for p in _some_parameters(model):
+        p.data = _scaled(p)
+    with torch.no_grad():
+        for p in _some_parameters(twin):
+            p.copy_(_scaled(p))
+    expected = decode(twin, ids, False, monkeypatch)  # its first call: nothing cached before the change
+    torch.testing.assert_close(decode(model, ids, False, monkeypatch), expected, atol=1e-5, rtol=1e-5)
+    fused_calls.clear()
+    torch.testing.assert_close(decode(model, ids, True, monkeypatch), expected, atol=1e-5, rtol=1e-5)
+    assert fused_calls
+
+
+def test_an_attention_bias_changed_in_place_is_followed_in_routed_mode(tmp_path, monkeypatch, fused_calls):
+    """Routed: q/k/v and the router run as one fused copy, which must follow the bias too."""
+    model, twin = (load(tmp_path / name, attention_bias=True) for name in ("model", "twin"))
+    ids = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(2))
+    decode(model, ids, True, monkeypatch)
+    decode(model, ids, False, monkeypatch)
+    for m in (model, twin):
+        with torch.no_grad():
+            m.model.layers[0].self_attn.qkv_proj.bias.add_(0.5)
+    expected = decode(twin, ids, False, monkeypatch)  # its first call: nothing cached before the change
+    torch.testing.assert_close(decode(model, ids, True, monkeypatch), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(decode(model, ids, False, monkeypatch), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_the_paged_engine_gives_the_torch_layers_tokens_alone_and_batched(tmp_path, monkeypatch, fused_calls):

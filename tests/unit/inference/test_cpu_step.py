@@ -115,15 +115,15 @@ def test_decoding_token_by_token_equals_the_torch_layers_and_their_caches(monkey
                          ids=["glm5-routed", "glm4-sparse-bias-odd"])
 def test_rollbacks_undo_what_the_compiled_rows_wrote(monkeypatch, overrides):
     """Speculative decoding: tokens appended one by one (compiled) and rolled back leave the cache
-    as if they had never come, past the window (the undo log) and across block ends (elections
-    undone)."""
+    as if they had never come, past the window (the undo log), across block ends (elections
+    undone), and longer than the odd model's window of 8 (a ring slot overwritten twice)."""
     model = model_for(overrides)
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 128, (N,), generator=gen)
     _, fresh = run(model, ids, [12] + [1] * (N - 12), False, monkeypatch)
     _, cache = run(model, ids[:12], [12], True, monkeypatch)
     length = 12
-    for rejected in (3, 7, min(ROLLBACK_LIMIT, model.config.sliding_window)):  # the most a rollback undoes
+    for rejected in (3, 7, ROLLBACK_LIMIT):  # the most a rollback undoes
         junk = torch.randint(0, 128, (rejected,), generator=gen)
         run(model, junk, [1] * rejected, True, monkeypatch, cache, start=length)
         cache.truncate(length)
@@ -214,6 +214,20 @@ def test_changes_to_the_model_outside_the_layers_are_followed(monkeypatch, steps
     assert all(steps)
     torch_out, _ = run(model, ids, chunks, False, monkeypatch)
     torch.testing.assert_close(out, torch_out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+def test_new_rotary_frequencies_are_followed(monkeypatch, compiled):
+    """A replaced `rotary.inv_freq` (a scaled rope): both paths rotate by it from then on, as a
+    model that had it from the start does."""
+    model, twin = model_for({}), model_for({})
+    ids = torch.randint(0, 128, (N,), generator=torch.Generator().manual_seed(12))
+    chunks = [3] + [1] * (N - 3)
+    run(model, ids, chunks, compiled, monkeypatch)
+    for m in (model, twin):
+        m.rotary.inv_freq = m.rotary.inv_freq * 0.25
+    out, _ = run(model, ids, chunks, compiled, monkeypatch)
+    torch.testing.assert_close(out, run(twin, ids, chunks, False, monkeypatch)[0], atol=1e-5, rtol=1e-5)
 
 
 def test_a_new_route_threshold_is_followed(monkeypatch, steps):
