@@ -82,7 +82,7 @@ class LayerCache:
             self._undo_k = torch.zeros(num_kv_heads, ROLLBACK_LIMIT, head_dim, dtype=dtype, device=device)
             self._undo_v = torch.zeros_like(self._undo_k)
             self._norm_log = torch.zeros(interval + ROLLBACK_LIMIT, device=device)
-            self._floor = 0
+            self._floor = 0  # no rollback below it (see `truncate`)
 
     @property
     def num_nodes(self) -> int:
@@ -131,6 +131,36 @@ class LayerCache:
         undo = start % ROLLBACK_LIMIT if start >= w else -1
         return start % w, undo, start % self._norm_log.numel(), self._filled, local, nodes
 
+    def rows_slots(self, n: int) -> list[tuple[int, int, int, int, int]] | None:
+        """`row_slots` for `n` consecutive positions that a kernel appends in one call, each
+        written and then attending before the next (the compiled rows of
+        `inference/models/cpu_decode.py`: a speculative verify, an MTP depth catching up): per
+        row (its slot, undo slot or -1, norm-log index or -1, window keys, node keys). The kernel
+        notes no block norms; `rows_appended` elects from the norm log afterwards. None (sparse)
+        for more rows than the undo log keeps, or where `n + interval - 1 > window`: a block
+        completed among them could then lose its first positions from the ring before that
+        election, or a node elected among them be due to a later one of them."""
+        start, w = self.length, self.window
+        if w is None:
+            self._reserve(start + n)
+            return [(p, -1, -1, p + 1, 0) for p in range(start, start + n)]
+        if n > ROLLBACK_LIMIT or n + self.interval - 1 > w:
+            return None
+        size, rows = self._norm_log.numel(), []
+        for p in range(start, start + n):
+            local = min(p + 1, w)
+            rows.append((p % w, p % ROLLBACK_LIMIT if p >= w else -1, p % size, local,
+                         self._valid_nodes(p) if local == w else 0))
+        return rows
+
+    def rows_appended(self, n: int) -> None:
+        """After a kernel wrote positions `[length, length + n)` where `rows_slots` said: elect
+        the nodes of the blocks they completed (their norms from the log, their keys all still
+        in the ring), and count them."""
+        if self.window is not None:
+            self._elect(None, None, self._norm_slice(self.length, self.length + n), self.length)
+        self.length += n
+
     def row_appended(self) -> None:
         """After a kernel wrote position `length` where `row_slots` said: elect the node of the
         block it completed, and count it. The election comes after the ring write here (it
@@ -157,14 +187,20 @@ class LayerCache:
         self._filled = 0
 
     def truncate(self, length: int) -> None:
-        """Drop positions `[length, self.length)`, as if they had never been appended."""
+        """Drop positions `[length, self.length)`, as if they had never been appended.
+
+        Sparse: at most `ROLLBACK_LIMIT` positions, never into a chunk longer than the window
+        and never below an earlier rollback's length (the positions dropped then overwrote the
+        undo and norm log entries of the positions before it; speculative decoding only ever
+        rolls back to what it has verified, which does not shrink)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
         if self.window is None or length == self.length:
             self.length = length
             return
         if self.length - length > ROLLBACK_LIMIT or length < self._floor:
-            raise ValueError(f"a sparse cache rolls back at most {ROLLBACK_LIMIT} positions, never into a chunk longer than the window")
+            raise ValueError(f"a sparse cache rolls back at most {ROLLBACK_LIMIT} positions, never into a chunk "
+                             "longer than the window nor below an earlier rollback")
         w, g = self.window, self.interval
         if self.length > w:  # before that the dropped positions overwrote nothing
             # Only the first w dropped positions: a rollback longer than the window overwrote
@@ -178,6 +214,7 @@ class LayerCache:
         if self._filled:
             self._block_norms[: self._filled] = self._norm_slice(complete * g, length)
         self.length = length
+        self._floor = max(self._floor, length)
 
     def _norm_slice(self, a: int, b: int) -> torch.Tensor:
         """The logged norms of positions `[a, b)` (a plain slice unless the log wraps there:
@@ -231,10 +268,11 @@ class LayerCache:
         self.v[:, start:end] = v
         return AttentionContext(self.k[:, :end], self.v[:, :end], end, 0, start)
 
-    def _elect(self, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor, start: int) -> None:
+    def _elect(self, k: torch.Tensor | None, v: torch.Tensor | None, norms: torch.Tensor, start: int) -> None:
         """Elect the node of every block completed by these positions: the largest norm, earliest
         on ties. Runs before the ring is overwritten, so earlier positions of the block being
-        completed (fewer than G <= W) are still in the ring."""
+        completed (fewer than G <= W) are still in the ring; `k`, `v` None: the positions are
+        in the ring already, and so is every position of the blocks they complete."""
         g, w, filled = self.interval, self.window, self._filled
         if filled + norms.numel() < g:  # no block completes (most decode steps): just note the norms
             self._block_norms[filled : filled + norms.numel()] = norms
@@ -251,8 +289,12 @@ class LayerCache:
             rows = (positions - start).clamp(min=0)
             base = w + self.num_nodes
             self._reserve(base + blocks)
-            self.k[:, base : base + blocks] = torch.where(in_chunk, k[:, rows], self.k[:, positions % w])
-            self.v[:, base : base + blocks] = torch.where(in_chunk, v[:, rows], self.v[:, positions % w])
+            if k is None:
+                self.k[:, base : base + blocks] = self.k[:, positions % w]
+                self.v[:, base : base + blocks] = self.v[:, positions % w]
+            else:
+                self.k[:, base : base + blocks] = torch.where(in_chunk, k[:, rows], self.k[:, positions % w])
+                self.v[:, base : base + blocks] = torch.where(in_chunk, v[:, rows], self.v[:, positions % w])
             self.node_positions.extend(positions.tolist())
         self._filled = norms.numel() - blocks * g
         self._block_norms[: self._filled] = norms[blocks * g :]

@@ -330,16 +330,14 @@ static void route(const float *logits, float threshold, float *p) {
     }
 }
 
-/* One row: h [hidden] in, out [hidden]; rotation: rotary_dim / 2 (cos, sin) pairs. scratch:
- * proj_rows + hidden + heads * (head_dim + local + nodes) + 2 * hidden + 3 * intermediate floats */
-void wecom_layer_decode(const wecom_layer *L, const wecom_kv_row *C, const float *h, const float *rotation,
-                        float *out, float *scratch) {
-    long H = L->hidden, d = L->head_dim, heads = L->heads, kv = L->kv_heads, rep = heads / kv;
+/* The row of the projection `proj` (its q, k, v heads rotated; the router's logits after them
+ * when routed) with node norm `norm`: its norm noted, its key and value written into the cache
+ * where `C` says (what the slot held saved in the undo log first), its query attended to the
+ * window and nodes `C` names, into attn [heads * head_dim]. scores: heads * (local + nodes). */
+static void append_attend(const wecom_layer *L, const wecom_kv_row *C, const float *proj, float norm,
+                          float *attn, float *scores) {
+    long d = L->head_dim, heads = L->heads, kv = L->kv_heads, rep = heads / kv;
     long keys = C->local + C->nodes;
-    float *proj = scratch, *x = proj + L->proj_rows, *attn = x + H, *scores = attn + heads * d,
-          *post = scores + heads * keys;
-    float norm;
-    wecom_layer_pre(L, 1, h, rotation, proj, x, &norm);
     if (C->norm_log != NULL)
         *C->norm_log = norm;
     if (C->block_norm != NULL)
@@ -385,7 +383,35 @@ void wecom_layer_decode(const wecom_layer *L, const wecom_kv_row *C, const float
                 o[i] += gate[1] * part[i];
         }
     }
+}
+
+/* One row: h [hidden] in, out [hidden]; rotation: rotary_dim / 2 (cos, sin) pairs. scratch:
+ * proj_rows + hidden + heads * (head_dim + local + nodes) + 2 * hidden + 3 * intermediate floats */
+void wecom_layer_decode(const wecom_layer *L, const wecom_kv_row *C, const float *h, const float *rotation,
+                        float *out, float *scratch) {
+    long H = L->hidden, keys = C->local + C->nodes;
+    float *proj = scratch, *x = proj + L->proj_rows, *attn = x + H, *scores = attn + L->heads * L->head_dim,
+          *post = scores + L->heads * keys;
+    float norm;
+    wecom_layer_pre(L, 1, h, rotation, proj, x, &norm);
+    append_attend(L, C, proj, norm, attn, scores);
     wecom_layer_post(L, 1, h, attn, out, post);
+}
+
+/* R consecutive rows of one sequence (a speculative verify, an MTP depth catching up): the pre
+ * and post calls take all R rows (each weight read once for them), and between them each row in
+ * turn is appended and attends, as R one-row calls would do it; C[r] is row r's cache row.
+ * h, out: [R, hidden]; rotations: [R, rotary_dim / 2] pairs. scratch: R * (proj_rows + 1 +
+ * 3 * hidden + heads * head_dim + 3 * intermediate) + heads * (most keys of a row) floats */
+void wecom_layer_decode_rows(const wecom_layer *L, long R, const wecom_kv_row *C, const float *h,
+                             const float *rotations, float *out, float *scratch) {
+    long H = L->hidden, P = L->proj_rows, A = L->heads * L->head_dim;
+    float *proj = scratch, *x = proj + R * P, *norms = x + R * H, *attn = norms + R, *post = attn + R * A,
+          *scores = post + R * (2 * H + 3 * L->intermediate);
+    wecom_layer_pre(L, R, h, rotations, proj, x, norms);
+    for (long r = 0; r < R; r++)
+        append_attend(L, &C[r], proj + r * P, norms[r], attn + r * A, scores);
+    wecom_layer_post(L, R, h, attn, out, post);
 }
 
 /* ---- one decode token through a whole model ---------------------------------------------------

@@ -123,6 +123,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ("wecom_layer_pre", [pointer, ctypes.c_long] + [pointer] * 5),
         ("wecom_layer_post", [pointer, ctypes.c_long] + [pointer] * 4),
         ("wecom_layer_decode", [pointer] * 6),
+        ("wecom_layer_decode_rows", [pointer, ctypes.c_long] + [pointer] * 5),
         ("wecom_decode_step", [pointer] * 6),
         ("wecom_silu_mul", [pointer] * 3 + [ctypes.c_long]),
     ):

@@ -243,9 +243,15 @@ def forward(layer, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache)
     rotations = _rotations(rotations, n, d)
     _arm(plan_, rotations)
     h = h.contiguous()
-    kv_row = row(cache, plan_) if n == 1 and type(cache) is LayerCache else None
-    if kv_row is not None:
-        return _decode_row(lib, plan_, h, rotations, cache, *kv_row)
+    if type(cache) is LayerCache:
+        if n == 1:
+            kv_row = row(cache, plan_)
+            if kv_row is not None:
+                return _decode_row(lib, plan_, h, rotations, cache, *kv_row)
+        else:
+            out = _decode_rows(lib, plan_, h, rotations, cache)
+            if out is not None:
+                return out
     proj = torch.empty(n, plan_.struct.proj_rows)
     scratch = torch.empty(n, 2 * plan_.hidden + 3 * plan_.intermediate)
     norms = torch.empty(n) if attn.window is not None else None
@@ -335,4 +341,28 @@ def _decode_row(lib, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cach
     lib.wecom_layer_decode(plan_.ref, ctypes.addressof(kv_row), h.data_ptr(), rotations.data_ptr(), out.data_ptr(),
                            scratch.data_ptr())
     cache.row_appended()
+    return out
+
+
+def _decode_rows(lib, plan_: Plan, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor | None:
+    """Rows of one sequence through the whole layer in one call: each weight read once for all
+    of them, each row appended and attending in turn (`LayerCache.rows_slots`); None where the
+    cache cannot take them so (the two calls around the torch attention then run)."""
+    n, s = h.shape[0], plan_.struct
+    rows = cache.rows_slots(n)
+    buffers = None if rows is None else _buffers(cache, s.kv_heads, s.head_dim)
+    if buffers is None:
+        return None
+    k, v, slots, undo_k, undo_v, undo_slots, norm_log, _ = buffers
+    structs = (KvRowStruct * n)(*(
+        KvRowStruct(k, v, slots, slot, undo_k if undo >= 0 else None, undo_v if undo >= 0 else None, undo_slots,
+                    undo, None if logged < 0 else norm_log + 4 * logged, None, local, nodes)
+        for slot, undo, logged, local, nodes in rows))
+    keys = max(local + nodes for *_, local, nodes in rows)
+    per_row = s.proj_rows + 1 + 3 * plan_.hidden + s.heads * s.head_dim + 3 * plan_.intermediate
+    scratch = torch.empty(n * per_row + s.heads * keys)
+    out = torch.empty(n, plan_.hidden)
+    lib.wecom_layer_decode_rows(plan_.ref, n, ctypes.addressof(structs), h.data_ptr(), rotations.data_ptr(),
+                                out.data_ptr(), scratch.data_ptr())
+    cache.rows_appended(n)
     return out

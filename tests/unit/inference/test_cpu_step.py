@@ -75,10 +75,12 @@ def assert_same_cache(a: KVCache, b: KVCache, live_only: bool = False) -> None:
         live = [*range(min(n, w)), *range(w, w + x.num_nodes)]  # the ring and the elected nodes
         torch.testing.assert_close(x.k[:, live], y.k[:, live], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(x.v[:, live], y.v[:, live], atol=1e-5, rtol=1e-5)
-        size = x._norm_log.numel()
-        logged = [p % size for p in range(max(0, n - size), n)]
+        # a later rollback goes back to `lowest` at most: it reads the norms of the block
+        # `lowest` falls in, and the undo entries of the positions it drops
+        size, lowest = x._norm_log.numel(), max(n - ROLLBACK_LIMIT, x._floor, y._floor, 0)
+        logged = [p % size for p in range(max(0, n - size, lowest - lowest % x.interval), n)]
         torch.testing.assert_close(x._norm_log[logged], y._norm_log[logged])
-        undone = [p % ROLLBACK_LIMIT for p in range(max(w, n - ROLLBACK_LIMIT), n)]
+        undone = [p % ROLLBACK_LIMIT for p in range(max(w, lowest), n)]
         torch.testing.assert_close(x._undo_k[:, undone], y._undo_k[:, undone], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(x._undo_v[:, undone], y._undo_v[:, undone], atol=1e-5, rtol=1e-5)
 
@@ -111,21 +113,64 @@ def test_decoding_token_by_token_equals_the_torch_layers_and_their_caches(monkey
     assert_same_cache(cache, torch_cache)
 
 
+@pytest.fixture
+def row_calls(monkeypatch):
+    """The row counts of the layer calls that took `wecom_layer_decode_rows`."""
+    taken = []
+    real = cpu_decode._decode_rows
+
+    def counting(lib, plan_, h, *rest):
+        out = real(lib, plan_, h, *rest)
+        if out is not None:
+            taken.append(h.shape[0])
+        return out
+
+    monkeypatch.setattr(cpu_decode, "_decode_rows", counting)
+    return taken
+
+
+# 40 positions; 7 and 9 rows are past what the odd models' window of 8 takes at once (8 - 3 + 1)
+ROW_CHUNKS = [3, 2, 5, 1, 4, 6, 2, 7, 1, 9]
+
+
+@pytest.mark.parametrize("overrides", MODES.values(), ids=MODES.keys())
+def test_rows_of_one_sequence_equal_the_torch_layers_and_their_caches(monkeypatch, row_calls, overrides):
+    """Several rows at once (a speculative verify, an MTP depth catching up) in one call a layer,
+    each row appended and attending in turn: the torch layers' numbers and every cache entry,
+    across window and block ends (blocks completed inside a chunk elected from the norm log).
+    Chunks longer than `window - interval + 1` take the two calls around the torch attention."""
+    model = model_for(overrides)
+    ids = torch.randint(0, 128, (N,), generator=torch.Generator().manual_seed(8))
+    torch_out, torch_cache = run(model, ids, ROW_CHUNKS, False, monkeypatch)
+    out, cache = run(model, ids, ROW_CHUNKS, True, monkeypatch)
+    w, g = model.config.sliding_window, model.config.global_interval
+    taken = [n for n in ROW_CHUNKS if n > 1 and (w is None or n + g - 1 <= w)]
+    assert row_calls == [n for n in taken for _ in model.model.layers]
+    assert len(taken) >= 5
+    torch.testing.assert_close(out, torch_out, atol=1e-5, rtol=1e-5)
+    assert_same_cache(cache, torch_cache)
+
+
+@pytest.mark.parametrize("appended", ["tokens", "chunk"])
 @pytest.mark.parametrize("overrides", [MODES["glm5-routed"], MODES["glm4-sparse-bias-odd"]],
                          ids=["glm5-routed", "glm4-sparse-bias-odd"])
-def test_rollbacks_undo_what_the_compiled_rows_wrote(monkeypatch, overrides):
-    """Speculative decoding: tokens appended one by one (compiled) and rolled back leave the cache
-    as if they had never come, past the window (the undo log), across block ends (elections
-    undone), and longer than the odd model's window of 8 (a ring slot overwritten twice)."""
+def test_rollbacks_undo_what_the_compiled_rows_wrote(monkeypatch, overrides, appended):
+    """Speculative decoding: tokens appended (compiled, one by one or as one verify chunk) and
+    rolled back leave the cache as if they had never come, past the window (the undo log),
+    across block ends (elections undone), and longer than the odd model's window of 8 (a ring
+    slot overwritten twice)."""
     model = model_for(overrides)
     gen = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 128, (N,), generator=gen)
     _, fresh = run(model, ids, [12] + [1] * (N - 12), False, monkeypatch)
     _, cache = run(model, ids[:12], [12], True, monkeypatch)
     length = 12
-    for rejected in (3, 7, ROLLBACK_LIMIT):  # the most a rollback undoes
+    # up to the most a rollback undoes; a chunk no longer than the window (none rolls back into one)
+    most = ROLLBACK_LIMIT if appended == "tokens" else min(ROLLBACK_LIMIT, model.config.sliding_window)
+    for rejected in (3, 5, 7, most):
         junk = torch.randint(0, 128, (rejected,), generator=gen)
-        run(model, junk, [1] * rejected, True, monkeypatch, cache, start=length)
+        run(model, junk, [1] * rejected if appended == "tokens" else [rejected], True, monkeypatch, cache,
+            start=length)
         cache.truncate(length)
         run(model, ids[length : length + 5], [1] * 5, True, monkeypatch, cache, start=length)
         length += 5
@@ -134,8 +179,9 @@ def test_rollbacks_undo_what_the_compiled_rows_wrote(monkeypatch, overrides):
 
 
 def test_speculative_verify_chunks_and_single_tokens_mix(monkeypatch, steps):
-    """A few rows at once (the two-call path, torch attention) between single tokens (the whole-
-    model call) keep one cache consistent."""
+    """A few rows at once (one call a layer, or two around the torch attention for 16 rows and
+    more than the window takes) between single tokens (the whole-model call) keep one cache
+    consistent."""
     model = model_for({})
     ids = torch.randint(0, 128, (N,), generator=torch.Generator().manual_seed(3))
     chunks = [5, 1, 1, 4, 1, 9, 1, 1, 2, 1, 13, 1]

@@ -81,3 +81,17 @@ def test_model_forward_after_rollback_equals_a_fresh_run():
         cache.truncate(40)
         tail = model(ids[40:], torch.arange(40, 60), cache)
     torch.testing.assert_close(tail, fresh[40:], atol=1e-5, rtol=1e-5)
+
+
+def test_no_rollback_below_an_earlier_one():
+    """The positions a rollback dropped overwrote the undo and norm log entries of the ones
+    before it: a second rollback further back could not restore them, and is refused."""
+    cache = LayerCache(1, 4, 8, 2, torch.float32, "cpu")
+    cache.extend(torch.randn(1, 20, 4), torch.randn(1, 20, 4), _tie_free_norms(20))
+    for _ in range(12):
+        cache.extend(torch.randn(1, 1, 4), torch.randn(1, 1, 4), torch.rand(1))
+    cache.truncate(24)
+    cache.extend(torch.randn(1, 1, 4), torch.randn(1, 1, 4), torch.rand(1))
+    cache.truncate(24)  # back to the same point: fine
+    with pytest.raises(ValueError, match="below an earlier rollback"):
+        cache.truncate(22)
