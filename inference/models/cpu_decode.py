@@ -17,6 +17,11 @@ them, saves what the ring slot held in the undo log, and attends to the window a
 nodes exactly as `sparse_attention` does for one query (one softmax over both, or in routed mode
 the two paths weighted by the router's thresholded softmax, a path of weight 0 skipped). A whole
 model's step does the same for all its layers in one call (`inference/models/cpu_step.py`).
+Several rows of a single sequence (a speculative verify, an MTP depth catching up on the tokens
+just accepted) take `wecom_layer_decode_rows`: the two halves over all rows (each weight read once
+for them) with each row appended and attending in turn between them, as that many one-row calls
+would (`LayerCache.rows_slots`, `rows_appended`); their torch attention and cache writes had cost
+~0.07 ms a layer call on the demo model.
 
 Taken for up to `MAX_ROWS` rows (a decode step, a speculative verify, a small continuous batch;
 each weight is read once for all of them) when the kernels are built here, autograd is off, the
