@@ -107,6 +107,88 @@ void wecom_gemm_f32(const float *W, const float *X, long ldx, const float *bias,
                 Y[r * ldy + n] += bias[n];
 }
 
+/* ---- int8 weights (W8A16) ---------------------------------------------------------------------
+ * Y = (X W^T) * scale (+ bias) for an int8 W [N, K] with one fp32 scale per output row and fp32
+ * activations: the same one-stream reading of the weight rows as above, a quarter of the bytes.
+ * Each 16 int8 weights widen to 16 floats in registers (sign-extend, convert) and meet X by
+ * fma, so the sums are fp32 throughout (torch's `_weight_int8pack_mm` on CPU takes bf16
+ * activations and a bf16 scale); the scale is applied once per output. Summation order, as for
+ * fp32, depends only on K and the build.
+ */
+#ifdef WECOM_AVX512
+static inline __m512 widen16(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+
+static inline __attribute__((always_inline)) void dots_i8(const signed char *w, const float *x, long ldx,
+                                                          float *y, long ldy, long K, int R) {
+    __m512 a[4][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++)
+            a[r][j] = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 64 <= K; k += 64) {
+        __m512i raw = _mm512_loadu_si512((const void *)(w + k));
+        __m512 wv[4] = {widen16(_mm512_extracti32x4_epi32(raw, 0)), widen16(_mm512_extracti32x4_epi32(raw, 1)),
+                        widen16(_mm512_extracti32x4_epi32(raw, 2)), widen16(_mm512_extracti32x4_epi32(raw, 3))};
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < R; r++)
+                a[r][j] = _mm512_fmadd_ps(wv[j], _mm512_loadu_ps(x + r * ldx + k + 16 * j), a[r][j]);
+    }
+    for (; k < K; k += 16) {
+        long left = K - k < 16 ? K - k : 16;
+        __mmask16 m = left == 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        signed char tail[16] = {0};
+        for (long i = 0; i < left; i++)
+            tail[i] = w[k + i];
+        __m512 wv = widen16(_mm_loadu_si128((const __m128i *)tail));
+        for (int r = 0; r < R; r++)
+            a[r][0] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + r * ldx + k), a[r][0]);
+    }
+    for (int r = 0; r < R; r++)
+        y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]),
+                                                        _mm512_add_ps(a[r][2], a[r][3])));
+}
+
+static void weight_row_i8(const signed char *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
+    long r = 0;
+    for (; r + 4 <= R; r += 4)
+        dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 4);
+    switch (R - r) {
+    case 3: dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 3); break;
+    case 2: dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 2); break;
+    case 1: dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 1); break;
+    }
+}
+#else
+static void weight_row_i8(const signed char *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
+    for (long r = 0; r < R; r++) {
+        const float *xr = x + r * ldx;
+        float acc[LANES] = {0};
+        long k = 0;
+        for (; k + LANES <= K; k += LANES)
+            for (int j = 0; j < LANES; j++)
+                acc[j] += (float)w[k + j] * xr[k + j];
+        float s = 0;
+        for (int j = 0; j < LANES; j++)
+            s += acc[j];
+        for (; k < K; k++)
+            s += (float)w[k] * xr[k];
+        y[r * ldy] = s;
+    }
+}
+#endif
+
+/* Y[R, N] = (X[R, K] W[N, K]^T) * scales[N] (+ bias[N] when not NULL); rows of X and Y at
+ * strides ldx and ldy, on `threads` OpenMP threads. */
+void wecom_gemm_i8(const signed char *W, const float *scales, const float *X, long ldx, const float *bias,
+                   float *Y, long ldy, long R, long N, long K, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (long n = 0; n < N; n++) {
+        weight_row_i8(W + n * K, X, ldx, Y + n, ldy, K, R);
+        for (long r = 0; r < R; r++)
+            Y[r * ldy + n] = Y[r * ldy + n] * scales[n] + (bias != NULL ? bias[n] : 0.0f);
+    }
+}
+
 /* ---- exp over arrays ---------------------------------------------------------------------------
  * A layer's SiLU (2 * intermediate values) and its attention's softmax call exp thousands of times
  * a step; libm's expf one value at a time took ~12 us a layer of the 132M GLM-4, serial, while

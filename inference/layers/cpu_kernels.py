@@ -120,6 +120,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in (
         ("wecom_gemm_f32", [pointer, pointer, ctypes.c_long, pointer, pointer, ctypes.c_long,
                             ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]),
+        ("wecom_gemm_i8", [pointer, pointer, pointer, ctypes.c_long, pointer, pointer, ctypes.c_long,
+                           ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_int]),
         ("wecom_layer_pre", [pointer, ctypes.c_long] + [pointer] * 5),
         ("wecom_layer_post", [pointer, ctypes.c_long] + [pointer] * 4),
         ("wecom_layer_decode", [pointer] * 6),
@@ -154,4 +156,23 @@ def matmul(
     (lib or library()).wecom_gemm_f32(
         weight.data_ptr(), x.data_ptr(), k, None if bias is None else bias.data_ptr(), out.data_ptr(), n,
         rows, n, k, torch.get_num_threads())
+    return out
+
+
+def matmul_int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """`(x [R, K] @ weight.T) * scales (+ bias)` for a contiguous int8 CPU `weight [N, K]`, fp32
+    `x`, contiguous fp32 `scales [N]` and `bias [N]`; returns fp32 `[R, N]`. For a few rows, as
+    `matmul`; the caller checks `available()` and the dtypes."""
+    n, k = weight.shape
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"matmul_int8 takes rows of {k} features, got {tuple(x.shape)}")
+    if scales.numel() != n or (bias is not None and bias.numel() != n):
+        raise ValueError(f"scales of {scales.numel()} / bias of {None if bias is None else bias.numel()} for {n} outputs")
+    x = x.contiguous()
+    rows = x.shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32)
+    (lib or library()).wecom_gemm_i8(
+        weight.data_ptr(), scales.data_ptr(), x.data_ptr(), k, None if bias is None else bias.data_ptr(),
+        out.data_ptr(), n, rows, n, k, torch.get_num_threads())
     return out

@@ -284,10 +284,14 @@ _INT8_MM = torch.ops.aten._weight_int8pack_mm  # looked up once: a draft depth m
 class Int8Linear(nn.Module):
     """W8A16: int8 weights with one scale per output channel, activations stay bf16/fp16/fp32.
 
-    On CPU the matmul is `aten._weight_int8pack_mm` (bf16 activations; measured 1.6x fp32 decode
-    on a 134M model, where dequantize-then-`F.linear` was 8x slower than dense). On CUDA a few
-    rows (decode, verify) go to a Triton kernel that dequantizes in registers
-    (`w8a16_triton`); many rows, or a GPU without triton, dequantize per call and use cuBLAS.
+    On CPU up to `INT8_KERNEL_ROWS` fp32 rows (decode, verify, small batches) go to
+    `cpu_kernels.matmul_int8` where it is built: the int8 weight read once for all rows and
+    widened in registers, fp32 sums, the scale applied once per output (it keeps fp32 copies of
+    the scales and bias). Other CPU rows take `aten._weight_int8pack_mm` (bf16 activations;
+    measured 1.6x fp32 decode on a 134M model, where dequantize-then-`F.linear` was 8x slower
+    than dense). On CUDA a few rows (decode, verify) go to a Triton kernel that dequantizes in
+    registers (`w8a16_triton`); many rows, or a GPU without triton, dequantize per call and use
+    cuBLAS.
     """
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -296,6 +300,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", weight)  # int8 [out, in]
         self.register_buffer("scales", scales)  # [out], the activations' dtype family (bf16 on CPU)
         self.register_buffer("bias", bias)
+        self._fp32: tuple | None = None  # (scales key, bias key, fp32 scales, fp32 bias) for the CPU kernel
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fp32": None}
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Int8Linear:
@@ -309,6 +317,15 @@ class Int8Linear(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= INT8_KERNEL_ROWS and x.is_cpu
+                and self.weight.is_contiguous() and cpu_kernels.available()):
+            scales, bias = self._fp32_scales_and_bias()
+            return cpu_kernels.matmul_int8(x, self.weight, scales, bias)
+        if x.is_cpu and self.in_features % 16:
+            # torch's CPU int8 matmul assumes K a multiple of 16: past it, it read out of bounds
+            # (garbage at 1 row, a segfault at 17; torch 2.13)
+            w = self.weight.to(x.dtype) * self.scales.to(x.dtype)[:, None]
+            return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
         if x.is_cpu and x.dim() == 2:  # decode and verify rows: as few dispatches as can be
             # (a demo-model linear is ~8 us of kernel; each cast or check costs 1-4 us more)
             out = _INT8_MM(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16), self.weight, self.scales)
@@ -327,6 +344,22 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+
+    def _fp32_scales_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The scales and bias as the CPU kernel reads them (fp32, contiguous), remade when
+        either changes (its storage or version)."""
+        scales, bias = self.scales, self.bias
+        key = (weight_key(scales), None if bias is None else weight_key(bias))
+        made = self._fp32
+        if made is None or made[0] != key:
+            plain = lambda t: None if t is None else t.detach().float().contiguous()  # noqa: E731
+            made = self._fp32 = (key, plain(scales), plain(bias))
+        return made[1], made[2]
+
+
+# fp32 rows up to this many go to the compiled int8 kernel on CPU (each weight read once for all)
+INT8_KERNEL_ROWS = 16
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
