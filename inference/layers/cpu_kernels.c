@@ -259,23 +259,36 @@ void wecom_silu_mul(const float *g, const float *u, float *out, long n) {
  *   post: o = W_o a ; [o = rmsnorm(o)] ; h2 = h + o ; x = rmsnorm(h2) ; g = W_gu x ;
  *         m = W_down (silu(g[:I]) * g[I:]) ; [m = rmsnorm(m)] ; out = h2 + m
  * the bracketed norms being GLM-4's sandwich norms. Same formulas as the torch layers
- * (inference/layers/norm.py, rotary.py, activation.py), in fp32.
+ * (inference/layers/norm.py, rotary.py, activation.py), in fp32; each of the four matrices is
+ * fp32 or int8 with per-row scales (W8A16: `wecom_gemm_i8`).
  */
 typedef struct {
     long hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, proj_rows;
     float eps;
     int threads;
     const float *input_norm;     /* [hidden] */
-    const float *proj, *proj_bias; /* [proj_rows, hidden]: q, k, v heads (then router rows); bias or NULL */
-    const float *o_proj;         /* [hidden, heads * head_dim] */
+    const void *proj;            /* [proj_rows, hidden]: q, k, v heads (then router rows) */
+    const float *proj_bias;      /* [proj_rows] or NULL */
+    const void *o_proj;          /* [hidden, heads * head_dim] */
     const float *post_attn_norm; /* [hidden] or NULL */
     const float *pre_mlp_norm;   /* [hidden] */
-    const float *gate_up;        /* [2 * intermediate, hidden] */
-    const float *down;           /* [hidden, intermediate] */
+    const void *gate_up;         /* [2 * intermediate, hidden] */
+    const void *down;            /* [hidden, intermediate] */
     const float *post_mlp_norm;  /* [hidden] or NULL */
     int routed;                  /* the projection's rows after q/k/v start with the router's 3 logits */
     float route_threshold;       /* routed: a path whose weight is below it is dropped */
+    /* per matrix: NULL for fp32 weights, or the fp32 scales [rows] of int8 (W8A16) weights */
+    const float *proj_scale, *o_proj_scale, *gate_up_scale, *down_scale;
 } wecom_layer;
+
+/* Y = X W^T (+ bias) for fp32 W (scale NULL) or int8 W with one scale per row */
+static void product(const void *W, const float *scale, const float *X, long ldx, const float *bias, float *Y,
+                    long ldy, long R, long N, long K, int threads) {
+    if (scale != NULL)
+        wecom_gemm_i8((const signed char *)W, scale, X, ldx, bias, Y, ldy, R, N, K, threads);
+    else
+        wecom_gemm_f32((const float *)W, X, ldx, bias, Y, ldy, R, N, K, threads);
+}
 
 static float sum_squares(const float *x, long n) {
     float acc[8] = {0};
@@ -310,7 +323,7 @@ void wecom_layer_pre(const wecom_layer *L, long R, const float *h, const float *
         if (norm_out != NULL)
             norm_out[r] = sqrtf(ss);
     }
-    wecom_gemm_f32(L->proj, x_scratch, H, L->proj_bias, proj_out, P, R, P, H, L->threads);
+    product(L->proj, L->proj_scale, x_scratch, H, L->proj_bias, proj_out, P, R, P, H, L->threads);
     for (long r = 0; r < R; r++) {
         const float *rot = rotations + r * 2 * pairs;
         for (long head = 0; head < L->heads + L->kv_heads; head++) {
@@ -331,7 +344,7 @@ void wecom_layer_post(const wecom_layer *L, long R, const float *h, const float 
                       float *scratch) {
     long H = L->hidden, I = L->intermediate, A = L->heads * L->head_dim;
     float *o = scratch, *x = o + R * H, *g = x + R * H, *act = g + R * 2 * I;
-    wecom_gemm_f32(L->o_proj, attn, A, NULL, o, H, R, H, A, L->threads);
+    product(L->o_proj, L->o_proj_scale, attn, A, NULL, o, H, R, H, A, L->threads);
     for (long r = 0; r < R; r++) {
         float *orow = o + r * H, *outrow = out + r * H;
         const float *hrow = h + r * H;
@@ -341,10 +354,10 @@ void wecom_layer_post(const wecom_layer *L, long R, const float *h, const float 
             outrow[i] = hrow[i] + orow[i];
         rmsnorm(outrow, L->pre_mlp_norm, L->eps, H, x + r * H);
     }
-    wecom_gemm_f32(L->gate_up, x, H, NULL, g, 2 * I, R, 2 * I, H, L->threads);
+    product(L->gate_up, L->gate_up_scale, x, H, NULL, g, 2 * I, R, 2 * I, H, L->threads);
     for (long r = 0; r < R; r++)
         wecom_silu_mul(g + r * 2 * I, g + r * 2 * I + I, act + r * I, I);
-    wecom_gemm_f32(L->down, act, I, NULL, o, H, R, H, I, L->threads);
+    product(L->down, L->down_scale, act, I, NULL, o, H, R, H, I, L->threads);
     for (long r = 0; r < R; r++) {
         float *orow = o + r * H, *outrow = out + r * H;
         if (L->post_mlp_norm != NULL)

@@ -43,7 +43,7 @@ import torch
 from inference.kv_cache import LayerCache
 from inference.layers import cpu_kernels
 from inference.layers.attention import sparse_attention
-from inference.layers.linear import Linear, PackedLinear
+from inference.layers.linear import Int8Linear, Linear, PackedLinear
 from inference.layers.norm import RMSNorm
 
 MAX_ROWS = 16  # past this a chunk is a prefill: compute-bound, where oneDNN's blocking wins
@@ -60,6 +60,8 @@ class _LayerStruct(ctypes.Structure):
         ("o_proj", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p), ("pre_mlp_norm", ctypes.c_void_p),
         ("gate_up", ctypes.c_void_p), ("down", ctypes.c_void_p), ("post_mlp_norm", ctypes.c_void_p),
         ("routed", ctypes.c_int), ("route_threshold", ctypes.c_float),
+        ("proj_scale", ctypes.c_void_p), ("o_proj_scale", ctypes.c_void_p), ("gate_up_scale", ctypes.c_void_p),
+        ("down_scale", ctypes.c_void_p),
     ]
 
 
@@ -107,6 +109,7 @@ def _watch(layer) -> list[tuple]:
         linears.append(layer.router)
         entries.append((layer, "route_threshold"))  # the one-row kernel applies it
     entries += [(m, name) for m in linears for name in ("weight", "bias")]
+    entries += [(m, "scales") for m in linears if type(m) is Int8Linear]
     for name in ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"):
         norm = getattr(layer, name, None)
         if norm is not None:
@@ -151,13 +154,17 @@ def _parts(layer) -> tuple[list, tuple] | None:
     """The layer's projection Linear (q/k/v, fused with the router when routed), its other three
     Linears and its norms; None when the layer is not one this path serves."""
     attn, mlp = layer.self_attn, layer.mlp
-    dense = (Linear, PackedLinear)
-    if not all(type(m) in dense for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
+    dense, kinds = (Linear, PackedLinear), (Linear, PackedLinear, Int8Linear)
+    if not all(type(m) in kinds for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
         return None
-    routed = layer.router is not None
-    if routed and type(layer.router) not in dense:
-        return None
-    proj = layer._fused_projection() if routed else attn.qkv_proj
+    proj = attn.qkv_proj
+    if layer.router is not None:  # fused with the router, as `qkv_and_gate` runs it
+        if type(proj) in dense and type(layer.router) in dense:
+            proj = layer._fused_projection()
+        elif type(proj) is Int8Linear and type(layer.router) is Int8Linear:
+            proj = layer._fused_int8()
+        else:
+            return None
     linears = [proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
     if any(m.bias is not None for m in linears[1:]):
         return None
@@ -187,7 +194,8 @@ def layer_plan(layer) -> Plan | None:
     if parts is None:
         return None
     linears, norms = parts
-    rows = [m.output_major() for m in linears]
+    rows = [_int8_rows(m) if type(m) is Int8Linear else m.output_major() for m in linears]
+    scales = [m._fp32_scales_and_bias()[0] if type(m) is Int8Linear else None for m in linears]
     weights = [None if n is None else norm_weight(n) for n in norms]
     if any(r is None for r in rows) or weights[0] is None or weights[2] is None:
         return None
@@ -196,7 +204,7 @@ def layer_plan(layer) -> Plan | None:
     eps = {n.eps for n in norms if n is not None}
     if len(eps) != 1:
         return None
-    made = _make(layer, linears, rows, weights, eps.pop())
+    made = _make(layer, linears, rows, scales, weights, eps.pop())
     if made is None:
         return None
     made.watched = _watch(layer)
@@ -204,7 +212,13 @@ def layer_plan(layer) -> Plan | None:
     return made
 
 
-def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
+def _int8_rows(m: Int8Linear) -> torch.Tensor | None:
+    """An int8 layer's weight as the kernels read it (`[out, in]` int8 on the CPU, contiguous)."""
+    w = m.weight
+    return w if w.dtype == torch.int8 and w.device.type == "cpu" and w.is_contiguous() and w.dim() == 2 else None
+
+
+def _make(layer, linears, rows, scales, norm_weights, eps) -> Plan | None:
     """The plan, or None where the shapes are not what the kernels assume (the torch layers then
     run, and say what is wrong, instead of the kernels reading past a tensor)."""
     attn = layer.self_attn
@@ -220,6 +234,7 @@ def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
         and tuple(rows[3].shape) == (hidden, intermediate)
         and all(w.numel() == hidden for w in norm_weights if w is not None)
         and (proj_bias is None or proj_bias.numel() == rows[0].shape[0])
+        and all(s is None or s.numel() == r.shape[0] for s, r in zip(scales, rows, strict=True))
     )
     if not shapes_hold:
         return None
@@ -232,9 +247,11 @@ def _make(layer, linears, rows, norm_weights, eps) -> Plan | None:
         post_attn_norm=ptr(norm_weights[1]), pre_mlp_norm=ptr(norm_weights[2]), gate_up=ptr(rows[2]),
         down=ptr(rows[3]), post_mlp_norm=ptr(norm_weights[3]),
         routed=layer.router is not None, route_threshold=layer.route_threshold,
+        proj_scale=ptr(scales[0]), o_proj_scale=ptr(scales[1]), gate_up_scale=ptr(scales[2]),
+        down_scale=ptr(scales[3]),
     )
     # kept alive with the plan: what its pointers point into
-    keep = [*rows, *[w for w in norm_weights if w is not None], linears[0].bias, proj_bias]
+    keep = [*rows, *[t for t in (*norm_weights, *scales) if t is not None], linears[0].bias, proj_bias]
     return Plan(keep, struct, qkv_cols, layer.router is not None)
 
 

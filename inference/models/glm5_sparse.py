@@ -87,11 +87,13 @@ class DecoderLayer(nn.Module):
         return both[:, :rows], self.gate(x, both[:, rows : rows + 3])
 
     def _fused(self, name: str, build):
-        """`build(qkv_proj, router, pad)`'s layer, cached under `name` until a weight or bias of
-        either changes; `pad` rows round `[qkv ; router]` up to a multiple of 8, so that q/k rows keep
+        """`build(qkv_proj, router, pad)`'s layer, cached under `name` until a weight, bias or
+        (int8) scale of either changes; `pad` rows round `[qkv ; router]` up to a multiple of 8, so that q/k rows keep
         the even, aligned strides that the in-place complex rotary needs."""
         qkv, router = self.self_attn.qkv_proj, self.router
-        key = tuple(None if t is None else weight_key(t) for t in (qkv.weight, qkv.bias, router.weight, router.bias))
+        parts = (qkv.weight, qkv.bias, getattr(qkv, "scales", None), router.weight, router.bias,
+                 getattr(router, "scales", None))
+        key = tuple(None if t is None else weight_key(t) for t in parts)
         cached = self.__dict__.get(name)
         if cached is None or cached[0] != key:
             cached = self.__dict__[name] = (key, build(qkv, router, -(qkv.out_features + 3) % 8))

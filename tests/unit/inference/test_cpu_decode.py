@@ -198,9 +198,29 @@ def test_it_steps_aside_where_it_does_not_apply(tmp_path):
         assert cpu_decode.plan(layer, torch.randn(cpu_decode.MAX_ROWS + 1, 32)) is None  # a prefill
         assert cpu_decode.plan(layer, row.to(torch.bfloat16)) is None
     assert cpu_decode.plan(layer, row) is None  # autograd on
-    quantize_linears_(model)  # int8 weights: the torch layers
+    layer.router = linear.Int8Linear.from_linear(layer.router)  # an int8 router beside fp32 q/k/v
     with torch.inference_mode():
-        assert cpu_decode.plan(model.model.layers[0], row) is None
+        assert cpu_decode.plan(layer, row) is None
+
+
+@pytest.mark.parametrize("overrides", MODES.values(), ids=MODES.keys())
+def test_int8_layers_take_the_fused_path_and_equal_the_torch_layers(tmp_path, monkeypatch, fused_calls, overrides):
+    """W8A16 layers (the routed ones with their fused int8 q/k/v+router) run the same compiled
+    layer with the int8 product, token by token and in verify-sized chunks, and follow a change
+    of their scales."""
+    model, twin = (quantize_linears_(load(tmp_path / name, **overrides)) for name in ("model", "twin"))
+    ids = torch.randint(0, 128, (N,), generator=torch.Generator().manual_seed(9))
+    for chunks in (None, [3, 5, 1, 4, 1, 1, 6, 2, 1, 9, 1, 3, 4]):
+        torch_logits = decode(model, ids, False, monkeypatch, chunks)
+        fused_calls.clear()
+        torch.testing.assert_close(decode(model, ids, True, monkeypatch, chunks), torch_logits, atol=1e-4, rtol=1e-4)
+        assert len(fused_calls) == len(chunks or [3] + [1] * (N - 3)) * model.config.num_hidden_layers
+    for m in (model, twin):
+        with torch.no_grad():
+            m.model.layers[1].mlp.down_proj.scales.mul_(1.5)
+            m.model.layers[0].self_attn.qkv_proj.scales.mul_(0.5)
+    expected = decode(twin, ids, False, monkeypatch)  # its first call: nothing cached before the change
+    torch.testing.assert_close(decode(model, ids, True, monkeypatch), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_a_model_built_in_code_reads_its_weights_in_place(monkeypatch, fused_calls):
