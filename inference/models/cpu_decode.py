@@ -1,4 +1,4 @@
-"""A few decode rows through a decoder layer on CPU in fp32: two compiled calls around the attention.
+"""A few decode rows through a decoder layer on CPU (fp32 rows, fp32 or int8 weights): compiled calls.
 
 At batch 1 a layer is four matrix-vector products and ~45 small torch ops; the products are bound
 by reading the weights, the small ops by dispatch and Python, and they ran on caches that each
@@ -25,11 +25,13 @@ would (`LayerCache.rows_slots`, `rows_appended`); their torch attention and cach
 
 Taken for up to `MAX_ROWS` rows (a decode step, a speculative verify, a small continuous batch;
 each weight is read once for all of them) when the kernels are built here, autograd is off, the
-rows are fp32 on the CPU and every matmul of the layer is a dense fp32 `Linear` with no bias
+rows are fp32 on the CPU and every matmul of the layer is a dense fp32 `Linear` or an int8
+`Int8Linear` (W8A16; a routed layer's q/k/v and router both one or the other) with no bias
 outside q/k/v; anything else runs the torch layers. The plan holds the layer's weights as the
 kernels read them (output-major: a weight stored so is read in place, an input-major one, as the
-loader stores them, through the copy `Fp32Matmul.rows` keeps within its cap; the norm weights in
-place) and is remade when any of them changes. Module hooks on the layer's sub-modules do not
+loader stores them, through the copy `Fp32Matmul.rows` keeps within its cap; int8 weights in
+place with fp32 copies of their scales; the norm weights in place) and is remade when any of
+them changes. Module hooks on the layer's sub-modules do not
 run on this path.
 """
 
