@@ -300,7 +300,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", weight)  # int8 [out, in]
         self.register_buffer("scales", scales)  # [out], the activations' dtype family (bf16 on CPU)
         self.register_buffer("bias", bias)
-        self._fp32: tuple | None = None  # (scales key, bias key, fp32 scales, fp32 bias) for the CPU kernel
+        self._fp32: tuple | None = None  # ((scales key, bias key), fp32 scales, fp32 bias) for the CPU kernel
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fp32": None}

@@ -100,8 +100,8 @@ class Plan:
 
 def _watch(layer) -> list[tuple]:
     """(holder, the dict that holds it, attribute, value, version, data pointer) of every module
-    and tensor a plan of `layer` is made from: nn.Module keeps parameters and sub-modules in dicts of their
-    own, and a lookup there is a fraction of `getattr`'s cost. A plain attribute (a router that
+    and tensor a plan of `layer` is made from: nn.Module keeps parameters and sub-modules in dicts
+    of their own, and a lookup there is a fraction of `getattr`'s cost. A plain attribute (a router that
     is None) is looked up with `getattr`: assigning a module to it moves it to another dict."""
     attn, mlp = layer.self_attn, layer.mlp
     entries = [(layer, "self_attn"), (layer, "mlp"), (layer, "router"), (attn, "qkv_proj"), (attn, "o_proj"),
