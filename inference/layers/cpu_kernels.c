@@ -57,17 +57,21 @@ static float row1(const float *w, const float *x, long K) {
     return y;
 }
 
-/* one weight row against R rows of x, four at a time */
-static void weight_row(const float *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
-    long r = 0;
-    for (; r + 4 <= R; r += 4)
-        dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 4);
-    switch (R - r) {
-    case 3: dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 3); break;
-    case 2: dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 2); break;
-    case 1: dots(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 1); break;
+/* NAME(w, x, ldx, y, ldy, K, R): one weight row (of type T) against R rows of x, four at a time,
+ * through DOTS (inlined with its row count a constant); for the fp32 and the int8 rows */
+#define WEIGHT_ROW(NAME, T, DOTS)                                                                  \
+    static void NAME(const T *w, const float *x, long ldx, float *y, long ldy, long K, long R) {  \
+        long r = 0;                                                                                \
+        for (; r + 4 <= R; r += 4)                                                                 \
+            DOTS(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 4);                                     \
+        switch (R - r) {                                                                           \
+        case 3: DOTS(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 3); break;                          \
+        case 2: DOTS(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 2); break;                          \
+        case 1: DOTS(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 1); break;                          \
+        }                                                                                          \
     }
-}
+
+WEIGHT_ROW(weight_row, float, dots)
 
 #else /* portable: 8 partial sums per row, in a fixed order the compiler can vectorise */
 #define LANES 8
@@ -148,16 +152,7 @@ static inline __attribute__((always_inline)) void dots_i8(const signed char *w, 
                                                         _mm512_add_ps(a[r][2], a[r][3])));
 }
 
-static void weight_row_i8(const signed char *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
-    long r = 0;
-    for (; r + 4 <= R; r += 4)
-        dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 4);
-    switch (R - r) {
-    case 3: dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 3); break;
-    case 2: dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 2); break;
-    case 1: dots_i8(w, x + r * ldx, ldx, y + r * ldy, ldy, K, 1); break;
-    }
-}
+WEIGHT_ROW(weight_row_i8, signed char, dots_i8)
 #else
 static void weight_row_i8(const signed char *w, const float *x, long ldx, float *y, long ldy, long K, long R) {
     for (long r = 0; r < R; r++) {

@@ -18,15 +18,12 @@ from app.intake import Intake, IntakeUnavailable
 from app.models import AuditEvent, InboundMessage
 from app.outbox import Arrival, Prepared, prepare
 from app.wecom.messages import parse_message
+from tests.support.callbacks import text_message_xml
 
 
 def _message(services, n: int, user: str = "zhangwei"):
     s = services.settings
-    return parse_message(
-        f"<xml><ToUserName><![CDATA[{s.wecom_corp_id}]]></ToUserName><FromUserName><![CDATA[{user}]]>"
-        f"</FromUserName><CreateTime>{int(time.time())}</CreateTime><MsgType><![CDATA[text]]></MsgType>"
-        f"<Content><![CDATA[第{n}条 message {n}]]></Content><MsgId>{1000 + n}</MsgId>"
-        f"<AgentID>{s.wecom_agent_id}</AgentID></xml>")
+    return parse_message(text_message_xml(s.wecom_corp_id, s.wecom_agent_id, f"第{n}条 message {n}", user, 1000 + n))
 
 
 def _batches(monkeypatch):
