@@ -1,10 +1,24 @@
-"""Text in, token ids out, and back again: the GLM-4 chat format and streaming decode.
+"""Text in, token ids out, and back again: the GLM chat formats and streaming decode.
 
 Built on HF ``tokenizers`` alone so the engine never imports ``transformers``.
+
+Three chat layouts, chosen by what the tokenizer has (``ChatTokenizer.layout``):
+
+- ``glm4``: GLM-4's template (THUDM/glm-4-9b-chat), for tokenizers without think tokens, such
+  as the bundled demo's;
+- ``glm45``: GLM-4.5/4.6's (zai-org/GLM-4.5 ``chat_template.jinja``), for tokenizers with the
+  ``<think>``/``</think>`` tokens: a newline after every role token, each earlier assistant turn
+  as ``\\n<think></think>\\n{answer}``, the reply left to open its own think part; thinking off
+  appends ``/nothink`` to every user turn and pre-fills an empty think part;
+- ``glm47``: GLM-4.7/GLM-5's, the same turns without the newlines, earlier assistant turns as
+  ``</think>{answer}``, and the generation prompt pre-filling ``<think>`` (``</think>`` with
+  thinking off). ``from_pretrained`` picks it when the checkpoint's own template has no
+  ``/nothink``.
 """
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import (
@@ -42,25 +56,78 @@ GLM_CHAT_TEMPLATE = (
 )
 
 
+THINK_OPEN, THINK_CLOSE, NO_THINK = "<think>", "</think>", "/nothink"
+LAYOUTS = ("glm4", "glm45", "glm47")
+THINKING_ROLES = ("system", "user", "assistant")
+
+
+class Special(str):
+    """A control token in a rendered turn: entered by id, never encoded from text."""
+
+
+@dataclass(frozen=True)
+class ThinkingLayout:
+    """What the GLM-4.5 and GLM-4.7 templates write around the text of a conversation."""
+
+    newline: str  # after <|system|> and <|user|>, before an assistant turn's parts
+    empty_think: tuple[str, ...]  # an assistant turn whose reasoning is dropped
+    prompt_thinking: tuple[str, ...]  # after the last <|assistant|>, thinking on
+    prompt_not_thinking: tuple[str, ...]  # ... thinking off
+    user_nothink: bool  # thinking off also ends every user turn with /nothink
+
+
+_OPEN, _CLOSE = Special(THINK_OPEN), Special(THINK_CLOSE)
+THINKING_LAYOUTS = {
+    "glm45": ThinkingLayout("\n", ("\n", _OPEN, _CLOSE), (), ("\n", _OPEN, _CLOSE), True),
+    "glm47": ThinkingLayout("", (_CLOSE,), (_OPEN,), (_CLOSE,), False),
+}
+
+
 class ChatTokenizer:
-    """A trained tokenizer plus the GLM-4 chat layout and the ids that end a reply.
+    """A trained tokenizer plus its GLM chat layout and the ids that end a reply.
 
     Takes ownership of ``tokenizer``: it is switched to treat all text as plain text.
+    ``layout`` (see the module docstring) defaults to ``glm45`` when the tokenizer has the
+    think tokens, else ``glm4``.
     """
 
-    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int]):
+    def __init__(self, tokenizer: Tokenizer, eos_token_ids: list[int], layout: str | None = None):
         # Text is always plain text: a literal "<|assistant|>" typed by a user must not
         # become the role token. Special tokens enter only by id, in apply_chat_template.
         tokenizer.encode_special_tokens = True
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        has_think = all(tokenizer.token_to_id(t) is not None for t in (THINK_OPEN, THINK_CLOSE))
+        layout = layout or ("glm45" if has_think else "glm4")
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown chat layout {layout!r}; expected one of {LAYOUTS}")
+        if layout != "glm4" and not has_think:
+            raise ValueError(f"the {layout} layout needs the {THINK_OPEN} and {THINK_CLOSE} tokens")
+        self.layout = layout
         self._prefix = [self._special_id("[gMASK]"), self._special_id("<sop>")]
         self._role_ids = {
             role: self._special_id(f"<|{role}|>")
             for role in CHAT_ROLES
             if tokenizer.token_to_id(f"<|{role}|>") is not None
         }
+        # Decoding skips special tokens but keeps the think tags, which a tokenizer may mark
+        # special too: the reply's think part must stay visible to whoever splits it off.
+        think_ids = {tokenizer.token_to_id(THINK_OPEN), tokenizer.token_to_id(THINK_CLOSE)}
+        self._skipped_ids = None
+        if self.thinking:
+            added = tokenizer.get_added_tokens_decoder()
+            self._skipped_ids = {i for i, t in added.items() if t.special and i not in think_ids}
+
+    @property
+    def thinking(self) -> bool:
+        """Does this model write a think part before its answer?"""
+        return self.layout != "glm4"
+
+    def reply_starts_thinking(self, enable_thinking: bool = True) -> bool:
+        """Does a reply to ``apply_chat_template(..., enable_thinking)`` begin inside a think
+        part the prompt opened (GLM-4.7 and later), so that it holds only ``</think>``?"""
+        return self.layout == "glm47" and enable_thinking
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> "ChatTokenizer":
@@ -73,17 +140,34 @@ class ChatTokenizer:
             eos = tokenizer.token_to_id(token_content(config["eos_token"]))
         if eos is None:
             raise ValueError(f"{model_dir}: no eos_token_id in generation_config.json or eos_token")
-        return cls(tokenizer, [eos] if isinstance(eos, int) else list(eos))
+        layout = None
+        template = chat_template_of(model_dir, config)
+        if template and THINK_OPEN in template and NO_THINK not in template:
+            layout = "glm47"  # its own template pre-fills <think> and has no /nothink switch
+        return cls(tokenizer, [eos] if isinstance(eos, int) else list(eos), layout)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._skipped_ids is not None:
+            ids = [i for i in ids if i not in self._skipped_ids]
+            skip_special_tokens = False
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True
     ) -> list[int]:
+        """The prompt's ids, laid out as the model's own chat template renders it.
+
+        ``enable_thinking=False`` does what the template does for it (GLM-4.5+; GLM-4 has no
+        think part and ignores it).
+        """
+        if self.thinking:
+            return self._thinking_template(messages, add_generation_prompt, enable_thinking)
+        return self._glm4_template(messages, add_generation_prompt)
+
+    def _glm4_template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         """``[gMASK]<sop><|role|>{metadata}\\n{content}...<|assistant|>``, as GLM-4 renders it.
 
         Like the reference template, a message with empty content is left out, and the
@@ -104,7 +188,71 @@ class ChatTokenizer:
             ids.append(self._role_ids["assistant"])
         return ids
 
+    def _thinking_template(
+        self, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool
+    ) -> list[int]:
+        """GLM-4.5/4.7's template for text conversations (no tools).
+
+        Unlike GLM-4's, empty messages are kept. An assistant turn keeps its reasoning (its
+        ``reasoning_content``, or the ``<think>...</think>`` part of its content) only after the
+        last user turn; earlier turns lose it. Text stays text: a ``<think>`` or ``/nothink``
+        inside a message is never the control token.
+        """
+        layout = THINKING_LAYOUTS[self.layout]
+        roles = {"system": Special("<|system|>"), "user": Special("<|user|>"),
+                 "assistant": Special("<|assistant|>")}
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        nothink = Special(NO_THINK) if self.tokenizer.token_to_id(NO_THINK) is not None else NO_THINK
+        pieces: list[str] = []
+        for index, message in enumerate(messages):
+            role = message["role"]
+            if role not in THINKING_ROLES:
+                raise ValueError(f"unknown chat role {role!r}; expected one of {list(THINKING_ROLES)}")
+            content = visible_text(message.get("content"))
+            if role != "assistant":
+                pieces += [roles[role], layout.newline, content]
+                if role == "user" and layout.user_nothink and not enable_thinking \
+                        and not content.endswith(NO_THINK):
+                    pieces.append(nothink)
+                continue
+            reasoning = message.get("reasoning_content")
+            if not isinstance(reasoning, str):
+                reasoning = ""
+                if THINK_CLOSE in content:
+                    reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+                    content = content.split(THINK_CLOSE)[-1].lstrip("\n")
+            pieces.append(roles["assistant"])
+            if index > last_user and reasoning:
+                pieces += [layout.newline, _OPEN, reasoning.strip(), _CLOSE]
+            else:
+                pieces += layout.empty_think
+            if content.strip():
+                pieces += [layout.newline, content.strip()]
+        if add_generation_prompt:
+            pieces.append(roles["assistant"])
+            pieces += layout.prompt_thinking if enable_thinking else layout.prompt_not_thinking
+        return self._prefix + self._encode_pieces(pieces)
+
+    def _encode_pieces(self, pieces: list[str]) -> list[int]:
+        """Special pieces by id; the text between two of them encoded as one string, as a
+        tokenizer splits a rendered prompt at its added tokens before encoding the rest."""
+        ids: list[int] = []
+        text: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, Special):
+                if "".join(text):
+                    ids += self.encode("".join(text))
+                text = []
+                ids.append(self._special_id(piece))
+            else:
+                text.append(piece)
+        if "".join(text):
+            ids += self.encode("".join(text))
+        return ids
+
     def detokenizer(self, skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
+        if skip_special_tokens and self._skipped_ids is not None:
+            return IncrementalDetokenizer(self.tokenizer, False, self._skipped_ids)
         return IncrementalDetokenizer(self.tokenizer, skip_special_tokens)
 
     def _special_id(self, token: str) -> int:
@@ -122,9 +270,11 @@ class IncrementalDetokenizer:
     token: the text from ``prefix`` to ``read`` was emitted already, the rest is new.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True,
+                 skipped_ids: set[int] | None = None):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.skipped_ids = skipped_ids  # left out of the text (the tokenizer's own flags aside)
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
@@ -146,6 +296,8 @@ class IncrementalDetokenizer:
         return text[len(seen) :]
 
     def _decode(self, ids: list[int]) -> str:
+        if self.skipped_ids:
+            ids = [i for i in ids if i not in self.skipped_ids]
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
 
@@ -240,6 +392,32 @@ def save_glm_tokenizer(
             raise ValueError(f"eos tokens {eos} are not all in the vocabulary")
         pad = tokenizer.token_to_id("<|endoftext|>")
         write_json(generation, {"eos_token_id": eos_ids, "pad_token_id": pad})
+
+
+def visible_text(content) -> str:
+    """A message's text: a string, or the text parts of OpenAI's list of content parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        part if isinstance(part, str) else part.get("text", "")
+        for part in content
+        if isinstance(part, str) or (isinstance(part, dict) and part.get("type") == "text")
+    )
+
+
+def chat_template_of(model_dir: Path, config: dict) -> str | None:
+    """The checkpoint's own Jinja chat template: ``chat_template.jinja``, else the (default)
+    template in tokenizer_config.json."""
+    path = model_dir / "chat_template.jinja"
+    if path.exists():
+        return path.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
 
 
 def token_content(token: str | dict) -> str:
