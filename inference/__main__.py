@@ -1,7 +1,9 @@
 """Command line: `python -m inference generate --model DIR --prompt TEXT`,
 `python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits),
-`python -m inference quantize --model DIR --out DIR` (a W8A16 int8 checkpoint) and
-`python -m inference kernels` (build the CPU decode kernels now, or say why they cannot be)."""
+`python -m inference quantize --model DIR --out DIR` (a W8A16 int8 checkpoint),
+`python -m inference kernels` (build the CPU decode kernels now, or say why they cannot be) and
+`python -m inference plan --config CONFIG.json` (parameters, weight and KV-cache bytes, and how much
+context fits one GPU, from a published config.json; exit 1 when it does not fit)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,12 @@ def _arguments() -> argparse.ArgumentParser:
     quantize.add_argument("--model", required=True, help="checkpoint directory")
     quantize.add_argument("--out", required=True, help="directory for the int8 checkpoint")
     commands.add_parser("kernels", help="build the CPU decode kernels (or say why not); exit 1 without them")
+    plan = commands.add_parser("plan", help="size a model from its config.json for one GPU; exit 1 when it does not fit")
+    plan.add_argument("--config", required=True, help="a published Hugging Face config.json")
+    plan.add_argument("--gpu-mem-gib", type=float, default=141.0, help="GPU memory in GiB (default 141, an H200)")
+    plan.add_argument("--dtype", choices=("bf16", "int8", "fp8"), default="bf16", help="weight format (default bf16)")
+    plan.add_argument("--context", type=int, default=None, help="tokens per sequence (default: max_position_embeddings)")
+    plan.add_argument("--reserve-gib", type=float, default=4.0, help="kept for activations/workspace (default 4)")
     for command in (generate, chat):
         command.add_argument("--model", required=True, help="checkpoint directory")
         command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
@@ -87,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(cpu_kernels.describe())
         return 0 if cpu_kernels.available() else 1
+    if args.command == "plan":
+        from inference.plan import run
+
+        code, report = run(args.config, args.dtype, args.gpu_mem_gib, args.context, args.reserve_gib)
+        print(report, file=sys.stderr if code == 2 else sys.stdout)
+        return code
     if args.command == "quantize":
         from inference.quantize import quantize_checkpoint
 
