@@ -584,7 +584,7 @@ def _kv_lines(p: Plan) -> list[str]:
     if a.is_dsa:
         lines.append(
             _row(
-                "  DSA indexer keys",
+                "  DSA indexer",
                 f"{_kib(kv.indexer)} = {kv.indexer_layers} indexer layers x {a.index_head_dim}"
                 " values x 2 B",
             )
