@@ -26,7 +26,7 @@ from inference.demo.corpus import load_qa
 from inference.engine import EngineArgs, LLMEngine
 from inference.layers.linear import quantize_linears_
 from inference.llm import LLM
-from inference.models import MODELS
+from inference.models import MODELS, cpu_fast_path
 from inference.sampling_params import SamplingParams
 
 PROMPT, NEW_TOKENS = 16, 48
@@ -154,8 +154,8 @@ def _variants(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     int8.load_state_dict(model.state_dict())
     return {
         "fp32": model,
-        "bf16": bf16.to(torch.bfloat16).eval(),
-        "int8": quantize_linears_(int8).eval(),
+        "bf16": cpu_fast_path.install_(bf16.to(torch.bfloat16)).eval(),
+        "int8": cpu_fast_path.install_(quantize_linears_(int8)).eval(),
     }
 
 
@@ -196,7 +196,7 @@ def _random_100m() -> torch.nn.Module:
         "num_mtp_heads": 0,
     }
     config = ModelConfig.from_dict(raw)
-    return MODELS["glm5_sparse"](config).eval()
+    return cpu_fast_path.install_(MODELS["glm5_sparse"](config)).eval()
 
 
 def main(argv: list[str] | None = None) -> None:

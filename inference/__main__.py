@@ -45,6 +45,7 @@ def _arguments() -> argparse.ArgumentParser:
         command.add_argument("--repetition-penalty", type=float, default=1.0)
         command.add_argument("--seed", type=int, default=None)
         command.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+        command.add_argument("--ignore-eos", action="store_true", help="generate all --max-tokens tokens")
         command.add_argument("--quantization", default=None, help="w8a16: int8 weights at load time")
         command.add_argument("--speculative-k", type=int, default=None, help="MTP draft length 1..8")
     return parser
@@ -59,6 +60,7 @@ def _params(args: argparse.Namespace) -> SamplingParams:
         max_tokens=args.max_tokens,
         stop=args.stop,
         seed=args.seed,
+        ignore_eos=args.ignore_eos,
     )
 
 

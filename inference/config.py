@@ -17,7 +17,8 @@ _DTYPES = {
     "fp16": torch.float16,
 }
 
-MODEL_TYPES = ("glm5_sparse", "glm4")
+MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe")
+MLP_LAYER_TYPES = ("dense", "sparse")
 QUANTIZATIONS = (None, "w8a16")
 
 
@@ -47,6 +48,10 @@ class ModelConfig:
     `routed`, and `num_mtp_heads` DeepSeek-V3 style MTP modules. `glm4` is Hugging Face's
     `Glm4ForCausalLM`: dense unless a `sliding_window` is set (in the config or as an override),
     in which case it runs the sparse contract in union mode (one softmax over window + nodes).
+    `glm4_moe` is Hugging Face's `Glm4MoeForCausalLM` (GLM-4.5, 4.5-Air, 4.6, 4.7): GLM-4's
+    attention without the sandwich norms, its rotary on halves instead of pairs, optional q/k
+    norms, and from `mlp_layer_types` "sparse" layers on a Mixture of Experts (`n_routed_experts`
+    experts of `moe_intermediate_size`, `num_experts_per_tok` a token, `n_shared_experts` always).
     """
 
     model_type: str
@@ -71,6 +76,22 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
     quantization: str | None = None  # "w8a16": int8 weight-only linear layers
+    # GLM-4's rotary turns channel pairs (2i, 2i+1); glm4_moe's turns (i, i + rotary_dim / 2)
+    rotary_interleaved: bool = True
+    use_qk_norm: bool = False  # an RMSNorm over each q and k head before the rotary
+    # Mixture of experts (glm4_moe): per layer "dense" (an MLP of intermediate_size) or "sparse"
+    mlp_layer_types: list[str] = field(default_factory=list)  # empty: every layer dense
+    n_routed_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    # MTP layers a glm4_moe checkpoint ships after the decoder layers (layer num_hidden_layers
+    # onwards); not run by this model type, so the loader skips their tensors
+    num_nextn_predict_layers: int = 0
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -84,6 +105,21 @@ class ModelConfig:
             raise ValueError("need 0 < global_interval <= sliding_window")
         if self.routed and not self.sparse:
             raise ValueError("routed attention needs a sliding_window")
+        if self.mlp_layer_types and (
+                len(self.mlp_layer_types) != self.num_hidden_layers
+                or any(t not in MLP_LAYER_TYPES for t in self.mlp_layer_types)):
+            raise ValueError(f"mlp_layer_types needs one of {MLP_LAYER_TYPES} for each of the "
+                             f"{self.num_hidden_layers} layers, got {self.mlp_layer_types!r}")
+        if "sparse" in self.mlp_layer_types:
+            experts, k, groups = self.n_routed_experts, self.num_experts_per_tok, self.n_group
+            if not (0 < k <= experts and self.moe_intermediate_size > 0):
+                raise ValueError("a Mixture of Experts needs 0 < num_experts_per_tok <= n_routed_experts "
+                                 "and moe_intermediate_size > 0")
+            if experts % groups or not 0 < self.topk_group <= groups or (groups > 1 and experts // groups < 2):
+                raise ValueError("n_routed_experts must split into n_group groups of 2 or more, "
+                                 "and 0 < topk_group <= n_group")
+            if k > self.topk_group * (experts // groups):
+                raise ValueError("num_experts_per_tok is more than the experts of topk_group groups")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"unsupported quantization {self.quantization!r}; use one of {QUANTIZATIONS}")
 
@@ -115,6 +151,7 @@ class ModelConfig:
         eos = raw.get("eos_token_id")
         hidden = raw["hidden_size"]
         heads = raw["num_attention_heads"]
+        moe = _moe_fields(raw) if model_type == "glm4_moe" else {}
         return cls(
             model_type=model_type,
             vocab_size=raw["vocab_size"],
@@ -124,7 +161,7 @@ class ModelConfig:
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads", heads),
             head_dim=raw.get("head_dim") or hidden // heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-5 if model_type == "glm4_moe" else 1e-6),
             rope_theta=rope.get("rope_theta", raw.get("rope_theta", 10000.0)),
             partial_rotary_factor=rope.get(
                 "partial_rotary_factor", raw.get("partial_rotary_factor", 0.5)
@@ -140,6 +177,7 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
             dtype=resolve_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype")),
             quantization=quantization or raw.get("quantization"),
+            **moe,
         )
 
     @classmethod
@@ -153,3 +191,28 @@ class ModelConfig:
             if gen_eos is not None:
                 raw["eos_token_id"] = gen_eos
         return cls.from_dict(raw, **overrides)
+
+
+def _moe_fields(raw: dict) -> dict:
+    """The glm4_moe fields of a `config.json`, with transformers' defaults for `Glm4MoeConfig`."""
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; glm4_moe uses silu")
+    layers = raw["num_hidden_layers"]
+    types = raw.get("mlp_layer_types")
+    if types is None:
+        dense = min(raw.get("first_k_dense_replace", 1), layers)
+        types = ["dense"] * dense + ["sparse"] * (layers - dense)
+    return {
+        "rotary_interleaved": False,
+        "use_qk_norm": raw.get("use_qk_norm", False),
+        "mlp_layer_types": list(types),
+        "n_routed_experts": raw.get("n_routed_experts", raw.get("num_local_experts", 128)),
+        "num_experts_per_tok": raw.get("num_experts_per_tok", 8),
+        "moe_intermediate_size": raw.get("moe_intermediate_size", 1408),
+        "n_shared_experts": raw.get("n_shared_experts", 1),
+        "routed_scaling_factor": raw.get("routed_scaling_factor", 1.0),
+        "n_group": raw.get("n_group", 1),
+        "topk_group": raw.get("topk_group", 1),
+        "norm_topk_prob": raw.get("norm_topk_prob", True),
+        "num_nextn_predict_layers": raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 1)),
+    }

@@ -11,12 +11,17 @@ from torch import nn
 
 from inference.config import ModelConfig, default_device
 from inference.layers.linear import PackedLinear, input_major, quantize_linears_
-from inference.models import MODELS
+from inference.models import MODELS, cpu_fast_path
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 SCALE_SUFFIX = "_scale"  # a W8A16 checkpoint: int8 `X.weight` beside fp32 `X.weight_scale`
+# FP8 releases (GLM-4.5-FP8 ... GLM-5-FP8, DeepSeek-V3's format): e4m3 `X.weight` beside the fp32
+# factors `X.weight_scale_inv` that multiply it back, one per block of `weight_block_size`
+# (config.json's `quantization_config`, 128 x 128), per output row, or one for the tensor.
+FP8_SCALE_SUFFIX = "_scale_inv"
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 class CheckpointError(ValueError):
@@ -74,18 +79,25 @@ def load_model(
     The model is built on the meta device (no wasted random init) and each tensor is read once,
     cast to `config.dtype` and placed on `device` (CUDA when present, else CPU). Every missing,
     unexpected or mis-shaped tensor is reported by name in one `CheckpointError`. With tied
-    embeddings `lm_head.weight` is optional and, when present, ignored.
+    embeddings `lm_head.weight` is optional and, when present, ignored. int8 (W8A16) and fp8
+    checkpoints are dequantized as read; the model's `fp32_suffixes` (GLM's MoE router) stay
+    fp32; tensors under its `skipped_checkpoint_prefixes` (layers it does not run) are not read.
+    On the CPU the fast path of `cpu_fast_path` is installed on the layers it knows.
     """
     model_dir, device = Path(model_dir), torch.device(device or default_device())
+    model_class = MODELS[config.model_type]
     with torch.device("meta"):
-        model = MODELS[config.model_type](config)
+        model = model_class(config)
     layout = checkpoint_layout(model)
     expected = {name: shape for parts in layout.values() for name, shape in parts}
-    files = checkpoint_files(model_dir)
+    skipped = model_class.skipped_checkpoint_prefixes(config)
+    files = {n: f for n, f in checkpoint_files(model_dir).items() if not n.startswith(skipped)}
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(files))
-    scales = {n for n in files if n.endswith(SCALE_SUFFIX) and n.removesuffix(SCALE_SUFFIX) in expected}
+    scales = {n for n in files if n.endswith((SCALE_SUFFIX, FP8_SCALE_SUFFIX))
+              and n.removesuffix(FP8_SCALE_SUFFIX).removesuffix(SCALE_SUFFIX) in expected}
     unexpected = sorted(set(files) - set(expected) - optional - scales)
+    block = fp8_block_size(model_dir)
     tensors, wrong_shape = {}, []
     by_file: dict[Path, list[str]] = {}
     for name in sorted(expected.keys() & files.keys()):
@@ -98,9 +110,15 @@ def load_model(
                     # Dequantized exactly (fp32); `quantize_linears_` below gives back the same int8.
                     scale = safe_open_tensor(files[name + SCALE_SUFFIX], name + SCALE_SUFFIX, device)
                     tensor = tensor.float() * scale.float()[:, None]
+                elif tensor.dtype in FP8_DTYPES:
+                    factors = None
+                    if name + FP8_SCALE_SUFFIX in scales:
+                        factors = safe_open_tensor(files[name + FP8_SCALE_SUFFIX], name + FP8_SCALE_SUFFIX, device)
+                    tensor = dequantize_fp8(tensor, factors, block)
                 if tensor.shape != expected[name]:
                     wrong_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model {tuple(expected[name])}")
-                tensors[name] = tensor.to(config.dtype)
+                keep_fp32 = name.endswith(model_class.fp32_suffixes) if model_class.fp32_suffixes else False
+                tensors[name] = tensor.to(torch.float32 if keep_fp32 else config.dtype)
     problems = (
         [f"missing tensor {n}" for n in missing]
         + [f"unexpected tensor {n}" for n in unexpected]
@@ -119,7 +137,38 @@ def load_model(
         model.lm_head.weight = model.model.embed_tokens.weight
     if config.quantization == "w8a16":
         quantize_linears_(model)
+    if device.type == "cpu":
+        cpu_fast_path.install_(model)
     return model.eval()
+
+
+def fp8_block_size(model_dir: Path) -> tuple[int, int] | None:
+    """`quantization_config.weight_block_size` of an FP8 checkpoint's config.json, if any."""
+    config = json.loads((model_dir / "config.json").read_text())
+    size = (config.get("quantization_config") or {}).get("weight_block_size")
+    return None if size is None else (int(size[0]), int(size[1]))
+
+
+def dequantize_fp8(weight: torch.Tensor, factors: torch.Tensor | None, block: tuple[int, int] | None) -> torch.Tensor:
+    """An fp8 weight `[out, in]` times its factors, in fp32: one factor per `block` (the last
+    blocks of a row or column may be partial), per output row (`[out]` or `[out, 1]`), or one
+    for the whole tensor (a scalar, or none at all)."""
+    values = weight.float()
+    if factors is None or factors.numel() == 1:
+        return values if factors is None else values * factors.float().reshape(())
+    factors = factors.float()
+    out, cols = weight.shape
+    if factors.dim() == 1 or factors.shape[1] == 1:
+        if factors.shape[0] != out:
+            raise CheckpointError(f"fp8 row factors {tuple(factors.shape)} for a weight {tuple(weight.shape)}")
+        return values * factors.reshape(out, 1)
+    if block is None:  # no block size in the config: the one the factor grid implies
+        block = (-(-out // factors.shape[0]), -(-cols // factors.shape[1]))
+    if factors.shape != (-(-out // block[0]), -(-cols // block[1])):
+        raise CheckpointError(f"fp8 block factors {tuple(factors.shape)} do not cover a weight "
+                              f"{tuple(weight.shape)} in blocks of {block}")
+    grid = factors.repeat_interleave(block[0], 0)[:out].repeat_interleave(block[1], 1)[:, :cols]
+    return values * grid
 
 
 def store_input_major_(model: nn.Module) -> None:

@@ -2,7 +2,7 @@
 
 `X.weight` becomes int8 and `X.weight_scale` ([out], fp32) sits beside it; config.json gets
 `"quantization": "w8a16"`, so `LLM.from_pretrained` builds `Int8Linear` layers from it. The
-embedding (and anything not 2-D) stays as it was. Other files (tokenizer, generation config)
+embedding, the MoE router (and anything not 2-D) stay as they were. Other files (tokenizer, generation config)
 are copied.
 """
 
@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from inference.layers.linear import quantize_weight
 from inference.loader import SCALE_SUFFIX, checkpoint_files
 
-KEEP_DENSE = ("embed_tokens.weight",)
+KEEP_DENSE = ("embed_tokens.weight", "mlp.gate.weight")  # the embedding; GLM's MoE router (kept fp32)
 
 
 def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path) -> Path:

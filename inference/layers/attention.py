@@ -33,6 +33,7 @@ from torch import nn
 from inference.config import ModelConfig
 from inference.kv_cache import AttentionContext, LayerCache
 from inference.layers.linear import Linear, PackedLinear
+from inference.layers.norm import RMSNorm
 from inference.layers.rotary import apply_rotary_
 
 QUERY_TILE = 256  # best of 128/256/512/1024 for the masked SDPA tiles on this CPU
@@ -263,6 +264,9 @@ class Attention(nn.Module):
         parts = {"q_proj": self.num_heads * d, "k_proj": self.num_kv_heads * d, "v_proj": self.num_kv_heads * d}
         self.qkv_proj = PackedLinear(h, parts, bias=config.attention_bias)
         self.o_proj = Linear(self.num_heads * d, h)
+        self.rotary_interleaved = config.rotary_interleaved
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.use_qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.use_qk_norm else None
 
     def forward(
         self,
@@ -280,7 +284,10 @@ class Attention(nn.Module):
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x) if qkv is None else qkv
         qkv = qkv.view(n, heads + 2 * kv_heads, self.head_dim)
-        apply_rotary_(qkv[:, : heads + kv_heads], rotations)  # q and k in one go
+        if self.q_norm is not None:
+            qkv = torch.cat((self.q_norm(qkv[:, :heads]), self.k_norm(qkv[:, heads : heads + kv_heads]),
+                             qkv[:, heads + kv_heads :]), dim=1)
+        apply_rotary_(qkv[:, : heads + kv_heads], rotations, self.rotary_interleaved)  # q and k in one go
         q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         if hasattr(cache, "attend"):  # a batch of sequences on the paged cache (inference.engine)

@@ -1,9 +1,10 @@
 """GLM partial rotary embedding.
 
-Only the first `rotary_dim` channels of each head rotate; they rotate as interleaved pairs
-(channels 2i and 2i+1 form one complex number turned by `position * theta**(-2i/rotary_dim)`),
-the rest pass through. This is the convention of transformers' Glm4 `apply_rotary_pos_emb`, so
-checkpoints move between the two without permuting q/k weights. The pairs are rotated as one
+Only the first `rotary_dim` channels of each head rotate; the rest pass through. GLM-4 rotates
+interleaved pairs (channels 2i and 2i+1 form one complex number turned by
+`position * theta**(-2i/rotary_dim)`), transformers' Glm4 `apply_rotary_pos_emb`; GLM-4.5 (glm4_moe)
+rotates halves (channels i and i + rotary_dim/2, its `rotate_half`), the same angles. Each model
+type's own convention, so checkpoints load without permuting q/k weights. The pairs are rotated as one
 complex multiply, in place: a decode step runs this for every layer, and a handful of ops instead
 of the ~15 of the cos/sin form is measurable there.
 """
@@ -41,9 +42,17 @@ class RotaryEmbedding:
         return torch.polar(on[1], torch.outer(positions, on[0]))
 
 
-def apply_rotary_(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Rotate `x [L, heads, head_dim]` in place by `rotations [L, rotary_dim / 2]`; returns `x`."""
-    rot = x[..., : rotations.shape[-1] * 2]
+def apply_rotary_(x: torch.Tensor, rotations: torch.Tensor, interleaved: bool = True) -> torch.Tensor:
+    """Rotate `x [L, heads, head_dim]` in place by `rotations [L, rotary_dim / 2]`, as pairs
+    (`interleaved`) or halves; returns `x`."""
+    half = rotations.shape[-1]
+    rot = x[..., : half * 2]
+    if not interleaved:
+        first, second = rot[..., :half], rot[..., half:]
+        turned = torch.complex(first.float(), second.float()) * rotations[:, None]
+        first.copy_(turned.real)
+        second.copy_(turned.imag)
+        return x
     pairs = torch.view_as_complex((rot if rot.dtype == torch.float32 else rot.float()).unflatten(-1, (-1, 2)))
     rot.copy_(torch.view_as_real(pairs * rotations[:, None]).flatten(-2))
     return x

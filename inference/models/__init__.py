@@ -1,6 +1,7 @@
 """One file per architecture; `MODELS` maps a config's `model_type` to its class."""
 
 from inference.models.glm4 import Glm4ForCausalLM
+from inference.models.glm4_moe import Glm4MoeForCausalLM
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
 
-MODELS = {"glm5_sparse": Glm5SparseForCausalLM, "glm4": Glm4ForCausalLM}
+MODELS = {"glm5_sparse": Glm5SparseForCausalLM, "glm4": Glm4ForCausalLM, "glm4_moe": Glm4MoeForCausalLM}

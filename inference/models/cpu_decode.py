@@ -154,8 +154,14 @@ def norm_weight(norm) -> torch.Tensor | None:
 
 def _parts(layer) -> tuple[list, tuple] | None:
     """The layer's projection Linear (q/k/v, fused with the router when routed), its other three
-    Linears and its norms; None when the layer is not one this path serves."""
-    attn, mlp = layer.self_attn, layer.mlp
+    Linears and its norms; None when the layer is not one this path serves (the fast path is
+    installed only on the layer types whose parts these are, but a plan may be asked of any)."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if not all(hasattr(attn, n) for n in ("qkv_proj", "o_proj")) or not all(
+            hasattr(mlp, n) for n in ("gate_up_proj", "down_proj")) or not hasattr(layer, "router"):
+        return None
+    if getattr(attn, "q_norm", None) is not None or not getattr(attn, "rotary_interleaved", True):
+        return None  # the kernels rotate pairs and have no q/k norms
     dense, kinds = (Linear, PackedLinear), (Linear, PackedLinear, Int8Linear)
     if not all(type(m) in kinds for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)):
         return None

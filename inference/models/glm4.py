@@ -11,20 +11,16 @@ import torch
 from inference.config import ModelConfig
 from inference.kv_cache import LayerCache
 from inference.layers.norm import RMSNorm
-from inference.models import cpu_decode
 from inference.models.glm5_sparse import DecoderLayer, Glm5SparseForCausalLM
 
 
 class Glm4DecoderLayer(DecoderLayer):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
+        super().__init__(config, index)
         self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
-        plan = cpu_decode.plan(self, h)  # the sandwich norms included
-        if plan is not None:
-            return cpu_decode.forward(self, plan, h, rotations, cache)
         x = self.input_layernorm(h)
         h = h + self.post_self_attn_layernorm(self.self_attn(x, rotations, cache, self.node_norms(h)))
         return h + self.post_mlp_layernorm(self.mlp(self.post_attention_layernorm(h)))

@@ -33,7 +33,6 @@ from inference.layers.attention import Attention
 from inference.layers.linear import Int8Linear, Linear, input_major, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
-from inference.models import cpu_decode, cpu_step
 
 
 class MLP(nn.Module):
@@ -47,7 +46,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
@@ -109,9 +108,6 @@ class DecoderLayer(nn.Module):
         return self._fused("_fused8", _fused_int8)
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache: LayerCache) -> torch.Tensor:
-        plan = cpu_decode.plan(self, h)
-        if plan is not None:  # one fp32 row on CPU: two compiled calls around the attention
-            return cpu_decode.forward(self, plan, h, rotations, cache)
         x = self.input_layernorm(h)
         qkv, gate = self.qkv_and_gate(x)
         h = h + self.self_attn(x, rotations, cache, self.node_norms(h), gate, qkv)
@@ -164,7 +160,7 @@ class Glm5SparseModel(nn.Module):
     def __init__(self, config: ModelConfig, layer_class: type[DecoderLayer]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(layer_class(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(layer_class(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mtp = nn.ModuleList(MTPModule(config, layer_class) for _ in range(config.num_mtp_heads))
 
@@ -175,7 +171,13 @@ class Glm5SparseForCausalLM(nn.Module):
     `compute_logits` turns the rows you need into logits. Prefill in one call or in chunks,
     decode one token per call: the cache makes all of them agree."""
 
-    layer_class: type[DecoderLayer] = DecoderLayer
+    layer_class: type[DecoderLayer] = DecoderLayer  # built as layer_class(config, index)
+    fp32_suffixes: tuple[str, ...] = ()  # parameters the loader keeps in fp32 whatever the dtype
+
+    @staticmethod
+    def skipped_checkpoint_prefixes(config: ModelConfig) -> tuple[str, ...]:
+        """Checkpoint tensors this model does not use (and the loader does not read)."""
+        return ()
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -194,9 +196,6 @@ class Glm5SparseForCausalLM(nn.Module):
         return KVCache(self.config, self.device, self.model.embed_tokens.weight.dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        out = cpu_step.step(self, input_ids, positions, cache)
-        if out is not None:  # one fp32 token on CPU: the whole model in one compiled call
-            return out
         h = self.model.embed_tokens(input_ids)
         rotations = self.rotary.rotations(positions)
         for layer, layer_cache in zip(self.model.layers, cache.layers, strict=False):

@@ -6,7 +6,7 @@ import torch
 from inference.config import ModelConfig
 from inference.kv_cache import KVCache
 from inference.loader import checkpoint_layout
-from inference.models import MODELS
+from inference.models import MODELS, cpu_fast_path
 from tests.unit.inference.helpers import glm5_config, random_state
 
 N = 83  # crosses five windows of 16 and twenty blocks of 4
@@ -18,7 +18,7 @@ def build(**overrides):
     state = random_state(config)
     packed = {name: torch.cat([state[p] for p, _ in parts]) for name, parts in checkpoint_layout(model).items()}
     model.load_state_dict(packed, strict=False)
-    return model.eval()
+    return cpu_fast_path.install_(model).eval()  # as the loader does on the CPU
 
 
 def run(model, ids, chunks):
