@@ -184,6 +184,8 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr = SecretStr("")
     openai_model: str = "glm-4"
     openai_timeout_s: float = 120.0
+    openai_reply_start: Literal["auto", "answer", "thinking"] = Field(
+        default="auto", description="where a reply with inline thinking begins (worker/llm.py)")
     max_new_tokens: int = 512
     temperature: float = 0.7
     top_p: float = 0.9
@@ -192,6 +194,8 @@ class Settings(BaseSettings):
     # -- OpenAI-compatible API (app/api) -------------------------------------------------------
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    api_reasoning: Literal["separate", "strip"] = Field(
+        default="separate", description="a reasoning model's think part: reasoning_content, or dropped")
 
     @field_validator("wecom_aes_key", "aibot_encoding_aes_key")
     @classmethod

@@ -4,6 +4,10 @@ One engine per worker process (``worker.engine_service``), loaded on first use; 
 thread submits to it, so concurrent chats share batches. Engine errors become ``LLMError``s the
 processor turns into a polite message: a prompt over ``max_model_len`` is the user's (400, not
 retried), a device failure such as out-of-memory is transient (503, retried).
+
+The prompt is laid out here, with the checkpoint's chat layout and ``enable_thinking``, and a
+reasoning model's text is split into its think part and its answer as it streams: the tokenizer
+says whether a reply begins inside a think part its prompt opened (GLM-4.7 and later).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.layers import cpu_kernels
+from inference.reasoning import ReasoningSplitter
 from inference.sampling_params import SamplingParams
 from worker.engine_service import EngineService
 from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
@@ -66,22 +71,40 @@ class EngineBackend:
 
     def stream(self, messages: list[dict], params: GenerationParams) -> Iterator[StreamDelta]:
         started = time.perf_counter()
+        tokenizer = self.service.engine.tokenizer
+        thinking = params.enable_thinking is not False
+        splitter = None
+        if tokenizer is not None and tokenizer.thinking:
+            splitter = ReasoningSplitter(
+                "thinking" if tokenizer.reply_starts_thinking(thinking) else "answer")
         try:
             sampling = self._params(params)
+            prompt = messages
+            if tokenizer is not None and messages and isinstance(messages[0], dict):
+                prompt = tokenizer.apply_chat_template(messages, enable_thinking=thinking)
             output = None
-            for output in self.service.submit(messages, sampling):
+            for output in self.service.submit(prompt, sampling):
                 if output.delta:
-                    yield StreamDelta(output.delta)
+                    reasoning, text = splitter.feed(output.delta) if splitter else ("", output.delta)
+                    if reasoning or text:
+                        yield StreamDelta(text, reasoning=reasoning)
         except PromptTooLongError as exc:
             raise LLMError(TOO_LONG, transient=False, status=400) from exc
         except RequestFailedError as exc:
             raise LLMError(f"engine failed this request: {exc}", transient=True, status=503) from exc
         except ValueError as exc:
             raise LLMError(f"engine refused the request: {exc}", transient=False, status=400) from exc
+        text, reasoning = output.text, ""
+        if splitter is not None:
+            tail_reasoning, tail = splitter.finish()
+            if tail_reasoning or tail:
+                yield StreamDelta(tail, reasoning=tail_reasoning)
+            text, reasoning = splitter.answer, splitter.reasoning
         yield StreamDelta("", Generation(
-            text=output.text, model=self.model_name, prompt_tokens=output.prompt_tokens,
+            text=text, model=self.model_name, prompt_tokens=output.prompt_tokens,
             completion_tokens=output.completion_tokens, cached_tokens=output.cached_tokens,
-            finish_reason=output.finish_reason, latency_s=time.perf_counter() - started))
+            finish_reason=output.finish_reason, latency_s=time.perf_counter() - started,
+            reasoning=reasoning))
 
     def close(self) -> None:
         self.service.close()

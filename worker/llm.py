@@ -2,6 +2,11 @@
 
 Two backends behind ``INFERENCE_BACKEND``: ``engine`` (the bundled engine in ``inference/``, one
 per process) and ``openai`` (any OpenAI-compatible server: vLLM, SGLang or a hosted API).
+
+A reasoning model (GLM-4.5 and later) thinks before it answers. Both backends hand back the two
+apart: ``text`` is the answer alone, ``reasoning`` the think part; callers choose what to show
+(the worker never shows the reasoning to an employee; the /v1 API per ``API_REASONING``).
+Token counts cover everything the model generated, thinking included.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from typing import Protocol
 
 import requests
 
+from inference.reasoning import ReasoningSplitter
+
 log = logging.getLogger(__name__)
+REPLY_STARTS = ("auto", "answer", "thinking")
 
 
 @dataclass(frozen=True)
@@ -25,25 +33,29 @@ class GenerationParams:
     top_p: float = 0.9
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    enable_thinking: bool | None = None  # None: the model's default (a reasoning model thinks)
 
 
 @dataclass
 class Generation:
-    text: str
+    text: str  # the answer, without the think part
     model: str
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # every generated token, the think part's too
     cached_tokens: int = 0
     finish_reason: str = "stop"
     latency_s: float = 0.0
+    reasoning: str = ""  # the think part, if the model had one
 
 
 @dataclass
 class StreamDelta:
-    """One piece of a streamed answer; the last one carries ``final``."""
+    """One piece of a streamed answer (``text``) or of its think part (``reasoning``); the last
+    one carries ``final``."""
 
     text: str
     final: Generation | None = field(default=None)
+    reasoning: str = ""
 
 
 class LLMError(RuntimeError):
@@ -64,15 +76,30 @@ class LLMBackend(Protocol):
 
 
 class OpenAIBackend:
-    """Chat completions over HTTP, with timeouts and bounded retries on connection errors/5xx."""
+    """Chat completions over HTTP, with timeouts and bounded retries on connection errors/5xx.
+
+    A server with a reasoning parser (vLLM or SGLang ``--reasoning-parser glm45``, hosted GLM
+    APIs) sends the think part apart, as ``reasoning_content`` (or vLLM's newer ``reasoning``);
+    one without sends it inline in ``content``, which is split here. ``reply_start``
+    (``OPENAI_REPLY_START``) says where such a reply begins: ``answer`` (it opens its own
+    ``<think>``: GLM-4.5/4.6, or any model that does not think), ``thinking`` (the server's
+    template pre-filled ``<think>``: GLM-4.7/GLM-5 without a parser), or ``auto``: content that
+    does not open with ``<think>`` is held until ``</think>`` or the end shows what it was (or
+    the server sends reasoning apart, which shows it parses), so no thinking is ever taken for
+    the answer, at the price of streaming a non-thinking model's answer only at its end.
+    """
 
     def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 120.0,
-                 retries: int = 2, session: requests.Session | None = None):
+                 retries: int = 2, session: requests.Session | None = None,
+                 reply_start: str = "auto"):
+        if reply_start not in REPLY_STARTS:
+            raise ValueError(f"reply_start must be one of {REPLY_STARTS}, got {reply_start!r}")
         self.base_url = base_url.rstrip("/")
         self.model_name = model
         self.timeout = (3.05, timeout_s)
         self.retries = retries
         self.session = session or requests.Session()
+        self.reply_start = reply_start
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
@@ -84,9 +111,17 @@ class OpenAIBackend:
             body["stop"] = list(params.stop)
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.enable_thinking is not None:  # vLLM's and SGLang's convention
+            body["chat_template_kwargs"] = {"enable_thinking": params.enable_thinking}
         if stream:
             body["stream_options"] = {"include_usage": True}
         return body
+
+    def _splitter(self, params: GenerationParams) -> ReasoningSplitter:
+        start = self.reply_start
+        if start == "thinking" and params.enable_thinking is False:
+            start = "answer"  # the template pre-filled an empty think part instead
+        return ReasoningSplitter("unknown" if start == "auto" else start)
 
     def _post(self, body: dict, stream: bool) -> requests.Response:
         url = f"{self.base_url}/chat/completions"
@@ -115,16 +150,24 @@ class OpenAIBackend:
         try:
             data = resp.json()
             choice = data["choices"][0]
+            message = choice["message"]
             usage = data.get("usage") or {}
             details = usage.get("prompt_tokens_details") or {}
+            apart = _reasoning_of(message)
+            splitter = self._splitter(params)
+            if apart:
+                splitter.assume_answer()
+            splitter.feed(message.get("content") or "")
+            splitter.finish()
             return Generation(
-                text=choice["message"]["content"] or "",
+                text=splitter.answer,
                 model=data.get("model", self.model_name),
                 prompt_tokens=int(usage.get("prompt_tokens", 0)),
                 completion_tokens=int(usage.get("completion_tokens", 0)),
                 cached_tokens=int(details.get("cached_tokens") or 0),
                 finish_reason=choice.get("finish_reason") or "stop",
                 latency_s=time.perf_counter() - started,
+                reasoning=apart + splitter.reasoning,
             )
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise LLMError("model server sent a malformed answer") from exc
@@ -132,7 +175,8 @@ class OpenAIBackend:
     def stream(self, messages: list[dict], params: GenerationParams) -> Iterator[StreamDelta]:
         started = time.perf_counter()
         resp = self._post(self._body(messages, params, stream=True), stream=True)
-        parts: list[str] = []
+        splitter = self._splitter(params)
+        apart: list[str] = []  # reasoning the server sent apart
         usage: dict = {}
         finish = "stop"
         model = self.model_name
@@ -150,24 +194,38 @@ class OpenAIBackend:
                 model = chunk.get("model", model)
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or []:
-                    text = (choice.get("delta") or {}).get("content") or ""
+                    delta = choice.get("delta") or {}
                     finish = choice.get("finish_reason") or finish
-                    if text:
-                        parts.append(text)
-                        yield StreamDelta(text)
+                    reasoning, text = _reasoning_of(delta), ""
+                    if reasoning:
+                        apart.append(reasoning)
+                        text = splitter.assume_answer()
+                    more_reasoning, more_text = splitter.feed(delta.get("content") or "")
+                    if reasoning or more_reasoning or text or more_text:
+                        yield StreamDelta(text + more_text, reasoning=reasoning + more_reasoning)
+        reasoning, text = splitter.finish()
+        if reasoning or text:
+            yield StreamDelta(text, reasoning=reasoning)
         details = usage.get("prompt_tokens_details") or {}
         yield StreamDelta("", Generation(
-            text="".join(parts), model=model, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            text=splitter.answer, model=model, prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=finish,
-            latency_s=time.perf_counter() - started))
+            latency_s=time.perf_counter() - started, reasoning="".join(apart) + splitter.reasoning))
+
+
+def _reasoning_of(message: dict) -> str:
+    """The think part a server sent apart from the content (vLLM's newer name, then the usual)."""
+    value = message.get("reasoning_content") or message.get("reasoning")
+    return value if isinstance(value, str) else ""
 
 
 def make_backend(settings) -> LLMBackend:
     """The backend the settings ask for (the engine is loaded here, once per process)."""
     if settings.inference_backend == "openai":
         return OpenAIBackend(settings.openai_base_url, settings.openai_model,
-                             settings.openai_api_key.get_secret_value(), settings.openai_timeout_s)
+                             settings.openai_api_key.get_secret_value(), settings.openai_timeout_s,
+                             reply_start=settings.openai_reply_start)
     from worker.engine_backend import EngineBackend
 
     return EngineBackend.from_settings(settings)

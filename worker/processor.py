@@ -388,7 +388,12 @@ class MessageProcessor:
         self.meter.settle(charge, generation, elapsed)
         metrics.generation(llm.model_name[:64], generation.completion_tokens, elapsed)
         lease.check()
-        reply = generation.text.strip() or "……"
+        reply = generation.text.strip()  # the answer alone: a think part never reaches WeCom
+        if not reply:
+            # Nothing to say (all of max_tokens went on thinking, or the model wrote nothing):
+            # the tokens are paid for above; the employee gets the polite failure notice.
+            raise PermanentFailure("model: no answer after its thinking" if generation.reasoning
+                                   else "model: empty answer")
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
                  "completion_tokens": generation.completion_tokens}
         if generation.finish_reason == DEADLINE:
@@ -470,24 +475,30 @@ DEADLINE = "deadline"  # a streamed generation stopped at the AI bot stream's ti
 
 def stream_generation(llm: LLMBackend, messages: list[dict], params: GenerationParams,
                       on_text) -> Generation:
-    """Run the model through its streaming interface, handing ``on_text`` the text so far.
+    """Run the model through its streaming interface, handing ``on_text`` the answer so far.
 
-    When ``on_text`` says stop, the generation is abandoned (closing the stream aborts it in the
-    engine or the HTTP request to the model server) and what was written is the answer; its
-    token counts are then estimated from the text, an upper bound like the budget's.
+    Only the answer is handed on, never the think part; ``on_text`` is still asked while the
+    model thinks, so its deadline holds then too. When ``on_text`` says stop, the generation is
+    abandoned (closing the stream aborts it in the engine or the HTTP request to the model
+    server) and what was written is the answer; its token counts are then estimated from the
+    text, thinking included, an upper bound like the budget's.
     """
     parts: list[str] = []
+    thoughts: list[str] = []
     deltas = llm.stream(messages, params)
     try:
         for delta in deltas:
             if delta.final is not None:
                 return delta.final
+            if delta.reasoning:
+                thoughts.append(delta.reasoning)
             if delta.text:
                 parts.append(delta.text)
-                if not on_text("".join(parts)):
-                    break
+            if (delta.text or delta.reasoning) and not on_text("".join(parts)):
+                break
     finally:
         deltas.close()
-    text = "".join(parts)
+    text, reasoning = "".join(parts), "".join(thoughts)
     return Generation(text=text, model=llm.model_name, prompt_tokens=estimate_prompt_tokens(messages),
-                      completion_tokens=len(text), finish_reason=DEADLINE)
+                      completion_tokens=len(text) + len(reasoning), finish_reason=DEADLINE,
+                      reasoning=reasoning)

@@ -6,16 +6,32 @@ turns it saw and echoes the last one. ``delay_s`` makes generation take time (to
 mid-generation); ``fail_next`` makes the next calls answer 500 (to test retries);
 ``stream_piece_delay_s`` streams an answer a few characters at a time with that pause between
 pieces, as a model writes it (to watch a stream grow).
+
+``reasoning`` makes it answer as a reasoning model (GLM-4.5+) does, in one of ``REASONING_MODES``
+(a ``#reasoning=MODE`` in the last user message chooses for that answer alone):
+``inline`` writes ``\n<think>...</think>\n`` before the answer in ``content`` (a server without
+a reasoning parser, GLM-4.5's template); ``prefilled`` writes only ``...</think>`` before it (the
+template opened ``<think>``, GLM-4.7's); ``separate`` sends the thinking as ``reasoning_content``
+(a server with a reasoning parser); ``cutoff`` thinks inline until ``max_tokens`` ends it, with no
+answer (``finish_reason`` "length"). The thinking contains ``THINKING``, so a test can tell
+whether any of it got through; ``completion_tokens`` counts it, as a server does. A reasoning
+model's stream comes in pieces of 3 characters, so tags arrive split across deltas.
+``last_body`` is the last request.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.serving import make_server
+
+THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
+REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
+_MODE = re.compile(r"#reasoning=(\w+)")
 
 
 def reply_for(messages: list[dict]) -> str:
@@ -23,10 +39,35 @@ def reply_for(messages: list[dict]) -> str:
     return f"答复#{len(users)}: {users[-1] if users else ''}"
 
 
+def reasoning_mode(messages: list[dict], default: str | None) -> str | None:
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    found = _MODE.search(users[-1]) if users else None
+    mode = found.group(1) if found else default
+    if mode is not None and mode not in REASONING_MODES:
+        raise ValueError(f"unknown reasoning mode {mode!r}")
+    return mode
+
+
+def written(answer: str, mode: str | None) -> tuple[str, str, str]:
+    """(reasoning_content, content, finish_reason) of a reply in ``mode``."""
+    if mode == "inline":
+        return "", f"\n<think>{THINKING}</think>\n{answer}", "stop"
+    if mode == "prefilled":
+        return "", f"{THINKING}</think>{answer}", "stop"
+    if mode == "separate":
+        return THINKING, answer, "stop"
+    if mode == "cutoff":
+        return "", f"<think>{THINKING}", "length"
+    return "", answer, "stop"
+
+
 class FakeOpenAIServer:
-    def __init__(self, delay_s: float = 0.0, stream_piece_delay_s: float = 0.0):
+    def __init__(self, delay_s: float = 0.0, stream_piece_delay_s: float = 0.0,
+                 reasoning: str | None = None):
         self.delay_s = delay_s
         self.stream_piece_delay_s = stream_piece_delay_s
+        self.reasoning = reasoning
+        self.last_body: dict | None = None
         self.fail_next = 0
         self.calls = 0
         self.in_flight = 0  # generations started and not yet answered
@@ -54,6 +95,7 @@ class FakeOpenAIServer:
                     self.fail_next -= 1
                     return jsonify(error={"message": "injected failure"}), 500
             body = request.get_json(force=True)
+            self.last_body = body
             if self.delay_s:
                 with self.lock:
                     self.in_flight += 1
@@ -63,28 +105,35 @@ class FakeOpenAIServer:
                     with self.lock:
                         self.in_flight -= 1
             text = reply_for(body["messages"])
+            mode = reasoning_mode(body["messages"], self.reasoning)
+            reasoning, content, finish = written(text, mode)
             prompt_tokens = sum(len(m["content"]) for m in body["messages"])
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(text),
-                     "total_tokens": prompt_tokens + len(text)}
+            completion_tokens = len(reasoning) + len(content)
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                     "total_tokens": prompt_tokens + completion_tokens}
             if body.get("stream"):
                 def pieces():
-                    if not self.stream_piece_delay_s:
-                        return [text[: len(text) // 2], text[len(text) // 2 :]]
-                    return [text[i:i + 3] for i in range(0, len(text), 3)]
+                    if mode is None and not self.stream_piece_delay_s:
+                        return [("content", text[: len(text) // 2]), ("content", text[len(text) // 2 :])]
+                    return [(field, value[i:i + 3]) for field, value in
+                            (("reasoning_content", reasoning), ("content", content))
+                            for i in range(0, len(value), 3)]
 
                 def events():
-                    for index, piece in enumerate(pieces()):
+                    for index, (field, piece) in enumerate(pieces()):
                         if index and self.stream_piece_delay_s:
                             time.sleep(self.stream_piece_delay_s)
-                        chunk = {"model": body["model"], "choices": [{"index": 0, "delta": {"content": piece}}]}
+                        chunk = {"model": body["model"], "choices": [{"index": 0, "delta": {field: piece}}]}
                         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                    done = {"model": body["model"], "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    done = {"model": body["model"], "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
                             "usage": usage}
                     yield f"data: {json.dumps(done, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
 
                 return Response(events(), mimetype="text/event-stream")
+            message = {"role": "assistant", "content": content}
+            if reasoning:
+                message["reasoning_content"] = reasoning
             return jsonify(model=body["model"], object="chat.completion", usage=usage,
-                           choices=[{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": text}}])
+                           choices=[{"index": 0, "finish_reason": finish, "message": message}])
 
         return app

@@ -119,6 +119,9 @@ class Stack:
             "SWEEP_INTERVAL_S": "2", "SWEEP_QUEUED_AFTER_S": "4", "CLAIM_LEASE_S": "6",
             "WEB_BIND": f"127.0.0.1:{self.web_port}", "WEB_WORKERS": "2", "WEB_THREADS": "8",
             "PYTHONUNBUFFERED": "1",
+            # The fake model opens its own think part or sends it apart (GLM-4.5 behind vLLM):
+            # its answers stream as they come ("auto" would hold a plain answer to its end).
+            "OPENAI_REPLY_START": "answer",
         })
         self.env.update(extra_env or {})
         self.emulator = EmulatorServer(EmulatorConfig(
