@@ -72,9 +72,11 @@ class ReasoningSplitter:
         return self._release([], [held])
 
     def assume_answer(self) -> str:
-        """The reply is known to be all answer from here (a server sent its reasoning apart):
-        stop waiting for a think part; returns the held text, now answer."""
-        if self.state not in ("opening", "undecided"):
+        """The reply's text is known to be answer (a server sent the reasoning apart): stop
+        waiting for a think part, or leave one that only the prompt opened and no text entered
+        yet; returns the held text, now answer."""
+        fresh_thinking = self.state == "thinking" and not (self.reasoning or self.held)
+        if self.state not in ("opening", "undecided") and not fresh_thinking:
             return ""
         self.state = "answer"
         held, self.held = self.held, ""

@@ -141,8 +141,11 @@ def test_assume_answer_releases_what_was_held():
     assert splitter.assume_answer() == "held"
     assert splitter.feed(" then free") == ("", " then free")
     assert splitter.assume_answer() == ""  # already answering
-    thinking = ReasoningSplitter("thinking")
-    assert thinking.assume_answer() == "" and thinking.feed("r</think>a") == ("r", "a")
+    fresh = ReasoningSplitter("thinking")  # a parsing server's content, pre-filled template
+    assert fresh.assume_answer() == "" and fresh.feed("all answer") == ("", "all answer")
+    started = ReasoningSplitter("thinking")
+    assert started.feed("r") == ("r", "")
+    assert started.assume_answer() == "" and started.feed("</think>a") == ("", "a")
 
 
 def test_misuse_is_refused():
