@@ -9,6 +9,11 @@ clients raise their usual exceptions; bad input is never a 500.
 
 Rate-limited requests are refused before anything is written (no audit row): shedding load must
 stay cheap. Unauthenticated requests are logged, not audited, for the same reason.
+
+A reasoning model's think part is never part of ``content``: with ``API_REASONING=separate`` it
+comes beside it as ``reasoning_content`` (``delta.reasoning_content`` in a stream, as vLLM and
+hosted GLM APIs send it), with ``strip`` it is dropped. ``chat_template_kwargs.enable_thinking``
+reaches the model (the bundled engine's chat layout, or the model server's).
 """
 
 from __future__ import annotations
@@ -132,7 +137,11 @@ def chat_completions():
         raise
     gw.settle(admission, caller, generation)
     gw.audit(caller, "ok", chat=chat, answer=generation.text, generation=generation, **audit)
-    return jsonify(_completion(chat, generation))
+    return jsonify(_completion(chat, generation, _show_reasoning(services.settings)))
+
+
+def _show_reasoning(settings) -> bool:
+    return settings.api_reasoning == "separate"
 
 
 def _chat_request(settings, model_name: str) -> ChatRequest:
@@ -160,11 +169,14 @@ def _completion_id() -> str:
     return f"chatcmpl-{g.get('request_id') or uuid.uuid4().hex}"
 
 
-def _completion(chat: ChatRequest, generation: Generation) -> dict:
+def _completion(chat: ChatRequest, generation: Generation, show_reasoning: bool) -> dict:
+    message = {"role": "assistant", "content": generation.text}
+    if show_reasoning and generation.reasoning:
+        message["reasoning_content"] = generation.reasoning
     return {"id": _completion_id(), "object": "chat.completion", "created": int(time.time()),
             "model": chat.model, "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": generation.text},
-                         "logprobs": None, "finish_reason": generation.finish_reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": generation.finish_reason}],
             "usage": _usage(generation)}
 
 
@@ -174,6 +186,7 @@ def _sse(data: dict | str) -> str:
 
 
 def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: dict) -> Response:
+    show_reasoning = _show_reasoning(gw.settings)
     deltas = gw.backend.stream(chat.messages, chat.params)
     # Wait for the first piece here: a model server that is down is then still a 503 with a
     # status line, not an error event inside a 200 stream.
@@ -192,20 +205,23 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
 
     def events():
         parts: list[str] = []
+        thoughts: list[str] = []
         final: Generation | None = None
         done = False
 
         def finish(outcome: str, error: str | None = None) -> None:
             nonlocal done
             done = True
-            text = "".join(parts)
+            text, reasoning = "".join(parts), "".join(thoughts)
             generation = final
-            if generation is None and parts:
-                # Cut short (client gone, model failed): charge what was produced, estimated as
-                # the reservation does, so hanging up is never a way around the budget.
+            if generation is None and (parts or thoughts):
+                # Cut short (client gone, model failed): charge what was produced, thinking
+                # included, estimated as the reservation does, so hanging up is never a way
+                # around the budget.
                 generation = Generation(text=text, model=gw.model_name,
                                         prompt_tokens=estimate_prompt_tokens(chat.messages),
-                                        completion_tokens=len(text), finish_reason="abort")
+                                        completion_tokens=len(text) + len(reasoning),
+                                        finish_reason="abort", reasoning=reasoning)
             if generation is not None:
                 gw.settle(admission, caller, generation)
             else:
@@ -218,6 +234,10 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
             piece = first
             while piece is not None:
                 final = piece.final or final
+                if piece.reasoning:
+                    thoughts.append(piece.reasoning)
+                    if show_reasoning:
+                        yield chunk({"reasoning_content": piece.reasoning})
                 if piece.text:
                     parts.append(piece.text)
                     yield chunk({"content": piece.text})

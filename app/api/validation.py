@@ -91,6 +91,18 @@ def _stop(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _enable_thinking(value) -> bool | None:
+    """``chat_template_kwargs.enable_thinking`` (vLLM's convention); other keys are ignored."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    thinking = value.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise invalid("'enable_thinking' must be a boolean", "chat_template_kwargs.enable_thinking")
+    return thinking
+
+
 def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
                        defaults: GenerationParams) -> ChatRequest:
     if not isinstance(body, dict):
@@ -116,5 +128,6 @@ def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
         top_p=_number(body, "top_p", defaults.top_p, 0.0, 1.0, low_open=True),
         stop=_stop(body.get("stop")),
         seed=_integer(body, "seed", None, -(2**63), 2**63 - 1),
+        enable_thinking=_enable_thinking(body.get("chat_template_kwargs")),
     )
     return ChatRequest(model, messages, params, stream, bool(options.get("include_usage")))

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from app.accounting import set_budget, set_price
 from app.models import AuditEvent, UsageRecord
 from tests.support.api_server import MODEL
+from tests.support.openai_server import THINKING
 
 HELLO = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "你好 API"}]
 
@@ -76,6 +77,19 @@ def test_missing_or_bad_key_is_401(api):
     assert info.value.status_code == 401 and info.value.code == "invalid_api_key"
     resp = requests.get(f"{api.url}/v1/models", timeout=5)
     assert resp.status_code == 401 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_reasoning_models_thinking_reaches_the_official_client_apart(client):
+    """API_REASONING=separate (the default): the client reads ``reasoning_content`` beside
+    ``content``, in a plain answer and in a stream (tests/api/test_reasoning.py has the rest)."""
+    question = [{"role": "user", "content": "年假有几天？ #reasoning=inline"}]
+    reply = client.chat.completions.create(model=MODEL, messages=question)
+    assert reply.choices[0].message.content == "答复#1: 年假有几天？ #reasoning=inline"
+    assert reply.choices[0].message.reasoning_content == THINKING
+    chunks = list(client.chat.completions.create(model=MODEL, messages=question, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == reply.choices[0].message.content
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == THINKING
 
 
 @pytest.mark.parametrize("body, param", [
