@@ -15,7 +15,9 @@ from app.security import FieldCipher
 from app.wecom import aibot
 from app.wecom.crypto import WeComCrypto
 from scripts.dev_env import random_aes_key
+from tests.support.openai_server import THINKING
 from tests.support.stack import Stack, select_rows, wait_for
+from worker.processor import FAILURE_NOTICE
 
 pytestmark = pytest.mark.integration
 BOT = "小星"
@@ -86,6 +88,24 @@ def test_an_answer_streams_through_refreshes_then_finishes(stack):
     assert rows[-1]["completion_tokens"] == len(expected)  # usage recorded from the model's stream
     shown = stack.emu("GET", "messages", params={"touser": "zhangwei"})["messages"]
     assert [m["content"] for m in shown if m["source"] == "aibot_stream"][-1] == expected
+
+
+def test_a_reasoning_models_thinking_never_shows_in_the_stream(stack):
+    """The model thinks first, inline in its content (a server without a reasoning parser) or
+    apart as reasoning_content: what WeCom polls holds the answer only, from the first refresh
+    to the last; a reply that was all thinking ends with the failure notice."""
+    for mode, user in (("inline", "zhouting"), ("separate", "wujun")):
+        question = f"年假怎么休 #reasoning={mode}"
+        done = finished(stack, send(stack, from_user=user, content=question)["delivery_id"])
+        assert done["status"] == "finished", (done["error"], done["refreshes"])
+        assert done["final"].startswith("答复#") and done["final"].endswith(question)
+        shown = [r["content"] for r in done["refreshes"]]
+        assert len(set(shown)) > 2, shown  # it streamed
+        assert not any(THINKING[:8] in c or "think>" in c for c in shown), shown
+    cut = finished(stack, send(stack, from_user="sunhao", content="长问题 #reasoning=cutoff")["delivery_id"])
+    assert cut["final"] == FAILURE_NOTICE
+    assert not any(THINKING[:8] in r["content"] for r in cut["refreshes"])
+    assert aibot_rows(stack)[-1]["status"] == "failed"
 
 
 def test_a_duplicate_msgid_is_answered_once(stack):

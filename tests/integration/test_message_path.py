@@ -7,7 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from tests.support.openai_server import THINKING
 from tests.support.stack import wait_for
+from worker.processor import FAILURE_NOTICE
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,22 @@ def test_ten_employees_fifty_messages_each_answered_once_in_order(stack, employe
         assert got == [f"答复#{start[user] + i + 1}: {user} 的第{i + 1}个问题" for i in range(per_user)], got
     rows = stack.outbox_rows()
     assert all(r["status"] == "answered" for r in rows if r["msg_type"] == "text")
+
+
+def test_a_reasoning_models_thinking_never_reaches_the_employee(stack, employees):
+    """The model thinks first (inline in its content, or apart as reasoning_content): the
+    employee gets the answer alone; a reply that was all thinking gets the failure notice."""
+    user = employees[-2]
+    start = len(stack.replies(user))
+    questions = [f"加班怎么算 #reasoning={mode}" for mode in ("inline", "separate", "cutoff")]
+    for question in questions:
+        stack.send(user, question, wait=True)
+    wait_for(lambda: len(stack.replies(user)) - start >= len(questions), timeout=60, interval=0.5,
+             what="three answers")
+    got = stack.replies(user)[start:]
+    assert got[0].endswith(questions[0]) and got[1].endswith(questions[1]), got
+    assert got[2] == FAILURE_NOTICE
+    assert not any(THINKING[:8] in reply or "think>" in reply for reply in got), got
 
 
 def test_forced_wecom_retry_gives_no_duplicate(stack, employees):
