@@ -1,8 +1,11 @@
 """The single-sequence KV cache: per layer, the last W positions plus the key nodes.
 
 Memory grows as W + n/G, not n (see `LayerCache`). The model never owns cache state: each
-attention layer gets its `LayerCache` and asks it for the keys its queries attend to, so a paged,
-batched cache can later stand in with the same `extend()` contract.
+attention layer gets its layer's cache and asks it for the keys its queries attend to (`extend`),
+or, in the serving engine, a paged view of a whole batch stands in (`attend`). `LayerCache` is
+the contiguous layout of GQA attention (`inference.layers.gqa_cache` builds it and its paged
+counterpart); `KVCache` asks the model's cache layout (`inference.layers.cache_layouts`) for one
+cache per layer, whatever the layout.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.config import ModelConfig
+from inference.layers.sparse_rules import elect, nodes_seen, window_start
 
 # How far `truncate` can roll a sparse cache back (speculative decoding rejects at most k + 1 <= 9
 # positions): the ring slots and block norms the newest positions overwrote are kept this long.
@@ -99,6 +103,17 @@ class LayerCache:
         """Bytes allocated for keys and values (ring and node slots)."""
         return self.k.numel() * self.k.element_size() * 2
 
+    @staticmethod
+    def bytes_when_full(num_kv_heads: int, head_dim: int, window: int | None, interval: int | None,
+                        dtype: torch.dtype, positions: int) -> int:
+        """Everything a cache made with `max_positions=positions` allocates once it holds them
+        all: keys and values, and for a sparse layer the rollback log and the norms it keeps."""
+        width, size = num_kv_heads * head_dim, dtype.itemsize
+        kv = 2 * cache_slots(window, interval, positions) * width * size
+        if window is None:
+            return kv
+        return kv + 2 * ROLLBACK_LIMIT * width * size + (2 * interval + ROLLBACK_LIMIT) * 4
+
     def extend(self, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor | None) -> AttentionContext:
         """Append positions `[length, length + L)` and return the context their queries need.
 
@@ -127,7 +142,7 @@ class LayerCache:
             self._reserve(start + 1)
             return start, -1, -1, -1, start + 1, 0
         local = min(start + 1, w)
-        nodes = self._valid_nodes(start) if local == w else 0
+        nodes = nodes_seen(start, w, self.interval) if local == w else 0
         undo = start % ROLLBACK_LIMIT if start >= w else -1
         return start % w, undo, start % self._norm_log.numel(), self._filled, local, nodes
 
@@ -146,11 +161,11 @@ class LayerCache:
             return [(p, -1, -1, p + 1, 0) for p in range(start, start + n)]
         if n > ROLLBACK_LIMIT or n + self.interval - 1 > w:
             return None
-        size, rows = self._norm_log.numel(), []
+        size, g, rows = self._norm_log.numel(), self.interval, []
         for p in range(start, start + n):
             local = min(p + 1, w)
             rows.append((p % w, p % ROLLBACK_LIMIT if p >= w else -1, p % size, local,
-                         self._valid_nodes(p) if local == w else 0))
+                         nodes_seen(p, w, g) if local == w else 0))
         return rows
 
     def rows_appended(self, n: int) -> None:
@@ -177,8 +192,7 @@ class LayerCache:
         """`_elect` for the block that position `length` completes, its norms all in
         `_block_norms` and its keys in the ring."""
         w = self.window
-        # argmax returns the first maximal index: ties go to the earliest position.
-        position = self.length - self.interval + 1 + int(self._block_norms.argmax())
+        position = self.length - self.interval + 1 + int(elect(self._block_norms))
         base = w + self.num_nodes
         self._reserve(base + 1)
         self.k[:, base] = self.k[:, position % w]
@@ -282,8 +296,7 @@ class LayerCache:
         first = start - filled  # position of norms[0]
         blocks = norms.numel() // g
         if blocks:
-            # argmax returns the first maximal index: ties go to the earliest position.
-            offsets = norms[: blocks * g].view(blocks, g).argmax(dim=1)
+            offsets = elect(norms[: blocks * g].view(blocks, g))
             positions = offsets + torch.arange(blocks, device=offsets.device) * g + first
             in_chunk = (positions >= start)[None, :, None]
             rows = (positions - start).clamp(min=0)
@@ -299,10 +312,6 @@ class LayerCache:
         self._filled = norms.numel() - blocks * g
         self._block_norms[: self._filled] = norms[blocks * g :]
 
-    def _valid_nodes(self, position: int) -> int:
-        """How many nodes a query at `position` sees: blocks ending before its window starts."""
-        return max(0, position - self.window + 1) // self.interval
-
     def _extend_sparse(self, k: torch.Tensor, v: torch.Tensor, start: int) -> AttentionContext:
         w, n = self.window, k.shape[1]
         if n == 1:
@@ -312,7 +321,7 @@ class LayerCache:
             self.k[:, slot] = k[:, 0]
             self.v[:, slot] = v[:, 0]
             local = min(start + 1, w)
-            end = w + self._valid_nodes(start) if local == w else local
+            end = w + nodes_seen(start, w, self.interval) if local == w else local
             return AttentionContext(self.k[:, :end], self.v[:, :end], local, None, start)
         if start + n <= w:
             # The ring has not wrapped: slot p holds position p, so the ring itself is the
@@ -322,7 +331,7 @@ class LayerCache:
             self.v[:, start : start + n] = v
             return AttentionContext(self.k[:, : start + n], self.v[:, : start + n], start + n, 0, start)
         # Prefill: lay the previous window out in position order, followed by the chunk.
-        prev = torch.arange(max(0, start - w + 1), start, device=k.device)
+        prev = torch.arange(window_start(start, w), start, device=k.device)
         nodes = slice(w, w + self.num_nodes)
         keys = torch.cat((self.k[:, prev % w], k, self.k[:, nodes]), dim=1)
         values = torch.cat((self.v[:, prev % w], v, self.v[:, nodes]), dim=1)
@@ -340,38 +349,23 @@ def cache_slots(window: int | None, interval: int | None, positions: int) -> int
     return window + positions // interval
 
 
-def layer_cache_bytes(config: ModelConfig, dtype: torch.dtype, positions: int) -> int:
-    """The most a `LayerCache` made with `max_positions=positions` allocates: keys and values,
-    and for a sparse layer the rollback log and the norms it keeps."""
-    width, size = config.num_key_value_heads * config.head_dim, dtype.itemsize
-    kv = 2 * cache_slots(config.sliding_window, config.global_interval, positions) * width * size
-    if config.sliding_window is None:
-        return kv
-    return kv + 2 * ROLLBACK_LIMIT * width * size + (2 * config.global_interval + ROLLBACK_LIMIT) * 4
-
-
 class KVCache:
-    """All layers of one sequence: the decoder layers, then one per MTP module."""
+    """All layers of one sequence: the decoder layers, then one per MTP module, each the cache
+    that the model's layout makes (`LayerCache` for GQA)."""
 
     def __init__(self, config: ModelConfig, device: torch.device | str, dtype: torch.dtype | None = None,
                  mtp_only: bool = False, max_positions: int | None = None) -> None:
         """`mtp_only`: the MTP layers alone (the decoder layers' entries are None), for a
         sequence whose decoder layers live in the serving engine's paged cache.
         `max_positions`: the longest the sequence can get (see `LayerCache`)."""
+        # imported here: the layouts build on this module's `LayerCache`
+        from inference.layers.cache_layouts import cache_layout
+
+        layout, dtype, device = cache_layout(config), dtype or config.dtype, torch.device(device)
         self.num_hidden_layers = config.num_hidden_layers
         count = config.num_hidden_layers + config.num_mtp_heads
         self.layers = [
-            None
-            if mtp_only and i < config.num_hidden_layers
-            else LayerCache(
-                config.num_key_value_heads,
-                config.head_dim,
-                config.sliding_window,
-                config.global_interval,
-                dtype or config.dtype,
-                torch.device(device),
-                max_positions,
-            )
+            None if mtp_only and i < config.num_hidden_layers else layout.layer_cache(dtype, device, max_positions)
             for i in range(count)
         ]
 

@@ -2,7 +2,8 @@
 
 `LLMEngine` (llm_engine.py) steps a `Scheduler` (scheduler.py) over `Sequence`s (sequence.py)
 whose KV blocks a `BlockManager` (block_manager.py) hands out; `ModelRunner` (model_runner.py)
-runs one batch on the paged cache; sequences with a speculative k draft with the MTP heads
+runs one batch on the paged cache, whose pools and sizes the model's cache layout owns
+(inference/layers/cache_layouts.py); sequences with a speculative k draft with the MTP heads
 (drafting.py) and are verified in that same batch.
 """
 

@@ -1,8 +1,9 @@
 """The paged KV cache's bookkeeping: which block holds which positions of which sequence.
 
 Two pools of the same kind (`BlockPool`): position blocks of `block_size` positions (keys,
-values and, when sparse, the layer-input norms that elect key nodes), and, when sparse, node
-pages of `block_size // global_interval` key nodes: node page i of a sequence holds the nodes
+values and, when sparse, the layer-input norms that elect key nodes), and, when the cache layout
+has them (`num_node_pages`, the sparse GQA layout's `node_pages`: inference/layers/gqa_cache.py),
+node pages of `block_size // global_interval` key nodes: node page i of a sequence holds the nodes
 elected in its position block i (`block_size` must be a multiple of `global_interval`, so no
 interval straddles two blocks). A node is copied into its page the moment its interval
 completes; a position block that slid out of the window is then released, whatever nodes it held,
@@ -21,6 +22,7 @@ import hashlib
 from collections import deque
 
 from inference.engine.sequence import Sequence
+from inference.layers.sparse_rules import window_start
 
 
 class BlockPool:
@@ -83,7 +85,7 @@ class BlockManager:
         self.block_size, self.window, self.interval = block_size, window, interval
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = BlockPool(num_blocks)
-        self.nodes = BlockPool(num_node_pages) if window is not None else None
+        self.nodes = BlockPool(num_node_pages) if num_node_pages else None
 
     @property
     def num_free_blocks(self) -> int:
@@ -130,7 +132,7 @@ class BlockManager:
         """The first block the window of a query at `position` still reaches."""
         if self.window is None:
             return 0
-        return max(0, position - self.window + 1) // self.block_size
+        return window_start(position, self.window) // self.block_size
 
     def _in_window(self, block: int, position: int) -> bool:
         return block >= self._first_in_window(position)

@@ -10,7 +10,8 @@ the single-request decoder uses, so both paths draft alike; `verify_drafts` deci
 (greedy: the longest prefix equal to the model's argmax; sampling: rejection sampling).
 
 `BatchDrafter` drafts for all decoding sequences of a step at once: per MTP depth one forward
-over every sequence's rows (each sequence's attention against its own cache, `_SequenceLayers`)
+over every sequence's rows (each sequence's attention against its own cache: the cache layout's
+`joined_layer_caches`)
 and one lm-head call, so a batch of 8 pays for the linears once, not 8 times. It runs exactly the
 steps `MTPDrafter.draft` runs for each sequence alone (same inputs, same cache rollback), only
 side by side; a sequence right after the prefill of a prompt longer than the window drafts alone
@@ -28,7 +29,7 @@ import torch
 
 from inference.engine.sequence import Sequence
 from inference.kv_cache import KVCache
-from inference.layers.attention import sparse_attention
+from inference.layers.cache_layouts import cache_layout
 from inference.layers.sampler import Sampler
 from inference.speculative import MTPDrafter, _Chooser, draft_modules, greedy_accept, verify_drafts
 
@@ -73,25 +74,6 @@ class SequenceDrafts:
 INT8_DRAFT_ROWS = 8
 
 
-class _SequenceLayers:
-    """What one MTP layer's attention sees of a batched draft forward: the rows are the
-    sequences' rows one after another, each attending through its own `LayerCache`."""
-
-    def __init__(self, layers: list, lengths: list[int], window: int | None, interval: int | None) -> None:
-        self.layers, self.lengths, self.window, self.interval = layers, lengths, window, interval
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, norms: torch.Tensor | None,
-               gate: torch.Tensor | None) -> torch.Tensor:
-        outs, a = [], 0
-        for layer, n in zip(self.layers, self.lengths, strict=True):
-            b = a + n
-            ctx = layer.extend(k[:, a:b], v[:, a:b], None if norms is None else norms[a:b])
-            outs.append(sparse_attention(q[:, a:b], ctx, self.window, self.interval,
-                                         None if gate is None else gate[a:b]))
-            a = b
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-
-
 class _Job:
     """One sequence's draft in progress."""
 
@@ -110,10 +92,8 @@ class BatchDrafter:
     """Drafts for the decoding speculative sequences of one step, batched per MTP depth."""
 
     def __init__(self, model) -> None:
-        self.model = model
-        config = model.config
-        self.window, self.interval = config.sliding_window, config.global_interval
-        self.first, self.heads = config.num_hidden_layers, config.num_mtp_heads
+        self.model, self.layout = model, cache_layout(model.config)
+        self.first, self.heads = model.config.num_hidden_layers, model.config.num_mtp_heads
 
     def draft(self, wanted: list[tuple[Sequence, int]]) -> dict[int, tuple[list[int], list]]:
         """`(seq, k)` pairs (each with its `SequenceDrafts`); returns id(seq) -> (drafts, dists)."""
@@ -177,7 +157,7 @@ class BatchDrafter:
         module = self.modules.mtp[d] if len(ids) <= INT8_DRAFT_ROWS else None  # None: the fp32 one
         return self.model.mtp_forward(d, hidden, torch.tensor(ids, device=device),
                                       torch.tensor(list(positions), device=device), None, module,
-                                      _SequenceLayers(layers, lengths, self.window, self.interval))
+                                      self.layout.joined_layer_caches(layers, lengths))
 
     def _choose(self, jobs: list[_Job], hidden: torch.Tensor) -> None:
         """Each job's next draft from its row of `hidden`: one lm-head call, one argmax for the

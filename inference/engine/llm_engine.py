@@ -16,10 +16,10 @@ import torch
 from inference.config import ModelConfig
 from inference.engine.block_manager import BlockManager
 from inference.engine.errors import PromptTooLongError, RequestFailedError
-from inference.engine.model_runner import ModelRunner, kv_bytes_per_block
+from inference.engine.model_runner import ModelRunner
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
-from inference.kv_cache import layer_cache_bytes
+from inference.layers.cache_layouts import cache_layout
 from inference.layers.sampler import generator_for
 from inference.llm import Prompt, _TextOut
 from inference.loader import load_model
@@ -98,9 +98,10 @@ class LLMEngine:
         # MTP caches are sized for the longest a sequence may get (plus a round of drafts)
         self.mtp_positions = min(args.max_model_len or config.max_position_embeddings,
                                  config.max_position_embeddings) + MAX_DRAFT + 1
+        self.layout = cache_layout(config)
         self.mtp_cache_bytes = (args.max_num_seqs * config.num_mtp_heads
-                                * layer_cache_bytes(config, dtype, self.mtp_positions))
-        num_blocks = self._kv_budget(model.device) // kv_bytes_per_block(config, args.block_size, dtype)
+                                * self.layout.layer_cache_bytes(dtype, self.mtp_positions))
+        num_blocks = self._kv_budget(model.device) // self.layout.bytes_per_block(args.block_size, dtype)
         self.runner = ModelRunner(model, num_blocks, args.block_size, self.mtp_positions)
         self.block_manager = BlockManager(num_blocks, args.block_size, config.sliding_window,
                                           config.global_interval, self.runner.cache.num_node_pages,
@@ -151,15 +152,11 @@ class LLMEngine:
         return budget - self.mtp_cache_bytes
 
     def _max_model_len(self, num_blocks: int) -> int:
-        """The longest sequence the cache can hold on its own (sparse: the window's blocks plus a
-        node page per block of the sequence)."""
+        """`max_model_len`, or by default the longest sequence the cache holds on its own
+        (`longest_sequence` of the layout, sparse: the window's blocks plus a node page per block
+        of the sequence)."""
         config, b = self.model.config, self.args.block_size
-        if config.sparse:
-            window_blocks = config.sliding_window // b + 2
-            fits = num_blocks * b * config.global_interval if num_blocks >= window_blocks else 0
-        else:
-            fits = num_blocks * b
-        limit = min(fits, config.max_position_embeddings)
+        limit = min(self.layout.longest_sequence(num_blocks, b), config.max_position_embeddings)
         if self.args.max_model_len is None:
             wanted = limit
         elif self.args.max_model_len > limit:

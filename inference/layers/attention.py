@@ -35,6 +35,7 @@ from inference.kv_cache import AttentionContext, LayerCache
 from inference.layers.linear import Linear, PackedLinear
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import apply_rotary_
+from inference.layers.sparse_rules import nodes_seen_by, nodes_seen_from, window_start
 
 QUERY_TILE = 256  # best of 128/256/512/1024 for the masked SDPA tiles on this CPU
 # Chunks up to this many queries (speculative verify: k + 1 <= 9; MTP drafts) take the lean
@@ -166,11 +167,11 @@ def _small_chunk(
     masks cached and the row skipping of `_mix_paths` decided on the host."""
     n, device = q.shape[1], q.device
     rep = q.shape[0] // ctx.keys.shape[0]
-    lo = max(ctx.local_start, ctx.q_start - window + 1)
+    lo = max(ctx.local_start, window_start(ctx.q_start, window))
     keys = slice(lo - ctx.local_start, ctx.q_start + n - ctx.local_start)
     width = keys.stop - keys.start
     folded = _local_mask(n, width, window, rep, device, q.dtype)  # n <= SMALL_CHUNK here
-    seen = tuple(max(0, ctx.q_start + i - window + 1) // interval for i in range(n))
+    seen = nodes_seen_from(ctx.q_start, n, window, interval)
     count = seen[-1]
     local_k, local_v = ctx.keys[:, keys], ctx.values[:, keys]
     node_k = ctx.keys[:, ctx.num_local : ctx.num_local + count]
@@ -227,11 +228,11 @@ def sparse_attention(
     for a in range(0, q.shape[1], QUERY_TILE):
         b = min(a + QUERY_TILE, q.shape[1])
         qpos = torch.arange(ctx.q_start + a, ctx.q_start + b, device=q.device)[:, None]
-        lo = max(ctx.local_start, ctx.q_start + a - window + 1)
+        lo = max(ctx.local_start, window_start(ctx.q_start + a, window))
         kpos = torch.arange(lo, ctx.q_start + b, device=q.device)[None]
         local_mask = (kpos <= qpos) & (kpos > qpos - window)
         keys = slice(lo - ctx.local_start, ctx.q_start + b - ctx.local_start)
-        seen = (qpos[:, 0] - window + 1).clamp(min=0) // interval  # nodes each query sees
+        seen = nodes_seen_by(qpos[:, 0], window, interval)
         count = int(seen[-1])
         node_mask = torch.arange(count, device=q.device)[None] < seen[:, None]
         if gate is None:

@@ -6,8 +6,8 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
-from inference.engine.model_runner import kv_bytes_per_block
 from inference.layers import cpu_kernels, linear
+from inference.layers.cache_layouts import cache_layout
 from inference.layers.linear import quantize_linears_
 from inference.llm import LLM
 from inference.loader import load_model
@@ -176,7 +176,7 @@ def test_the_paged_engine_gives_the_torch_layers_tokens_alone_and_batched(tmp_pa
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (23, 5, 40, 11)]
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    per_block = kv_bytes_per_block(model.config, 64, torch.float32)
+    per_block = cache_layout(model.config).bytes_per_block(64, torch.float32)
     engine = LLMEngine(model, args=EngineArgs(kv_cache_bytes=32 * per_block), eos_token_ids=[])
     alone = engine.generate(prompts[:1], params)[0].token_ids
     batched = [o.token_ids for o in engine.generate(prompts, params)]

@@ -3,7 +3,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
-from inference.engine.model_runner import kv_bytes_per_block
+from inference.layers.cache_layouts import cache_layout
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.test_kv_cache import build
@@ -19,7 +19,7 @@ def model():
 
 
 def engine_for(model, num_blocks: int = 64, **kwargs) -> LLMEngine:
-    per_block = kv_bytes_per_block(model.config, kwargs.get("block_size", 64), torch.float32)
+    per_block = cache_layout(model.config).bytes_per_block(kwargs.get("block_size", 64), torch.float32)
     return LLMEngine(model, args=EngineArgs(kv_cache_bytes=num_blocks * per_block, **kwargs), eos_token_ids=[])
 
 

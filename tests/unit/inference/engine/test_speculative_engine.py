@@ -17,7 +17,7 @@ from inference.config import ModelConfig
 from inference.demo.corpus import load_qa
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.block_manager import chain_hash
-from inference.engine.model_runner import kv_bytes_per_block
+from inference.layers.cache_layouts import cache_layout
 from inference.llm import LLM
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
@@ -67,7 +67,7 @@ def conversations(tokenizer, count: int, seed: int = 0) -> list[list[int]]:
 
 
 def engine(model, tokenizer, **kwargs) -> LLMEngine:
-    per_block = kv_bytes_per_block(model.config, kwargs.get("block_size", 64), torch.float32)
+    per_block = cache_layout(model.config).bytes_per_block(kwargs.get("block_size", 64), torch.float32)
     args = EngineArgs(kv_cache_bytes=kwargs.pop("num_blocks", 96) * per_block, **kwargs)
     return LLMEngine(model, tokenizer, args, model.config.eos_token_ids)
 
@@ -310,13 +310,14 @@ def test_mtp_caches_are_bounded_and_a_worked_out_budget_sets_them_aside(monkeypa
     """Per speculative sequence the MTP caches never allocate past what `max_model_len` needs,
     and on the CPU default budget the paged cache gets the rest."""
     from inference.engine import llm_engine
-    from inference.kv_cache import cache_slots, layer_cache_bytes
+    from inference.kv_cache import cache_slots
 
     model = build(max_position_embeddings=300, num_mtp_heads=2)  # W=16, G=4, 2 kv heads x 8
-    config, per_block = model.config, kv_bytes_per_block(model.config, 64, torch.float32)
+    layout = cache_layout(model.config)
+    per_block = layout.bytes_per_block(64, torch.float32)
     monkeypatch.setattr(llm_engine, "CPU_KV_CACHE_BYTES", 64 * per_block)
     engine = LLMEngine(model, args=EngineArgs(max_num_seqs=3, speculative_k=4), eos_token_ids=[])
-    one = layer_cache_bytes(config, torch.float32, engine.mtp_positions)
+    one = layout.layer_cache_bytes(torch.float32, engine.mtp_positions)
     assert engine.mtp_positions == 300 + 9 and engine.mtp_cache_bytes == 3 * 2 * one
     assert engine.block_manager.blocks.num_free == (64 * per_block - engine.mtp_cache_bytes) // per_block
 

@@ -1,0 +1,74 @@
+"""Which cache a model's attention keeps, and what the engine asks of it.
+
+Each attention kind owns its cache layout: what it keeps per position (GQA: keys and values;
+MLA: a compressed latent; DSA: also its indexer's keys), for one sequence and in the serving
+engine's paged pools, and what that costs. The single-request path (`KVCache`) and the engine
+(`LLMEngine` sizes the pools, `ModelRunner` builds only the position slot tables) never look
+inside: they ask the model's `cache_layout`. A new kind is one module with a `CacheLayout` (see
+gqa_cache.py), named in `LAYOUTS` under its `model_type`; every other model gets `GQALayout`,
+which needs only `num_key_value_heads`, `head_dim`, `sliding_window` and `global_interval`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from inference.config import ModelConfig
+from inference.layers.gqa_cache import GQALayout
+from inference.layers.paged_slots import SequenceSlots
+
+
+class PagedStep(Protocol):
+    """The paged pools as one step's batch sees them: `layers[i].attend(q, k, v, norms, gate)`
+    writes layer i's new rows and returns their attention output, as `Attention.forward` calls it."""
+
+    layers: list
+
+
+class PagedCache(Protocol):
+    num_node_pages: int  # the block manager's second pool (0: none), see `CacheLayout.node_pages`
+
+    def step(self, rows: list[SequenceSlots]) -> PagedStep:
+        """The view of one step: the slots its layers write and read (worked out once, from
+        each sequence's `SequenceSlots`), and any tables beyond them (sparse: node pages)."""
+
+
+class CacheLayout(Protocol):
+    """Built from the model's config; answers for its decoder layers."""
+
+    def layer_cache(self, dtype: torch.dtype, device: torch.device, max_positions: int | None = None):
+        """One layer of one sequence, contiguous: `extend(k, v, norms)` returns the context its
+        queries attend to; `truncate(length)`, `nbytes()`, `length`. `max_positions` bounds it."""
+
+    def layer_cache_bytes(self, dtype: torch.dtype, positions: int) -> int:
+        """The most a `layer_cache(..., max_positions=positions)` allocates."""
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        """The paged pools' bytes per position slot, all layers, side pages' share included."""
+
+    def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        """The paged pools' bytes per position block: what the engine divides its budget by."""
+
+    def node_pages(self, num_blocks: int) -> int:
+        """Pages of the block manager's second pool (one per position block of a sequence, kept
+        for its whole length) beside `num_blocks` position blocks; 0: the layout has none."""
+
+    def longest_sequence(self, num_blocks: int, block_size: int) -> int:
+        """The longest sequence pools of `num_blocks` blocks hold on their own."""
+
+    def paged_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype,
+                    device: torch.device) -> PagedCache:
+        """Allocate the pools."""
+
+    def joined_layer_caches(self, caches: list, lengths: list[int]):
+        """One layer of several sequences, each in its own `layer_cache`, as one batch: an
+        `attend(q, k, v, norms, gate)` over their rows one after another (batched MTP drafts)."""
+
+
+LAYOUTS: dict[str, type[CacheLayout]] = {}  # model_type -> layout, where it is not GQA
+
+
+def cache_layout(config: ModelConfig) -> CacheLayout:
+    return LAYOUTS.get(config.model_type, GQALayout)(config)
