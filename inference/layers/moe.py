@@ -10,7 +10,7 @@ expert's weight is its unbiased score, normalised over the chosen when `norm_top
 
 Experts run on tokens grouped by expert: the (token, expert) pairs of a batch are sorted by
 expert once, each expert that was chosen takes its contiguous run of rows in one call, and the
-results go back to their tokens in one weighted `index_add_`. The Python loop is over experts
+weighted results go back to their (token, k) places and are summed over k. The Python loop is over experts
 (at most `n_routed_experts` a layer, the chosen ones doing work), never over tokens. Each expert
 is an ordinary `SwiGLU` of `Linear` layers, so the loader stacks its gate/up parts and int8
 (W8A16) quantization swaps its layers as it does every other.
@@ -102,4 +102,7 @@ class MoE(nn.Module):
                 done[start : start + count] = self.experts[expert](rows[start : start + count])
                 start += count
         done *= weights.flatten()[order, None].to(done.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, done)
+        # back to (token, k) order and summed over k: `index_add_` took ~40x longer on CPU here
+        pairs = torch.empty_like(done)
+        pairs[order] = done
+        return pairs.view(x.shape[0], top_k, -1).sum(dim=1)
