@@ -28,6 +28,7 @@ from app.callback import (
     CallbackRejected,
     _crypto_rejection,
     _query,
+    check_timestamp,
     enqueue,
     fingerprint,
     read_signed_body,
@@ -69,6 +70,7 @@ def _crypto():
 def verify_url():
     crypto = _crypto()
     signature, timestamp, nonce, echostr = _query("msg_signature", "timestamp", "nonce", "echostr")
+    check_timestamp(timestamp)
     try:
         plain = crypto.verify_url(signature, timestamp, nonce, echostr)
     except WeComCryptoError as exc:

@@ -64,7 +64,7 @@ def _query(*names: str) -> list[str]:
     return values
 
 
-def _check_timestamp(timestamp: str) -> None:
+def check_timestamp(timestamp: str) -> None:
     """Refuse replays: WeCom signs the current time, so an old (or future) one is not WeCom."""
     try:
         sent = int(timestamp)
@@ -88,6 +88,7 @@ def _crypto_rejection(exc: WeComCryptoError) -> CallbackRejected:
 @bp.get("/wecom/callback")
 def verify_url():
     signature, timestamp, nonce, echostr = _query("msg_signature", "timestamp", "nonce", "echostr")
+    check_timestamp(timestamp)  # a replayed verification is refused like a replayed message
     try:
         plain = _services().wecom_crypto.verify_url(signature, timestamp, nonce, echostr)
     except WeComCryptoError as exc:
@@ -101,7 +102,7 @@ def read_signed_body(limit: int) -> tuple[str, str, str, bytes]:
     if length is not None and length > limit:
         raise CallbackRejected(413, "body too large", "too_large")
     signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
-    _check_timestamp(timestamp)
+    check_timestamp(timestamp)
     body = request.get_data(cache=False)
     # A body without Content-Length (chunked) is cut at the limit by Werkzeug, not refused, so
     # one that reaches the limit is taken as larger: refused, never parsed truncated.

@@ -16,6 +16,7 @@ import binascii
 import hashlib
 import hmac
 import os
+import re
 import struct
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -33,6 +34,10 @@ from app.wecom.exceptions import (
 )
 
 BLOCK_SIZE = 32
+# WeCom's echostr is a random number (19 digits in every published vector). Only a short token
+# of letters and digits is echoed: the same key encrypts every message, so echoing whatever
+# decrypts would hand back a captured message's XML (or an AI bot's JSON) as plaintext.
+ECHOSTR_PLAINTEXT = re.compile(rb"[0-9A-Za-z_-]{1,64}")
 _REPLY_TEMPLATE = (
     "<xml>\n<Encrypt><![CDATA[{encrypt}]]></Encrypt>\n"
     "<MsgSignature><![CDATA[{signature}]]></MsgSignature>\n"
@@ -132,9 +137,13 @@ class WeComCrypto:
 
     # -- the two callback operations ----------------------------------------------------------
     def verify_url(self, msg_signature: str, timestamp: str, nonce: str, echostr: str) -> str:
-        """URL verification (GET): check the signature over echostr, return its plaintext."""
+        """URL verification (GET): check the signature over echostr, return its plaintext, which
+        must look like an echostr (``ECHOSTR_PLAINTEXT``), never a message."""
         self.check_signature(msg_signature, timestamp, nonce, echostr)
-        return self.decrypt(echostr).decode("utf-8", errors="strict")
+        plain = self.decrypt(echostr)
+        if not ECHOSTR_PLAINTEXT.fullmatch(plain):
+            raise IllegalBufferError("plaintext is not an echostr")
+        return plain.decode("ascii")
 
     def decrypt_message(self, post_body: bytes | str, msg_signature: str, timestamp: str,
                         nonce: str) -> str:
