@@ -128,6 +128,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ("wecom_layer_decode_rows", [pointer, ctypes.c_long] + [pointer] * 5),
         ("wecom_decode_step", [pointer] * 6),
         ("wecom_silu_mul", [pointer] * 3 + [ctypes.c_long]),
+        ("wecom_moe_experts", [pointer] * 6),
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int if name == "wecom_decode_step" else None

@@ -10,6 +10,8 @@ files hold no fast-path code, and a newcomer's layer cannot reach kernels writte
 The swap keeps every parameter and buffer (only `__class__` changes); the fast path checks per
 call what it needs (kernels built, no autograd, fp32 rows on the CPU) and steps aside otherwise,
 so installing it on a model that will run on a GPU or train costs a few checks and nothing else.
+GLM's MoE (`FUSED_MODULES`) is swapped wherever it sits for `CpuMoE`, whose experts run in one
+compiled call a layer (`cpu_moe`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.models import cpu_decode, cpu_step
+from inference.layers.moe import MoE
+from inference.models import cpu_decode, cpu_moe, cpu_step
 from inference.models.glm4 import Glm4DecoderLayer, Glm4ForCausalLM
 from inference.models.glm5_sparse import DecoderLayer, Glm5SparseForCausalLM
 
@@ -27,6 +30,26 @@ def _fused_layer_forward(self, h: torch.Tensor, rotations: torch.Tensor, cache) 
     if plan is not None:  # a few fp32 rows on CPU: compiled calls around (or with) the attention
         return cpu_decode.forward(self, plan, h, rotations, cache)
     return super(type(self), self).forward(h, rotations, cache)
+
+
+def _fused_routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    made = None
+    if not torch.is_grad_enabled() and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu":
+        made = cpu_moe.plan(self)
+    if made is None:
+        return super(type(self), self).routed(x, weights, experts)
+    top_k = experts.shape[1]
+    flat = experts.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=len(self.experts))
+    rows, chosen = x[order // top_k], weights.flatten()[order].float()
+    if int(counts.max()) <= cpu_moe.MAX_ROWS:  # decode, verify, small batches: one compiled call
+        done = cpu_moe.run(made, counts, rows, chosen)
+    else:
+        done = cpu_moe.by_torch(self, counts.tolist(), rows, chosen)
+    pairs = torch.empty_like(done)
+    pairs[order] = done
+    return pairs.view(x.shape[0], top_k, -1).sum(dim=1)
 
 
 def _fused_model_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
@@ -44,6 +67,10 @@ class CpuGlm4DecoderLayer(Glm4DecoderLayer):
     forward = _fused_layer_forward  # the sandwich norms are in the kernels' layer too
 
 
+class CpuMoE(MoE):
+    routed = _fused_routed  # every expert of the layer in one compiled call (`cpu_moe`)
+
+
 class CpuGlm5SparseForCausalLM(Glm5SparseForCausalLM):
     forward = _fused_model_forward
 
@@ -54,6 +81,7 @@ class CpuGlm4ForCausalLM(Glm4ForCausalLM):
 
 # Exact types only: a subclass may change what its forward computes.
 FUSED_LAYERS: dict[type, type] = {DecoderLayer: CpuDecoderLayer, Glm4DecoderLayer: CpuGlm4DecoderLayer}
+FUSED_MODULES: dict[type, type] = {MoE: CpuMoE}  # parts of layers, whatever layer holds them
 FUSED_MODELS: dict[type, type] = {Glm5SparseForCausalLM: CpuGlm5SparseForCausalLM, Glm4ForCausalLM: CpuGlm4ForCausalLM}
 
 
@@ -64,6 +92,11 @@ def install_(model: nn.Module) -> nn.Module:
         fused = FUSED_LAYERS.get(type(module))
         if fused is not None:
             module.__class__ = fused
+        fused = FUSED_MODULES.get(type(module))
+        if fused is not None:
+            module.__class__ = fused
+            if fused is CpuMoE:
+                cpu_moe.prepare_(module)
     layers = getattr(getattr(model, "model", None), "layers", None)
     fused_model = FUSED_MODELS.get(type(model))
     if fused_model is not None and layers is not None and all(type(layer) in FUSED_LAYERS.values() for layer in layers):
