@@ -11,12 +11,22 @@ import logging
 from flask import Flask, g, jsonify, request
 from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import IntegerConverter
 
 from app import logging_setup
 from app.config import Settings, get_settings
+from app.db import MAX_ROW_ID
 from app.services import Services
 
 log = logging.getLogger(__name__)
+
+
+class RowIdConverter(IntegerConverter):
+    """``<int:...>`` bounded to what a 64-bit id column holds: a longer number is a 404, not an
+    overflow in the database driver (a 500)."""
+
+    def __init__(self, map, fixed_digits=0, min=None, max=MAX_ROW_ID, signed=False):  # noqa: A002
+        super().__init__(map, fixed_digits, min, max, signed)
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
@@ -25,6 +35,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     logging_setup.configure(settings)
     app = Flask(__name__)
+    app.url_map.converters["int"] = RowIdConverter  # before any route is added
     app.config.update(
         SECRET_KEY=settings.secret_key.get_secret_value(),
         # Werkzeug refuses larger bodies itself, chunked ones included.

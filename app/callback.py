@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from datetime import UTC, datetime
 
@@ -64,14 +65,18 @@ def _query(*names: str) -> list[str]:
     return values
 
 
+# Seconds since 1970 in ASCII digits, as WeCom writes them. int() alone would also take a sign,
+# spaces, underscores and other scripts' digits, and a 400-digit number that then overflows the
+# float arithmetic below (a 500).
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+
+
 def check_timestamp(timestamp: str) -> None:
     """Refuse replays: WeCom signs the current time, so an old (or future) one is not WeCom."""
-    try:
-        sent = int(timestamp)
-    except ValueError:
-        raise CallbackRejected(400, "timestamp is not an integer", "bad_timestamp") from None
+    if not _TIMESTAMP.fullmatch(timestamp):
+        raise CallbackRejected(400, "timestamp is not an integer", "bad_timestamp")
     window = _services().settings.callback_timestamp_window_s
-    if abs(time.time() - sent) > window:
+    if abs(int(time.time()) - int(timestamp)) > window:
         raise CallbackRejected(403, "timestamp outside the accepted window", "stale_timestamp")
 
 

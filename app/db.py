@@ -73,9 +73,31 @@ class UTCDateTime(TypeDecorator):
 MICROS = Decimal("0.000001")
 
 
+# What a BIGINT of millionths holds. NaN, Infinity and amounts past this have no stored form:
+# they once reached the driver (or Decimal's own context) and came back as a 500.
+MAX_MONEY = Decimal(2**63 - 1) * MICROS
+# The largest row id a 64-bit column holds: a longer number in a URL or query is no row of ours.
+MAX_ROW_ID = 2**63 - 1
+
+
 def to_money(value) -> Decimal:
-    """A Decimal rounded to a millionth of the currency unit (what ``Money`` stores)."""
-    return Decimal(value).quantize(MICROS, rounding=ROUND_HALF_UP)
+    """A Decimal rounded to a millionth of the currency unit (what ``Money`` stores); ValueError
+    for a value with no stored form (not finite, or beyond a BIGINT of millionths)."""
+    try:
+        amount = Decimal(value)
+    except ArithmeticError:  # decimal.InvalidOperation: not a number at all
+        raise ValueError(f"not an amount: {value!r}") from None
+    if not amount.is_finite() or abs(amount) > MAX_MONEY:
+        raise ValueError(f"amount out of range: {value!r}")
+    return amount.quantize(MICROS, rounding=ROUND_HALF_UP)
+
+
+def row_id(text: str) -> int:
+    """A positive row id from a query string (``request.args.get(..., type=row_id)``)."""
+    value = int(text)
+    if not 0 < value <= MAX_ROW_ID:
+        raise ValueError("not a row id")
+    return value
 
 
 class Money(TypeDecorator):

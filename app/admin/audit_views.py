@@ -21,8 +21,9 @@ from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from app.admin import audit_admin, bp, roles_required, services
 from app.admin.audit_export import ExportQuery, export_stream
+from app.admin.limits import in_calendar
 from app.audit import EventType
-from app.db import utcnow
+from app.db import row_id, utcnow
 from app.models import AdminRole, AuditEvent
 from app.outbox import user_hash
 
@@ -34,8 +35,8 @@ class AuditFilterForm(FlaskForm):
     class Meta:
         csrf = False  # a GET search changes nothing
 
-    since = DateField("From 起", validators=[Optional()])
-    until = DateField("To 止", validators=[Optional()])
+    since = DateField("From 起", validators=[Optional(), in_calendar])
+    until = DateField("To 止", validators=[Optional(), in_calendar])
     user = StringField("User 用户 (WeCom user id, or admin:NAME)", validators=[Optional(), Length(max=80)])
     type = SelectField("Event type 事件类型", choices=[SelectChoice("", "all 全部"), *map(SelectChoice, EventType.ALL)],
                        validators=[Optional()])
@@ -80,7 +81,7 @@ def _actor(text: str | None) -> str | None:
 @roles_required(AdminRole.AUDITOR)
 def audit_search():
     form = AuditFilterForm(request.args)
-    events, before = [], request.args.get("before", type=int)
+    events, before = [], request.args.get("before", type=row_id)
     svc = services()
     if form.validate():
         query = _query(form)
@@ -97,7 +98,7 @@ def audit_search():
     next_args = ({**request.args.to_dict(), "before": events[-1][0].seq}
                  if len(events) == PAGE else None)
     return render_template("admin/audit.html", form=form, export_form=ExportForm(formdata=None),
-                           events=events, next_args=next_args)
+                           events=events, next_args=next_args), 400 if form.errors else 200
 
 
 @bp.post("/audit/export")

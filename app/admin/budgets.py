@@ -26,22 +26,15 @@ from wtforms.validators import (
 
 from app import accounting
 from app.admin import audit_admin, bp, roles_required, services
+from app.admin.limits import amount, in_calendar
 from app.audit import EventType
 from app.config import parse_thresholds
+from app.db import row_id
 from app.models import AdminRole, Budget, BudgetScope, ModelPrice
 from app.outbox import user_hash
 
-
-def _at_least(minimum: Decimal, message: str):
-    def check(form, field) -> None:
-        if field.data is not None and field.data < minimum:  # None: "not a valid decimal" already
-            raise ValidationError(message)
-
-    return check
-
-
-POSITIVE = _at_least(Decimal("0.000001"), "must be more than 0")
-NOT_NEGATIVE = _at_least(Decimal(0), "must not be negative")
+POSITIVE = amount(Decimal("0.000001"), "must be more than 0")
+NOT_NEGATIVE = amount(Decimal(0), "must not be negative")
 
 
 def _thresholds(form, field) -> None:
@@ -77,7 +70,7 @@ class PriceForm(FlaskForm):
     currency = StringField("Currency 币种", validators=[DataRequired(), Regexp(r"^[A-Za-z]{3}$",
                            message="a 3-letter code such as CNY")])
     valid_from = DateTimeLocalField("Valid from 生效时间 (company time; empty = now)",
-                                    format="%Y-%m-%dT%H:%M", validators=[Optional()])
+                                    format="%Y-%m-%dT%H:%M", validators=[Optional(), in_calendar])
 
 
 def _budget_json(budget: Budget) -> dict:
@@ -202,7 +195,7 @@ def price_new():
     form = PriceForm()
     if request.method == "GET":
         form.currency.data = svc.settings.currency
-        base_id = request.args.get("from", type=int)
+        base_id = request.args.get("from", type=row_id)
         if base_id:  # "edit": a new version pre-filled from an existing one
             with svc.db.session() as session:
                 base = session.get(ModelPrice, base_id)

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.accounting import parse_thresholds, period_start
+from app.admin.limits import DATE_RANGE_MESSAGE, day_in_range
 from app.db import utcnow
 from app.models import Budget, BudgetAlert, BudgetPeriod, InboundMessage, UsageDaily
 
@@ -51,6 +52,10 @@ def parse_filters(args, tz: ZoneInfo, today: date | None = None) -> Filters:
         since = date.fromisoformat(args.get("since") or (until - timedelta(days=29)).isoformat())
     except ValueError:
         raise ValueError("dates must look like 2026-12-01") from None
+    except OverflowError:  # a default start 29 days before 0001-01-01
+        raise ValueError(DATE_RANGE_MESSAGE) from None
+    if not (day_in_range(since) and day_in_range(until)):
+        raise ValueError(DATE_RANGE_MESSAGE)
     if since > until:
         raise ValueError("the start date is after the end date")
     if (until - since).days >= MAX_RANGE_DAYS:

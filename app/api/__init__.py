@@ -27,6 +27,7 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
+from app import json_input
 from app.accounting import estimate_prompt_tokens
 from app.api import ratelimit
 from app.api.errors import ApiError, from_llm_error, invalid
@@ -145,9 +146,12 @@ def _show_reasoning(settings) -> bool:
 
 
 def _chat_request(settings, model_name: str) -> ChatRequest:
-    body = request.get_json(force=True, silent=True)
-    if body is None:
-        raise invalid("the body is not valid JSON")
+    try:
+        body = json_input.loads(request.get_data(cache=True))
+    except json_input.JsonTooDeep as exc:
+        raise invalid(str(exc)) from None
+    except ValueError:
+        raise invalid("the body is not valid JSON") from None
     chat = parse_chat_request(body, min(settings.max_new_tokens, settings.api_max_tokens),
                               settings.api_max_tokens,
                               GenerationParams(temperature=settings.temperature,

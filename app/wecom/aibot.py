@@ -21,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from app import json_input
 from app.wecom.crypto import WeComCrypto
 from app.wecom.exceptions import MessageParseError
 
@@ -67,8 +68,10 @@ def extract_encrypt(body: bytes | str) -> str:
     if len(body) > MAX_JSON_BYTES:
         raise AibotRequestError("body too large")
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = json_input.loads(body)
+    except json_input.JsonTooDeep as exc:
+        raise AibotRequestError(str(exc)) from None
+    except ValueError:  # UnicodeDecodeError included
         raise AibotRequestError("body is not JSON") from None
     encrypt = data.get("encrypt") if isinstance(data, dict) else None
     if not isinstance(encrypt, str) or not encrypt.strip():
@@ -79,8 +82,10 @@ def extract_encrypt(body: bytes | str) -> str:
 def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
     """Decrypted JSON -> ``AibotMessage``; ``MessageParseError`` for anything WeCom never sends."""
     try:
-        data = json.loads(plaintext)
-    except (ValueError, UnicodeDecodeError):
+        data = json_input.loads(plaintext)
+    except json_input.JsonTooDeep as exc:
+        raise MessageParseError(str(exc)) from None
+    except ValueError:
         raise MessageParseError("decrypted message is not JSON") from None
     if not isinstance(data, dict):
         raise MessageParseError("decrypted message is not a JSON object")
