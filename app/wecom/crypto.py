@@ -98,9 +98,10 @@ class WeComCrypto:
         return sign(self.token, timestamp, nonce, encrypt)
 
     def check_signature(self, msg_signature: str, timestamp: str, nonce: str, encrypt: str) -> None:
-        """Constant-time comparison, so the signature cannot be found byte by byte."""
+        """Constant-time comparison, so the signature cannot be found byte by byte. Exact, as
+        WeCom sends it (lower-case hex): no other spelling of the digest is accepted."""
         expected = self.signature(timestamp, nonce, encrypt)
-        if not hmac.compare_digest(expected.encode(), str(msg_signature or "").lower().encode()):
+        if not hmac.compare_digest(expected.encode(), str(msg_signature or "").encode()):
             raise ValidateSignatureError()
 
     # -- AES ----------------------------------------------------------------------------------

@@ -141,6 +141,18 @@ def test_inserted_row_in_the_middle_is_named(chain):
     assert len(moved) == 1 and moved[0].seq == 16 and "15..30" in moved[0].detail
 
 
+def test_a_head_that_names_another_row_is_named(chain):
+    """The chain's two ends are checked against the head row: the last row's hash..."""
+    _tamper(chain.db, "UPDATE audit_chain SET last_hash = :h WHERE id = 1", h="e" * 64)
+    assert kinds(verify(chain)) == [("head", 30)]
+
+
+def test_a_first_row_that_does_not_link_to_the_anchor_is_named(chain):
+    """...and the first row's link to the purge anchor (the genesis hash before any purge)."""
+    _tamper(chain.db, "UPDATE audit_chain SET anchor_hash = :h WHERE id = 1", h="e" * 64)
+    assert kinds(verify(chain)) == [("anchor", 1)]
+
+
 def test_verify_cli_names_the_row_and_fails(chain):
     from app import create_app
 

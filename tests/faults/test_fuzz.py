@@ -28,7 +28,7 @@ from app import create_app, migrate
 from app.api.keys import create_key
 from app.services import Services
 from app.wecom.crypto import WeComCrypto
-from app.wecom.exceptions import WeComCryptoError
+from app.wecom.exceptions import ValidateSignatureError, WeComCryptoError
 from app.wecom.messages import MessageParseError, parse_message
 from tests.faults.conftest import WECOM_DB
 from tests.support.callbacks import CallbackForger
@@ -127,8 +127,23 @@ def test_decrypt_of_garbage_is_a_crypto_error(crypto, encrypt):
 @given(st.binary(max_size=400), st.text(max_size=50), st.text(max_size=20), st.text(max_size=20))
 def test_decrypt_message_of_garbage_is_a_crypto_error(crypto, body, signature, timestamp, nonce):
     counted()
-    with contextlib.suppress(WeComCryptoError):
+    with pytest.raises(WeComCryptoError):
         crypto.decrypt_message(body, signature, timestamp, nonce)
+
+
+@PROFILE_FAST
+@given(wecom_xml(), st.text(max_size=50), st.text(max_size=20), st.text(max_size=20))
+def test_a_well_encrypted_message_with_a_wrong_signature_is_refused(crypto, xml, signature, timestamp, nonce):
+    """The envelope and its Encrypt are genuine, so only the signature check can refuse it."""
+    counted()
+    encrypt = crypto.encrypt(xml)
+    body = f"<xml><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
+    if signature == crypto.signature(timestamp, nonce, encrypt):  # pragma: no cover - 2**-160
+        return
+    with pytest.raises(ValidateSignatureError):
+        crypto.decrypt_message(body, signature, timestamp, nonce)
+    with pytest.raises(ValidateSignatureError):  # a right signature spelled in upper case
+        crypto.decrypt_message(body, crypto.signature(timestamp, nonce, encrypt).upper(), timestamp, nonce)
 
 
 @PROFILE_FAST

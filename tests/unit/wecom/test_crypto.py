@@ -99,11 +99,27 @@ def test_padding_at_every_block_boundary(size):
 
 
 def test_signature_case_and_whitespace_are_strict():
+    """WeCom sends the SHA-1 in lower-case hex; any other spelling is not its signature."""
     v = OFFICIAL["verify_url"]
+    for spelling in (v["msg_signature"] + " ", " " + v["msg_signature"], v["msg_signature"].upper(),
+                     v["msg_signature"][:-1] + v["msg_signature"][-1].upper(), ""):
+        assert spelling != v["msg_signature"]
+        with pytest.raises(exc.ValidateSignatureError):
+            official().verify_url(spelling, v["timestamp"], v["nonce"], v["echostr"])
+    d = OFFICIAL["decrypt_xml"]
     with pytest.raises(exc.ValidateSignatureError):
-        official().verify_url(v["msg_signature"] + " ", v["timestamp"], v["nonce"], v["echostr"])
+        official().decrypt_message(d["post_body"], d["msg_signature"].upper(), d["timestamp"], d["nonce"])
+
+
+@pytest.mark.parametrize("change", ["signature", "timestamp", "nonce"])
+def test_decrypt_message_checks_the_signature(change):
+    """A well-formed, correctly encrypted envelope with any signed value changed is refused:
+    decryption succeeding is no proof that WeCom sent it."""
+    d = dict(OFFICIAL["decrypt_xml"])
+    d[{"signature": "msg_signature"}.get(change, change)] = {
+        "signature": "0" * 40, "timestamp": str(int(d["timestamp"]) + 1), "nonce": d["nonce"] + "1"}[change]
     with pytest.raises(exc.ValidateSignatureError):
-        official().verify_url("", v["timestamp"], v["nonce"], v["echostr"])
+        official().decrypt_message(d["post_body"], d["msg_signature"], d["timestamp"], d["nonce"])
 
 
 def test_tampered_ciphertext_is_rejected():
