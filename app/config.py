@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import string
+import zlib
 from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,6 +23,48 @@ class ConfigError(RuntimeError):
     """The environment does not describe a runnable service."""
 
 
+# Words of the placeholders examples and tutorials ship ("replace-with-...", "change-me", ...).
+# .env.example's old SECRET_KEY placeholder passed the length check, and anyone who read the
+# repository could then sign an admin session cookie.
+PLACEHOLDER_WORDS = ("replace", "changeme", "change-me", "change_me", "example", "placeholder",
+                     "your-", "your_", "xxxxxx", "0123456789abcdef", "abcdefghijklmnop")
+MIN_SECRET_BYTES = 32
+GENERATE_HINT = "python -c 'import secrets; print(secrets.token_urlsafe(48))'"
+
+
+def refuse_placeholder(value: str) -> None:
+    lowered = value.lower()
+    if any(word in lowered for word in PLACEHOLDER_WORDS):
+        raise ValueError("is a placeholder, not a secret")
+
+
+def refuse_low_entropy(key: bytes) -> None:
+    """Random bytes, not a pattern: 32 random bytes have ~30 distinct values (fewer than 16 has
+    odds below 1e-15) and never shrink under zlib; a repeated or constant key does both."""
+    if len(set(key)) < 16 or len(zlib.compress(key, 9)) < len(key):
+        raise ValueError("is not random (a repeating or constant pattern)")
+
+
+def decode_random_secret(value: str) -> bytes:
+    """The bytes of a generated secret: hex, or base64 (standard or URL-safe, padded or not),
+    at least ``MIN_SECRET_BYTES`` of them, random-looking; ValueError naming what is wrong."""
+    refuse_placeholder(value)
+    text = value.strip()
+    try:
+        if len(text) % 2 == 0 and all(c in string.hexdigits for c in text):
+            raw = bytes.fromhex(text)
+        else:
+            raw = base64.b64decode(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4),
+                                   validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"must be random bytes in hex or base64, e.g. {GENERATE_HINT}") from None
+    if len(raw) < MIN_SECRET_BYTES:
+        raise ValueError(f"must be at least {MIN_SECRET_BYTES} random bytes (hex or base64), "
+                         f"e.g. {GENERATE_HINT}")
+    refuse_low_entropy(raw)
+    return raw
+
+
 def _decode_data_key(kid: str, value: str) -> bytes:
     try:
         key = base64.b64decode(value, validate=True)
@@ -28,6 +72,10 @@ def _decode_data_key(kid: str, value: str) -> bytes:
         raise ValueError(f"key {kid!r} is not base64") from exc
     if len(key) != 32:
         raise ValueError(f"key {kid!r} must be 32 bytes (AES-256), got {len(key)}")
+    try:
+        refuse_low_entropy(key)
+    except ValueError as exc:
+        raise ValueError(f"key {kid!r} {exc}") from None
     return key
 
 
@@ -206,10 +254,13 @@ class Settings(BaseSettings):
         if len(raw) != 43:
             raise ValueError(f"must be the 43-character EncodingAESKey (got {len(raw)} characters)")
         try:
-            if len(base64.b64decode(raw + "=", validate=True)) != 32:
+            key = base64.b64decode(raw + "=", validate=True)
+            if len(key) != 32:
                 raise ValueError
         except (binascii.Error, ValueError) as exc:
             raise ValueError("is not a valid EncodingAESKey (base64 of 32 bytes)") from exc
+        refuse_placeholder(raw)
+        refuse_low_entropy(key)
         return value
 
     @field_validator("aibot_token", "aibot_encoding_aes_key", "intake_socket", mode="before")
@@ -224,11 +275,18 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty")
         return value
 
+    @field_validator("wecom_token", "wecom_secret", "aibot_token", "metrics_token")
+    @classmethod
+    def _not_a_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        # WeCom's console makes these (the Token may be typed in): refused only as placeholders.
+        if value is not None:
+            refuse_placeholder(value.get_secret_value())
+        return value
+
     @field_validator("secret_key", "blind_index_key")
     @classmethod
-    def _long_enough(cls, value: SecretStr) -> SecretStr:
-        if len(value.get_secret_value()) < 32:
-            raise ValueError("must be at least 32 characters of random data")
+    def _random_bytes(cls, value: SecretStr) -> SecretStr:
+        decode_random_secret(value.get_secret_value())
         return value
 
     @field_validator("data_keys")

@@ -24,11 +24,19 @@ from tests.faults.conftest import KILL_DB
 from tests.support.stack import Stack, wait_for
 
 MARK = secrets.token_hex(6)
+
+
+def random_sentinel(name: str) -> str:
+    """A sentinel that is also a valid random secret: base64 whose first characters spell it."""
+    value = f"SENTINEL{name}{MARK}" + secrets.token_urlsafe(48)
+    return value + "x" * (-len(value) % 4)
+
+
 SENTINELS = {
     "WECOM_SECRET": f"SENTINELcorpsecret{MARK}",
     "WECOM_TOKEN": f"SENTINELtoken{MARK}",
-    "SECRET_KEY": f"SENTINELsecretkey{MARK}" + "x" * 32,
-    "BLIND_INDEX_KEY": f"SENTINELblindindex{MARK}" + "y" * 32,
+    "SECRET_KEY": random_sentinel("secretkey"),
+    "BLIND_INDEX_KEY": random_sentinel("blindindex"),
 }
 TEXT = f"SENTINEL机密消息{MARK}"
 PASSWORD = f"SENTINELpassword{MARK}"
