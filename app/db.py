@@ -125,6 +125,9 @@ def utcnow() -> datetime:
 
 
 def make_engine(url: str, **kwargs) -> Engine:
+    # A failed statement's message (logged with its traceback) would otherwise carry the bound
+    # values: ciphertexts, blind indexes, password hashes, API-key digests.
+    kwargs.setdefault("hide_parameters", True)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":

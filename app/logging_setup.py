@@ -24,6 +24,7 @@ import random
 import re
 import sys
 from datetime import UTC, datetime
+from urllib.parse import unquote, urlsplit
 
 REDACTED = "[redacted]"
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
@@ -174,6 +175,14 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def _url_password(url: str | None) -> str:
+    """The password inside a database or Redis URL ("" when none)."""
+    try:
+        return unquote(urlsplit(url or "").password or "")
+    except ValueError:  # a malformed URL fails where it is used, not here
+        return ""
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
@@ -185,7 +194,10 @@ def configure(settings, stream=None) -> logging.Handler:
                      s.blind_index_key.get_secret_value(), s.openai_api_key.get_secret_value(),
                      s.metrics_token.get_secret_value(), *s.previous_secret_keys,
                      *[part.partition(":")[2].strip()
-                       for part in s.data_keys.get_secret_value().replace("\n", ",").split(",")])
+                       for part in s.data_keys.get_secret_value().replace("\n", ",").split(",")],
+                     *[secret.get_secret_value() for secret in (s.aibot_token, s.aibot_encoding_aes_key)
+                       if secret is not None],
+                     *[_url_password(url) for url in (s.database_url, s.redis_url, s.celery_broker_url)])
     _install_record_factory()
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "_wecom_bot", False)]:

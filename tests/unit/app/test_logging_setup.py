@@ -109,3 +109,45 @@ def test_bad_format_settings_are_refused(env):
         settings_from(env, wecom_user_rate_limit="lots")
     assert settings_from(env, wecom_user_rate_limit="5/hour").user_rate_limit == (5, 3600)
     assert settings_from(env, wecom_user_rate_limit="0").user_rate_limit == (0, 60)
+
+
+def test_every_configured_secret_is_registered(env):
+    """The AI bot's token and key, a previous SECRET_KEY and the passwords inside the database
+    and Redis URLs are masked like the rest."""
+    from scripts.dev_env import random_aes_key
+
+    extra = {"AIBOT_TOKEN": "aibotTokenSentinel42", "AIBOT_ENCODING_AES_KEY": random_aes_key(),
+             "DATABASE_URL": "postgresql+psycopg://bot:dbPassSentinel42@db:5432/bot",
+             "REDIS_URL": "redis://:redisPassSentinel42@redis:6379/0",
+             "CELERY_BROKER_URL": "redis://:brokerPassSentinel42@redis:6379/1"}
+    stream = io.StringIO()
+    handler = logging_setup.configure(settings_from({**env, **extra}), stream=stream)
+    try:
+        log = logging.getLogger("app.test")
+        for value in (extra["AIBOT_TOKEN"], extra["AIBOT_ENCODING_AES_KEY"], "dbPassSentinel42",
+                      "redisPassSentinel42", "brokerPassSentinel42"):
+            log.warning("leaking %s", value)
+        out = stream.getvalue()
+        assert "Sentinel42" not in out and extra["AIBOT_ENCODING_AES_KEY"] not in out
+        assert out.count(logging_setup.REDACTED) == 5
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "postgresql+psycopg://postgres@127.0.0.1:5432/test"])
+def test_database_errors_carry_no_bound_parameters(url):
+    """A failed statement's message (logged with its traceback) names the SQL, never the values:
+    those are ciphertexts, blind indexes, password hashes."""
+    import sqlalchemy as sa
+
+    from app.db import make_engine
+
+    engine = make_engine(url)
+    try:
+        with pytest.raises(sa.exc.DBAPIError) as info, engine.connect() as conn:
+            conn.execute(sa.text("SELECT * FROM no_such_table WHERE x = :p"), {"p": "paramSentinel42"})
+        assert "paramSentinel42" not in str(info.value)
+    except sa.exc.OperationalError as exc:  # pragma: no cover - no PostgreSQL here
+        pytest.skip(f"database not reachable: {exc}")
+    finally:
+        engine.dispose()
