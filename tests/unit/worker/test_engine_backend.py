@@ -97,3 +97,41 @@ def test_token_ids_are_submitted_as_they_are():
     service = ScriptedService(tokenizer("glm45"), ["ok"])
     list(EngineBackend(service, "glm").stream([5, 6, 7], GenerationParams()))
     assert service.prompts == [[5, 6, 7]]
+
+
+def test_a_glm4_moe_checkpoint_runs_through_the_real_engine(tmp_path):
+    """The worker's backend on a GLM-4.5-style MoE checkpoint (made by transformers) with a
+    tokenizer that has the think tokens: the answer is the engine's own greedy continuation of the
+    prompt in the model's chat layout, split from any think part."""
+    import torch
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    from inference.llm import LLM
+    from inference.reasoning import ReasoningSplitter
+    from inference.sampling_params import SamplingParams
+    from inference.tokenizer import save_glm_tokenizer
+
+    tok = tokenizer("glm45")
+    torch.manual_seed(0)
+    config = Glm4MoeConfig(vocab_size=tok.vocab_size, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=12, moe_intermediate_size=16,
+                           n_routed_experts=6, num_experts_per_tok=2, first_k_dense_replace=1,
+                           initializer_range=0.2)
+    Glm4MoeForCausalLM(config).save_pretrained(tmp_path)
+    save_glm_tokenizer(tok.tokenizer, tmp_path)
+    settings = SimpleNamespace(model_dir=str(tmp_path), engine_max_num_seqs=4, engine_max_model_len=256,
+                               engine_kv_cache_bytes=8 << 20, engine_speculative_k=0)
+    backend = EngineBackend.from_settings(settings)
+    try:
+        result = backend.generate(MESSAGES, GenerationParams(max_tokens=12, temperature=0))
+    finally:
+        backend.close()
+    llm = LLM.from_pretrained(tmp_path, device="cpu")
+    prompt = llm.tokenizer.apply_chat_template(MESSAGES)
+    expected = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12))
+    splitter = ReasoningSplitter("thinking" if llm.tokenizer.reply_starts_thinking() else "answer")
+    splitter.feed(expected.text)
+    splitter.finish()
+    assert result.prompt_tokens == len(prompt) and result.completion_tokens == len(expected.token_ids)
+    assert (result.text, result.reasoning) == (splitter.answer, splitter.reasoning)
+    assert result.text or result.reasoning
