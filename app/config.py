@@ -208,6 +208,10 @@ class Settings(BaseSettings):
     admin_session_hours: int = 8
     admin_lockout_attempts: int = 5
     admin_lockout_minutes: int = 15
+    admin_login_ip_limit: str = Field(default="10/min", description="login attempts per client address")
+    admin_login_global_limit: str = Field(default="100/min", description="login attempts, everyone together")
+    admin_login_concurrency: int = Field(default=2, ge=1, le=16,
+                                         description="argon2 checks at once per process (64 MiB each)")
     finance_accounting_subject: str = "研发费用-外部技术服务费"
     finance_invoice_item: str = "AI模型调用服务费"
 
@@ -327,7 +331,7 @@ class Settings(BaseSettings):
     def _level_upper(cls, value):
         return value.strip().upper() if isinstance(value, str) else value
 
-    @field_validator("wecom_user_rate_limit")
+    @field_validator("wecom_user_rate_limit", "admin_login_ip_limit", "admin_login_global_limit")
     @classmethod
     def _rate_parses(cls, value: str) -> str:
         parse_rate(value)

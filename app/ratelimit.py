@@ -43,6 +43,29 @@ def fixed_window(redis, bucket: str, limit: int, window_s: int = 60,
     return Verdict(False, max(1, int((window + 1) * window_s - now + 0.999)))
 
 
+def window_count(redis, bucket: str, window_s: int = 60, now: float | None = None) -> int:
+    """How many ``window_add`` calls ``bucket`` had in the current aligned window (0 without
+    Redis): a limit on failures, which are counted only once they happened."""
+    now = time.time() if now is None else now
+    try:
+        return int(redis.get(f"ratelimit:{bucket}:{int(now // window_s)}") or 0)
+    except Exception:  # noqa: BLE001 - fail open, see the module docstring
+        log.warning("rate limit not checked: Redis unavailable")
+        return 0
+
+
+def window_add(redis, bucket: str, window_s: int = 60, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    name = f"ratelimit:{bucket}:{int(now // window_s)}"
+    try:
+        pipe = redis.pipeline()
+        pipe.incr(name)
+        pipe.expire(name, window_s + 5)
+        pipe.execute()
+    except Exception:  # noqa: BLE001 - fail open, see the module docstring
+        log.warning("rate limit not counted: Redis unavailable")
+
+
 def sliding_window(redis, bucket: str, member: str, limit: int, window_s: int = 60,
                    now: float | None = None) -> Verdict:
     """Is ``member`` among the first ``limit`` events of ``bucket`` in the last ``window_s``?

@@ -1,18 +1,19 @@
 """Local admin accounts: argon2id password hashes, roles, lockout after failed logins.
 
-``authenticate`` returns why a login failed; the login page tells a wrong name and a wrong
-password apart from nobody (the audit event records which). A wrong name
-still costs one argon2 verification, so timing does not tell names apart.
+``authenticate`` returns why a login failed; the login page tells a wrong name, a wrong password
+and a locked account apart from nobody (the audit event records which). A wrong name and a
+locked account still cost one argon2 verification, so timing does not tell them apart either.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -21,6 +22,7 @@ from app.models import AdminRole, AdminUser
 hasher = PasswordHasher()
 _DUMMY_HASH = hasher.hash("not a password anyone has")
 MIN_PASSWORD_LENGTH = 12
+SLOT_WAIT_S = 10.0  # how long a login waits for a password-check slot before "try again"
 
 
 @dataclass(frozen=True)
@@ -49,31 +51,71 @@ def create_user(session: Session, name: str, role: str, password: str) -> AdminU
     return user
 
 
-def authenticate(session: Session, name: str, password: str, max_attempts: int = 5,
-                 lockout: timedelta = timedelta(minutes=15),
+class LoginBusy(RuntimeError):
+    """Every password-check slot of this process stayed taken: try again shortly."""
+
+
+def authenticate(db, name: str, password: str, max_attempts: int = 5,
+                 lockout: timedelta = timedelta(minutes=15), *, slots: threading.Semaphore | None = None,
                  now: datetime | None = None) -> LoginResult:
-    """Check a login inside the caller's transaction, counting failures and locking."""
+    """Check a login, counting failures and locking, in two short transactions around the hash.
+
+    An attempt is reserved before its password is checked: one ``UPDATE`` adds it to
+    ``failed_attempts`` only while the account is unlocked and under ``max_attempts``, so
+    however many guesses arrive together, at most ``max_attempts`` are checked against the hash
+    per lockout (a read-then-write counted parallel guesses as one). argon2 runs outside any
+    transaction (on SQLite the whole login held the one write lock) and, with ``slots``, a few
+    at a time (each check takes 64 MiB). A right password clears the count.
+    """
     now = now or utcnow()
-    user = session.scalar(select(AdminUser).where(AdminUser.name == name))
-    if user is None:
-        _verify(_DUMMY_HASH, password)
-        return LoginResult(None, "unknown_user")
-    if user.locked_until is not None and user.locked_until > now:
-        _verify(_DUMMY_HASH, password)
-        return LoginResult(user, "locked")
-    if not _verify(user.password_hash, password):
-        user.failed_attempts = (user.failed_attempts or 0) + 1
-        if user.failed_attempts >= max_attempts:
-            user.locked_until, user.failed_attempts = now + lockout, 0
+    with db.transaction() as session:
+        user_id = session.scalar(select(AdminUser.id).where(AdminUser.name == name))
+        reserved = None if user_id is None else session.execute(
+            update(AdminUser)
+            .where(AdminUser.id == user_id, AdminUser.failed_attempts < max_attempts,
+                   or_(AdminUser.locked_until.is_(None), AdminUser.locked_until <= now))
+            .values(failed_attempts=AdminUser.failed_attempts + 1)
+            .returning(AdminUser.failed_attempts, AdminUser.password_hash)
+            .execution_options(synchronize_session=False)).first()
+    if user_id is None or reserved is None:  # unknown or locked: the same work, no answer
+        _check(slots, _DUMMY_HASH, password)
+        return LoginResult(None, "unknown_user") if user_id is None else _result(db, user_id, "locked")
+    attempt, password_hash = reserved
+    right = _check(slots, password_hash, password)
+    with db.transaction() as session:
+        user = session.get(AdminUser, user_id, populate_existing=True)
+        if not right:
+            if attempt >= max_attempts:
+                user.locked_until, user.failed_attempts = now + lockout, 0
+            session.flush()
+            return LoginResult(user, "bad_password")
+        user.failed_attempts = 0
+        if not user.enabled:
+            session.flush()
+            return LoginResult(user, "disabled")
+        user.locked_until, user.last_login_at = None, now
+        if hasher.check_needs_rehash(user.password_hash):
+            user.password_hash = hasher.hash(password)
         session.flush()
-        return LoginResult(user, "bad_password")
-    if not user.enabled:
-        return LoginResult(user, "disabled")
-    user.failed_attempts, user.locked_until, user.last_login_at = 0, None, now
-    if hasher.check_needs_rehash(user.password_hash):
-        user.password_hash = hasher.hash(password)
-    session.flush()
-    return LoginResult(user, "ok")
+        return LoginResult(user, "ok")
+
+
+def _result(db, user_id: int, outcome: str) -> LoginResult:
+    with db.session() as session:
+        user = session.get(AdminUser, user_id)
+        session.expunge(user)
+    return LoginResult(user, outcome)
+
+
+def _check(slots: threading.Semaphore | None, password_hash: str, password: str) -> bool:
+    if slots is None:
+        return _verify(password_hash, password)
+    if not slots.acquire(timeout=SLOT_WAIT_S):
+        raise LoginBusy("every password-check slot is taken")
+    try:
+        return _verify(password_hash, password)
+    finally:
+        slots.release()
 
 
 def _verify(password_hash: str, password: str) -> bool:

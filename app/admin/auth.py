@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 from flask import flash, redirect, render_template, request, session, url_for
@@ -11,9 +12,11 @@ from wtforms import PasswordField, StringField
 from wtforms.validators import DataRequired, Length
 
 from app.admin import audit_admin, bp, services
-from app.admin.accounts import authenticate
+from app.admin.accounts import LoginBusy, authenticate
 from app.audit import EventType
+from app.config import parse_rate
 from app.models import AdminRole
+from app.ratelimit import window_add, window_count
 
 
 class LoginForm(FlaskForm):
@@ -31,16 +34,57 @@ def index():
     return redirect(url_for(HOME.get(current_user.role, "admin.login")))
 
 
+#: One answer for every failed login: which names exist, and which are locked, is not told.
+LOGIN_FAILED = ("Wrong user name or password, or the account is locked for a while. "
+                "用户名或密码错误，或账户已临时锁定。")
+LOGIN_THROTTLED = "Too many sign-in attempts: wait a minute. 尝试次数过多，请稍后再试。"
+_check_slots: dict[int, threading.BoundedSemaphore] = {}
+
+
+def _slots(limit: int) -> threading.BoundedSemaphore:
+    """The process's password-check slots (argon2 takes 64 MiB each)."""
+    return _check_slots.setdefault(limit, threading.BoundedSemaphore(limit))
+
+
+def _login_buckets(settings):
+    """(bucket, limit, window) of failed logins: per client address, and everyone together."""
+    for bucket, spec in ((f"admin-login:ip:{request.remote_addr}", settings.admin_login_ip_limit),
+                         ("admin-login:all", settings.admin_login_global_limit)):
+        limit, window = parse_rate(spec)
+        if limit:
+            yield bucket, limit, window
+
+
+def _throttled(svc) -> bool:
+    """Whether this address, or everyone together, failed too often in the current window.
+    Only failures count, so people who type their password right are never held up."""
+    return any(window_count(svc.redis, bucket, window) >= limit
+               for bucket, limit, window in _login_buckets(svc.settings))
+
+
+def _count_failure(svc) -> None:
+    for bucket, _limit, window in _login_buckets(svc.settings):
+        window_add(svc.redis, bucket, window)
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     form = LoginForm()
     if form.validate_on_submit():
         svc = services()
         name = form.name.data.strip()
+        if _throttled(svc):
+            flash(LOGIN_THROTTLED, "error")
+            return render_template("admin/login.html", form=form), 429, {"Retry-After": "60"}
+        settings = svc.settings
+        try:
+            result = authenticate(svc.db, name, form.password.data, settings.admin_lockout_attempts,
+                                  timedelta(minutes=settings.admin_lockout_minutes),
+                                  slots=_slots(settings.admin_login_concurrency))
+        except LoginBusy:
+            flash(LOGIN_THROTTLED, "error")
+            return render_template("admin/login.html", form=form), 429, {"Retry-After": "5"}
         with svc.db.transaction() as db_session:
-            result = authenticate(db_session, name, form.password.data,
-                                  svc.settings.admin_lockout_attempts,
-                                  timedelta(minutes=svc.settings.admin_lockout_minutes))
             # Unknown names are not echoed into the actor column (it could be a password typed
             # into the wrong field); the encrypted payload keeps it.
             actor = name if result.user is not None else "unknown"
@@ -52,11 +96,8 @@ def login():
             login_user(result.user)
             session.permanent = True
             return redirect(_safe_next() or url_for("admin.index"))
-        if result.outcome == "locked":
-            flash("Too many failed attempts: the account is locked for a while. 账户已临时锁定。",
-                  "error")
-        else:
-            flash("Wrong user name or password. 用户名或密码错误。", "error")
+        _count_failure(svc)
+        flash(LOGIN_FAILED, "error")
         return render_template("admin/login.html", form=form), 401
     return render_template("admin/login.html", form=form)
 

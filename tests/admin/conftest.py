@@ -30,6 +30,17 @@ def services(settings, db):  # noqa: F811
     return Services(settings, db)
 
 
+@pytest.fixture(autouse=True)
+def fresh_login_limits(settings):
+    """Failed logins count per address and minute in Redis; each test starts from none."""
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url)
+    for key in client.scan_iter("ratelimit:admin-login:*"):
+        client.delete(key)
+    client.close()
+
+
 @pytest.fixture
 def app(services):
     flask_app = create_app(services=services)
