@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from app.wecom.emulator.config import EmulatorConfig
+from app.wecom.emulator.config import EmulatorConfig, UnsafeToRun, refuse_production
 from app.wecom.emulator.directory import Directory
 from app.wecom.emulator.server import create_emulator, serve
 
@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        refuse_production(args.host)
+    except UnsafeToRun as exc:
+        print(f"refusing to start the WeCom emulator: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = EmulatorConfig.from_env(

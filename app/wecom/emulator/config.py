@@ -6,8 +6,10 @@ emulator. The app and the emulator only have to agree on them (``.env`` or the e
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from app.wecom.emulator.directory import Directory
 
@@ -96,3 +98,37 @@ class EmulatorConfig:
             "aibot_name": self.aibot_name,
             "aibot_poll_interval": self.aibot_poll_interval,
         }
+
+
+class UnsafeToRun(RuntimeError):
+    """The emulator was started where it could stand in for WeCom in a real deployment."""
+
+
+PRODUCTION_FLAG = "WECOM_BOT_PRODUCTION"
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def refuse_production(host: str, environ: dict[str, str] | None = None) -> None:
+    """Refuse to run beside a real deployment: it accepts any access_token its own gettoken
+    minted and pushes forged callbacks signed with the app's own token, so it must never be
+    reachable from outside this machine nor pointed at by an app that talks to real WeCom.
+
+    Refused: a bind address that is not loopback; ``WECOM_BOT_PRODUCTION`` set (to anything but
+    0/false/no); ``WECOM_API_BASE`` naming a host that is not loopback (the app then talks to
+    real WeCom, so these are production settings)."""
+    env = os.environ if environ is None else environ
+    if not loopback(host):
+        raise UnsafeToRun(f"the emulator binds to loopback only, not {host!r}")
+    if env.get(PRODUCTION_FLAG, "").strip().lower() not in ("", "0", "false", "no"):
+        raise UnsafeToRun(f"{PRODUCTION_FLAG} is set: this is a production environment")
+    api_base = env.get("WECOM_API_BASE", "").strip()
+    if api_base and not loopback(urlsplit(api_base).hostname or ""):
+        raise UnsafeToRun("WECOM_API_BASE names a real WeCom host, not this emulator")

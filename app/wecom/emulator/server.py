@@ -12,7 +12,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 from app.wecom.emulator import admin, api
 from app.wecom.emulator.aibot import AibotDeliverer
 from app.wecom.emulator.callbacks import CallbackDeliverer
-from app.wecom.emulator.config import EmulatorConfig
+from app.wecom.emulator.config import EmulatorConfig, UnsafeToRun, loopback
 from app.wecom.emulator.state import EmulatorState
 
 _HERE = Path(__file__).parent
@@ -27,7 +27,10 @@ class RedactingRequestHandler(WSGIRequestHandler):
 
 
 def serve(app: Flask, host: str, port: int):
-    """A threaded WSGI server for ``app`` (not yet serving); port 0 picks a free one."""
+    """A threaded WSGI server for ``app`` (not yet serving); port 0 picks a free one. Loopback
+    addresses only (``config.refuse_production``)."""
+    if not loopback(host):
+        raise UnsafeToRun(f"the emulator binds to loopback only, not {host!r}")
     server = make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler)
     server.daemon_threads = True
     return server

@@ -514,3 +514,36 @@ def test_logs_carry_no_secrets_tokens_or_contents(receiver_emu, caplog):
     for secret in (emu.state.config.secret, t, "机密内容", "用户的私密问题", emu.state.config.aes_key):
         assert secret not in caplog.text
     assert "GET /cgi-bin/gettoken" in caplog.text  # the access log is still there, minus the query
+
+
+@pytest.mark.parametrize("host, environ", [
+    ("0.0.0.0", {}), ("::", {}), ("192.168.1.10", {}), ("emulator.example.com", {}),
+    ("127.0.0.1", {"WECOM_BOT_PRODUCTION": "1"}),
+    ("127.0.0.1", {"WECOM_API_BASE": "https://qyapi.weixin.qq.com"}),
+])
+def test_the_emulator_refuses_production_looking_settings(host, environ, monkeypatch, capsys):
+    from app.wecom.emulator.__main__ import main
+    from app.wecom.emulator.config import UnsafeToRun, refuse_production
+    from app.wecom.emulator.server import serve
+
+    with pytest.raises(UnsafeToRun):
+        refuse_production(host, environ)
+    for name in ("WECOM_BOT_PRODUCTION", "WECOM_API_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert main(["--host", host, "--port", "0"]) == 2
+    assert "refusing to start" in capsys.readouterr().err
+    if not environ:
+        with pytest.raises(UnsafeToRun):
+            serve(None, host, 0)
+
+
+@pytest.mark.parametrize("host, environ", [
+    ("127.0.0.1", {}), ("localhost", {}), ("::1", {}),
+    ("127.0.0.1", {"WECOM_API_BASE": "http://127.0.0.1:8081", "WECOM_BOT_PRODUCTION": "0"}),
+])
+def test_the_emulator_runs_on_loopback_for_demo_and_tests(host, environ):
+    from app.wecom.emulator.config import refuse_production
+
+    refuse_production(host, environ)
