@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -234,7 +235,7 @@ def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
 def test_secret_key_rotation_keeps_the_chain_verifiable_and_rotate_reseals_it(env, db):
     from app.security.rotation import rotate_keys
 
-    old_secret, new_secret = env["SECRET_KEY"], "a-new-secret-key-of-at-least-32-characters"
+    old_secret, new_secret = env["SECRET_KEY"], secrets.token_urlsafe(48)
     before = Services(settings_from(env), db)
     append_many(db, before.audit, 4)
 
