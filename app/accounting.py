@@ -11,9 +11,15 @@
   its worst case (prompt estimate x input price + max_new_tokens x output price) on every
   applicable budget's period row, under a row lock (PostgreSQL ``FOR UPDATE``; SQLite's write
   lock); a budget whose spent + reserved has reached its limit refuses (``block``) or lets it pass
-  (``warn``). ``settle`` turns the reservation into the real cost, ``release`` drops it. A request
-  is admitted only while the budget is not exhausted, so concurrent requests overspend by at most
-  one request's worst case.
+  (``warn``). ``settle`` turns the reservation into the real cost, ``release`` drops it (the
+  generation failed). A request is admitted only while the budget is not exhausted, so concurrent
+  requests overspend by at most one request's worst case.
+- **Charges fail closed**: a call is charged the larger of the token counts the model reported
+  and the estimates (``estimate_prompt_tokens``, ``estimate_completion_tokens``: upper bounds in
+  UTF-8 bytes), so a server that reports no ``usage`` or too little is not a free model; it is
+  priced by the configured model the reservation named, never by the name the server answered
+  with. A reservation nobody settled (a worker killed mid-call, a charge that failed) is charged
+  its worst case when it expires (``expire_reservations``), not released.
 - **Alerts**: a threshold (percent of the limit) reached is one ``budget_alerts`` row, unique per
   (budget, period start, threshold), so each alert is raised once even under concurrency; it is
   audited and then sent (WeCom message to ``ALERT_WECOM_USERS``, optional webhook) off the reply
@@ -122,10 +128,35 @@ def worst_case(price: ModelPrice | None, prompt_tokens: int, max_new_tokens: int
     return cost_of(price, prompt_tokens, 0, max_new_tokens)
 
 
+TEMPLATE_TOKENS_PER_MESSAGE = 8  # role token, newline, metadata, separators: GLM's use 2-4
+TEMPLATE_TOKENS_PER_PROMPT = 8  # [gMASK]<sop>, the generation prompt, an empty think part
+
+
+def _utf8_len(value) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
 def estimate_prompt_tokens(messages: Iterable[dict]) -> int:
-    """An upper bound without a tokenizer: a token is never shorter than one character for the
-    chat models we run, plus a few template tokens per message."""
-    return sum(len(m.get("content") or "") + 8 for m in messages)
+    """An upper bound on the prompt's tokens without a tokenizer: its UTF-8 bytes.
+
+    Every token of a byte-level BPE tokenizer (GLM's) covers at least one byte of text, and one
+    with byte fallback spends at most one token a byte, so no text (emoji, rare CJK outside the
+    vocabulary: 4 bytes, up to 4 tokens, for one character) takes more tokens than bytes. The
+    role and the template's tokens are added for every message and once for the prompt.
+    """
+    return TEMPLATE_TOKENS_PER_PROMPT + sum(
+        _utf8_len(m.get("content")) + _utf8_len(m.get("reasoning_content"))
+        + _utf8_len(m.get("role")) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages)
+
+
+def estimate_completion_tokens(text: str, reasoning: str = "") -> int:
+    """An upper bound on the tokens that wrote ``text`` (and a think part): their UTF-8 bytes,
+    and the think tags."""
+    return _utf8_len(text) + _utf8_len(reasoning) + (2 if reasoning else 0)
 
 
 # -- budgets ---------------------------------------------------------------------------------------
@@ -139,8 +170,9 @@ class Admission:
     user_hash: str = ""
     department: str = ""
     api_key_id: str | None = None
-    model: str = ""
+    model: str = ""  # the configured model: what the call is priced by
     message_id: int | None = None
+    prompt_tokens: int = 0  # the prompt's estimate, an upper bound: settle charges at least this
 
 
 @dataclass
@@ -154,6 +186,10 @@ class Usage:
     latency_ms: int = 0
     api_key_id: str | None = None
     message_id: int | None = None
+    # Upper-bound estimates (the text's UTF-8 bytes): charged when larger than what the model
+    # server reported, which may be nothing at all.
+    estimated_prompt_tokens: int = 0
+    estimated_completion_tokens: int = 0
 
 
 @dataclass
@@ -313,7 +349,7 @@ class Accounting:
                 message_id: int | None = None, now: datetime | None = None) -> Admission:
         now = now or utcnow()
         base = {"user_hash": user_hash, "department": department, "api_key_id": api_key_id,
-                "model": model, "message_id": message_id}
+                "model": model, "message_id": message_id, "prompt_tokens": prompt_tokens}
         with self.db.transaction() as session:
             budgets = applicable_budgets(session, user_hash, department, api_key_id)
             if not budgets:
@@ -342,6 +378,8 @@ class Accounting:
             self._drop_reservation(session, reservation_id)
 
     def _drop_reservation(self, session: Session, reservation_id: int):
+        """Take a reservation off its periods' ``reserved``; its period keys, or None when it
+        was gone already."""
         reservation = session.get(BudgetReservation, reservation_id)
         if reservation is None:
             return None
@@ -358,16 +396,29 @@ class Accounting:
         return keys
 
     def settle(self, admission: Admission | None, usage: Usage, now: datetime | None = None) -> Settled:
-        """Record the call's usage and real cost, and free its reservation, in one transaction."""
+        """Record the call's usage and cost, and free its reservation, in one transaction.
+
+        The tokens charged (and recorded) are the larger of the reported and the estimated
+        counts, the prompt's estimate being the reservation's; the price is the configured
+        model's (the admission's), whatever name the model server answered with.
+        """
         now = now or utcnow()
+        model = (admission.model if admission is not None and admission.model else usage.model)
+        prompt_tokens = max(usage.prompt_tokens, usage.estimated_prompt_tokens,
+                            admission.prompt_tokens if admission is not None else 0)
+        completion_tokens = max(usage.completion_tokens, usage.estimated_completion_tokens)
+        cached_tokens = min(max(usage.cached_tokens, 0), max(usage.prompt_tokens, 0))
         with self.db.transaction() as session:
-            price = price_for(session, usage.model, now)
-            cost = cost_of(price, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+            price = price_for(session, model, now)
+            if price is None:
+                log.warning("no price for model %r (nor %r): this call costs nothing", model,
+                            FALLBACK_MODEL)
+            cost = cost_of(price, prompt_tokens, cached_tokens, completion_tokens)
             record = UsageRecord(
                 created_at=now, day=local_day(now, self.tz), user_hash=usage.user_hash,
-                department=usage.department or "", api_key_id=usage.api_key_id, model=usage.model,
-                prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens,
-                completion_tokens=usage.completion_tokens, cost=cost,
+                department=usage.department or "", api_key_id=usage.api_key_id, model=model[:64],
+                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                completion_tokens=completion_tokens, cost=cost,
                 currency=price.currency if price else self.currency,
                 price_id=price.id if price else None, latency_ms=usage.latency_ms,
                 message_id=usage.message_id)
@@ -440,14 +491,28 @@ class Accounting:
                               outcome=f"{alert.threshold}%", payload=alert.as_json())
 
     def expire_reservations(self, older_than_s: float, now: datetime | None = None) -> int:
-        """Release reservations a crashed worker left behind."""
+        """Charge the worst case of reservations nobody settled (a worker killed mid-call, a
+        charge that failed): spent, not released, so a failure is never a free call. Returns
+        how many were charged."""
         cutoff = (now or utcnow()) - timedelta(seconds=older_than_s)
         with self.db.session() as session:
-            stale = list(session.scalars(select(BudgetReservation.id)
+            stale = list(session.execute(select(BudgetReservation.id, BudgetReservation.amount)
                                          .where(BudgetReservation.created_at < cutoff)))
-        for reservation_id in stale:
-            self.release(reservation_id)
-        return len(stale)
+        charged = []
+        for reservation_id, amount in stale:
+            with self.db.transaction() as session:
+                keys = self._drop_reservation(session, reservation_id)
+                if keys is None:
+                    continue  # settled or released meanwhile
+                alerts = self._charge(session, keys, amount)
+                for alert in alerts:
+                    self._audit_alert(session, alert)
+            log.warning("budget reservation %s expired unsettled: charged its worst case %s",
+                        reservation_id, amount)
+            charged.append(reservation_id)
+            if alerts and self.on_alerts is not None:
+                self.on_alerts(alerts)
+        return len(charged)
 
     # -- reading -------------------------------------------------------------------------------
     def user_spend(self, session: Session, user_hash: str, since: date) -> Decimal:

@@ -2,7 +2,9 @@
 
 ``MessageProcessor._generate`` asks ``Meter.reserve`` before ``llm.generate`` (a budget at 100 %
 with ``block`` gives the employee a notice instead of an answer, and a ``budget_block`` audit
-event), then ``settle`` with the real token counts, or ``release`` when the generation failed.
+event), then ``settle`` with the token counts (the larger of the model server's report and the
+upper-bound estimates, priced by the configured model), or ``release`` when the generation
+failed. A charge that fails leaves the reservation, charged its worst case when it expires.
 The user's department comes from WeCom ``user/get`` (``main_department``, else the first of
 ``department``), cached in Redis for ``DEPARTMENT_CACHE_S``.
 """
@@ -13,7 +15,14 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from app.accounting import Accounting, Admission, AlertSender, Usage, estimate_prompt_tokens
+from app.accounting import (
+    Accounting,
+    Admission,
+    AlertSender,
+    Usage,
+    estimate_completion_tokens,
+    estimate_prompt_tokens,
+)
 from app.audit import EventType
 
 log = logging.getLogger(__name__)
@@ -94,11 +103,14 @@ class Meter:
         try:
             self.accounting.settle(admission, Usage(
                 user_hash=admission.user_hash, department=admission.department,
-                model=generation.model[:64], prompt_tokens=generation.prompt_tokens,
+                model=admission.model[:64], prompt_tokens=generation.prompt_tokens,
                 completion_tokens=generation.completion_tokens,
                 cached_tokens=generation.cached_tokens, latency_ms=int(latency_s * 1000),
-                message_id=admission.message_id))
-        except Exception:  # noqa: BLE001 - the answer still goes out; the reservation expires
+                message_id=admission.message_id,
+                estimated_completion_tokens=estimate_completion_tokens(generation.text,
+                                                                       generation.reasoning)))
+        except Exception:  # noqa: BLE001 - the answer still goes out; the reservation stays,
+            # charged its worst case when it expires (BUDGET_RESERVATION_TTL_S)
             log.exception("usage not recorded message_id=%s", admission.message_id)
 
     def release(self, charge: Charge) -> None:

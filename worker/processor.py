@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from app import metrics, outbox
-from app.accounting import estimate_prompt_tokens
+from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
@@ -500,5 +500,6 @@ def stream_generation(llm: LLMBackend, messages: list[dict], params: GenerationP
         deltas.close()
     text, reasoning = "".join(parts), "".join(thoughts)
     return Generation(text=text, model=llm.model_name, prompt_tokens=estimate_prompt_tokens(messages),
-                      completion_tokens=len(text) + len(reasoning), finish_reason=DEADLINE,
+                      completion_tokens=estimate_completion_tokens(text, reasoning),
+                      finish_reason=DEADLINE,
                       reasoning=reasoning)

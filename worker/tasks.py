@@ -47,7 +47,7 @@ def runtime() -> MessageProcessor:
 
 @shared_task(name=DATA_MAINTENANCE, acks_late=False)
 def data_maintenance() -> dict:
-    """Hourly: purge audit events past the retention (anchored), free stale budget reservations."""
+    """Hourly: purge audit events past the retention (anchored), charge stale budget reservations."""
     from contextlib import suppress
 
     processor = runtime()
@@ -59,11 +59,11 @@ def data_maintenance() -> dict:
     try:
         with services.db.transaction() as session:
             purged = services.audit.purge(session, settings.audit_retention_days)
-        released = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
-        if purged or released:
-            log.info("data maintenance: purged %d audit events, released %d reservations",
-                     purged, released)
-        return {"purged": purged, "released": released}
+        charged = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
+        if purged or charged:
+            log.info("data maintenance: purged %d audit events, charged %d expired reservations",
+                     purged, charged)
+        return {"purged": purged, "charged": charged}
     finally:
         with suppress(Exception):  # the lock expires by itself
             lock.release()

@@ -28,7 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
 from app import json_input
-from app.accounting import estimate_prompt_tokens
+from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
 from app.api import ratelimit
 from app.api.errors import ApiError, from_llm_error, invalid
 from app.api.gateway import Gateway
@@ -224,7 +224,7 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
                 # around the budget.
                 generation = Generation(text=text, model=gw.model_name,
                                         prompt_tokens=estimate_prompt_tokens(chat.messages),
-                                        completion_tokens=len(text) + len(reasoning),
+                                        completion_tokens=estimate_completion_tokens(text, reasoning),
                                         finish_reason="abort", reasoning=reasoning)
             if generation is not None:
                 gw.settle(admission, caller, generation)

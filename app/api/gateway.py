@@ -10,7 +10,9 @@ and is fine for a one-worker demo.
 
 Accounting is the message path's: the API key is the actor (``api_key:<name>`` as the usage
 row's user, the key's name as ``api_key_id``, so ``api_key`` budgets apply), the worst case is
-reserved before the call and settled with the real counts after it. Every authenticated call
+reserved before the call and settled after it with the larger of the reported and the estimated
+counts, priced by the configured model (``app.accounting``); a charge that fails leaves the
+reservation, charged its worst case when it expires. Every authenticated call
 leaves one ``api_request`` audit event; its payload (the conversation and the answer, cut at
 ``AUDIT_TEXT_CHARS`` each) is AES-GCM sealed like every audit payload.
 """
@@ -27,6 +29,7 @@ from app.accounting import (
     Admission,
     AlertSender,
     Usage,
+    estimate_completion_tokens,
     estimate_prompt_tokens,
     period_end,
     period_start,
@@ -99,14 +102,17 @@ class Gateway:
     def settle(self, admission: Admission, caller: Caller, generation: Generation) -> None:
         try:
             self.accounting.settle(admission, Usage(
-                user_hash=caller.actor[:64], department="", model=generation.model[:64],
+                user_hash=caller.actor[:64], department="", model=self.model_name[:64],
                 prompt_tokens=generation.prompt_tokens,
                 completion_tokens=generation.completion_tokens,
                 cached_tokens=generation.cached_tokens,
-                latency_ms=int(generation.latency_s * 1000), api_key_id=caller.name))
+                latency_ms=int(generation.latency_s * 1000), api_key_id=caller.name,
+                estimated_completion_tokens=estimate_completion_tokens(generation.text,
+                                                                       generation.reasoning)))
             metrics.generation(self.model_name[:64], generation.completion_tokens,
                                generation.latency_s)
-        except Exception:  # noqa: BLE001 - the answer is out; the reservation expires later
+        except Exception:  # noqa: BLE001 - the answer is out; the reservation stays, charged
+            # its worst case when it expires
             log.exception("usage not recorded api_key=%s", caller.name)
 
     def release(self, admission: Admission | None) -> None:

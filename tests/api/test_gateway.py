@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app, migrate
+from app.accounting import set_budget, set_price
 from app.api.gateway import Gateway
 from app.api.keys import create_key
 from app.models import AuditEvent, UsageRecord
@@ -101,6 +102,35 @@ def test_a_client_hanging_up_is_still_charged(setup):
     [usage] = _usage(services)
     assert usage.completion_tokens == len("hel")
     assert _outcomes(services) == ["disconnected"]
+
+
+def test_a_server_without_usage_is_charged_the_estimate_at_the_configured_price(setup):
+    client, backend, services, headers = setup
+    with services.db.transaction() as session:
+        set_price(session, "fake-glm", 10, 2, 30)
+        set_budget(session, "api_key", "unit", "day", "100")
+    silent = Generation("hello 😀", "renamed-by-server", 0, 0)
+    backend.generate = lambda messages, params: silent
+    messages = [{"role": "user", "content": "𠀀𪚥 emoji 🎉"}]
+    resp = client.post("/v1/chat/completions", headers=headers,
+                       json={"model": "fake-glm", "messages": messages})
+    assert resp.status_code == 200
+    [usage] = _usage(services)
+    assert usage.model == "fake-glm"
+    assert usage.prompt_tokens > len(messages[0]["content"].encode())
+    assert usage.completion_tokens >= len("hello 😀".encode()) and usage.cost > 0
+
+
+def test_a_client_hanging_up_is_charged_the_bytes_it_got(setup):
+    client, backend, services, headers = setup
+    backend.stream = lambda messages, params: iter([StreamDelta("😀😀"), StreamDelta("🎉")])
+    resp = client.post("/v1/chat/completions", headers=headers, buffered=False,
+                       json={"model": "fake-glm", "messages": MESSAGES, "stream": True})
+    stream = iter(resp.response)
+    next(stream), next(stream)  # the role chunk and the first piece
+    resp.close()
+    [usage] = _usage(services)
+    assert usage.completion_tokens >= len("😀😀".encode())
 
 
 def test_a_database_outage_is_503_not_500(setup, monkeypatch):

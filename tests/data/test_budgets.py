@@ -156,11 +156,52 @@ def test_alert_delivery_to_wecom_and_webhook(services, accounting):
         assert session.scalars(select(BudgetAlert.delivered)).one() == "wecom,webhook"
 
 
-def test_stale_reservations_expire(services, accounting):
+def test_stale_reservations_are_charged_not_released(services, accounting):
+    # A reservation nobody settled (a worker killed mid-call, a charge that failed) is charged
+    # its worst case: never a way to use the model for free.
     with services.db.transaction() as session:
         set_budget(session, "global", "", "day", "1")
     accounting.reserve("u1", "d1", "glm-4", 1000, 500)
     assert accounting.expire_reservations(3600) == 0
     assert accounting.expire_reservations(-1) == 1
+    assert accounting.expire_reservations(-1) == 0
     with services.db.session() as session:
-        assert session.scalars(select(BudgetPeriod.reserved)).one() == 0
+        row = session.scalars(select(BudgetPeriod)).one()
+        assert session.scalar(select(func.count()).select_from(BudgetReservation)) == 0
+    assert (row.reserved, row.spent) == (0, Decimal("0.025000"))
+
+
+def test_a_failed_charge_is_charged_when_its_reservation_expires(services, accounting, monkeypatch):
+    with services.db.transaction() as session:
+        set_budget(session, "user", "u1", "day", "0.02")
+    admission = accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("database went away mid-charge")
+
+    monkeypatch.setattr(Accounting, "_roll_up", broken)
+    with pytest.raises(RuntimeError):
+        accounting.settle(admission, usage())
+    monkeypatch.undo()
+    accounting.expire_reservations(-1)
+    assert not accounting.reserve("u1", "d1", "glm-4", 1000, 500).allowed  # 0.025 charged > 0.02
+
+
+def test_settle_charges_the_larger_of_reported_and_estimated_tokens(services, accounting):
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "10")
+    # The model server reported no usage at all, under a model name without a price: the call
+    # is charged the reservation's prompt estimate and the answer's estimate, at glm-4's price.
+    admission = accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+    silent = Usage("u1", "d1", "renamed-by-server", 0, 0, estimated_completion_tokens=400)
+    assert accounting.settle(admission, silent).cost == Decimal("0.022000")  # 1000 x 10 + 400 x 30
+    # A report larger than the estimates wins.
+    admission = accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+    loud = Usage("u1", "d1", "glm-4", 2000, 600, estimated_completion_tokens=400)
+    assert accounting.settle(admission, loud).cost == Decimal("0.038000")
+    with services.db.session() as session:
+        records = list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
+        spent = session.scalars(select(BudgetPeriod.spent)).one()
+    assert [(r.model, r.prompt_tokens, r.completion_tokens) for r in records] == [
+        ("glm-4", 1000, 400), ("glm-4", 2000, 600)]
+    assert spent == Decimal("0.060000")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
@@ -135,6 +136,34 @@ def test_failed_generation_is_audited_and_releases_its_reservation(app, services
     assert events(services)[-1] == ("reply_failed", "failed")
     with services.db.session() as session:
         assert session.execute(sa.text("SELECT reserved FROM budget_periods")).scalar() == 0
+
+
+class SilentLLM(FakeLLM):
+    """A model server that reports no usage and answers under another model's name."""
+
+    def generate(self, messages, params):
+        self.calls += 1
+        self.prompt = messages
+        return Generation(text=SENTINEL_REPLY, model="unpriced-model", prompt_tokens=0,
+                          completion_tokens=0)
+
+
+def test_a_reply_without_usage_is_charged_its_estimate_at_the_configured_price(app, services):
+    with services.db.transaction() as session:
+        set_price(session, "glm-4", 10, 2, 30)
+        set_budget(session, "global", "", "day", "100")
+    post_message(app.test_client(), services, "😀🎉 𠀀𪚥 " + SENTINEL_TEXTS[0], 4)
+    llm = SilentLLM()
+    processor_for(services, llm).process(ids_of(services)[-1])
+    with services.db.session() as session:
+        usage = session.scalars(select(UsageRecord)).one()
+        spent = session.execute(sa.text("SELECT spent FROM budget_periods")).scalar()
+    prompt_bytes = sum(len(m["content"].encode()) for m in llm.prompt)
+    assert usage.model == "glm-4"
+    assert usage.prompt_tokens > prompt_bytes
+    assert usage.completion_tokens >= len(SENTINEL_REPLY.encode())
+    assert usage.cost == (usage.prompt_tokens * 10 + usage.completion_tokens * 30) / Decimal(10**6)
+    assert spent == usage.cost * 10**6  # budget_periods.spent is in millionths
 
 
 def test_budget_block_gives_a_notice_and_usage_command_reports(app, services):

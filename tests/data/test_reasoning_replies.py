@@ -78,7 +78,10 @@ def test_message_send_carries_the_answer_and_never_the_thinking(app, services, m
     assert row_of(services, message_id).status == MessageStatus.ANSWERED
     [usage] = usage_rows(services)
     reasoning, content, _ = written(answer_to(text), mode)
-    assert usage.completion_tokens == len(reasoning) + len(content)  # the thinking is paid for
+    # The thinking is paid for: the server's count (characters here), or the estimate (UTF-8
+    # bytes of the answer and the thinking) where that is larger.
+    assert usage.completion_tokens == max(len(reasoning) + len(content),
+                                          len(answer_to(text).encode()) + len(THINKING.encode()) + 2)
     history = conversations.history(outbox.user_hash(services.blind_index, USER_ID))
     assert [t["content"] for t in history] == [text, answer_to(text)]  # no thinking kept either
 
@@ -93,7 +96,8 @@ def test_a_reply_that_was_all_thinking_gets_the_failure_notice(app, services, mo
     row = row_of(services, message_id)
     assert row.status == MessageStatus.FAILED and "thinking" in row.failure_reason
     [usage] = usage_rows(services)
-    assert usage.completion_tokens == len("<think>" + THINKING)  # the thinking is still paid for
+    # the thinking is still paid for (its bytes, more than the server's count of characters)
+    assert usage.completion_tokens == max(len("<think>" + THINKING), len(THINKING.encode()) + 2)
     assert conversations.history(outbox.user_hash(services.blind_index, USER_ID)) == []
     with services.db.session() as session:
         outcomes = [(e.event_type, e.outcome) for e in session.scalars(select(AuditEvent))]

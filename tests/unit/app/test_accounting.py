@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import pytest
 
-from app.accounting import cost_of, estimate_prompt_tokens, period_end, period_start, worst_case
+from app.accounting import (
+    cost_of,
+    estimate_completion_tokens,
+    estimate_prompt_tokens,
+    period_end,
+    period_start,
+    worst_case,
+)
 from app.config import ConfigError
 from app.db import Money, to_money
 from tests.support.env import make_env, settings_from
@@ -56,8 +64,26 @@ def test_costs_are_exact_decimals():
     assert cost_of(None, 1000, 0, 1000) == 0
 
 
-def test_prompt_estimate_is_an_upper_bound_per_character():
-    assert estimate_prompt_tokens([{"content": "你好"}, {"content": None}]) == 2 + 16
+HARD_TEXTS = ["😀🎉👍🏽🧑‍💻" * 20, "𠀀𠀁𪚥𰻞" * 30, "你好，请问报销流程？", "plain ascii, words and 123"]
+
+
+def test_prompt_estimate_is_an_upper_bound_in_utf8_bytes():
+    # A token of a byte-level tokenizer covers at least one byte: the bytes bound it, whatever
+    # the characters (emoji, rare CJK), plus each message's template tokens.
+    assert estimate_prompt_tokens([{"role": "user", "content": "你好"}, {"content": None}]) >= 6 + 2
+    for text in HARD_TEXTS:
+        assert estimate_prompt_tokens([{"role": "user", "content": text}]) > len(text.encode())
+
+
+@pytest.mark.parametrize("text", HARD_TEXTS)
+def test_prompt_estimate_bounds_the_real_tokenizer(text):
+    from inference.tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer.from_pretrained(Path(__file__).parents[3] / "models" / "demo")
+    messages = [{"role": "system", "content": "你是公司助手。"}, {"role": "user", "content": text},
+                {"role": "assistant", "content": text}, {"role": "user", "content": text + "?"}]
+    assert estimate_prompt_tokens(messages) >= len(tokenizer.apply_chat_template(messages))
+    assert estimate_completion_tokens(text) >= len(tokenizer.encode(text))
 
 
 def test_money_round_trips_millionths():
