@@ -17,7 +17,9 @@ _DTYPES = {
     "fp16": torch.float16,
 }
 
-MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe")
+MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe", "glm4_moe_lite")
+MOE_TYPES = ("glm4_moe", "glm4_moe_lite")
+MLA_TYPES = ("glm4_moe_lite",)  # Multi-head Latent Attention
 MLP_LAYER_TYPES = ("dense", "sparse")
 QUANTIZATIONS = (None, "w8a16")
 
@@ -52,6 +54,9 @@ class ModelConfig:
     attention without the sandwich norms, its rotary on halves instead of pairs, optional q/k
     norms, and from `mlp_layer_types` "sparse" layers on a Mixture of Experts (`n_routed_experts`
     experts of `moe_intermediate_size`, `num_experts_per_tok` a token, `n_shared_experts` always).
+    `glm4_moe_lite` is Hugging Face's `Glm4MoeLiteForCausalLM` (GLM-4.7-Flash): glm4_moe's MoE
+    under DeepSeek's Multi-head Latent Attention (the `kv_lora_rank`... fields; `head_dim` is
+    `qk_rope_head_dim` there, as transformers maps it, and the rotary turns all of it).
     """
 
     model_type: str
@@ -89,6 +94,18 @@ class ModelConfig:
     n_group: int = 1
     topk_group: int = 1
     norm_topk_prob: bool = True
+    # Multi-head Latent Attention (glm4_moe_lite): queries through a rank-`q_lora_rank` bottleneck
+    # (None: one q_proj), keys and values from one shared latent of `kv_lora_rank` plus a rotary
+    # key of `qk_rope_head_dim`; per head `qk_nope_head_dim` + `qk_rope_head_dim` query/key
+    # channels and `v_head_dim` value channels
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # YaRN (rope_type "yarn"): the config's `rope_parameters` as given (factor,
+    # original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, ...)
+    rope_scaling: dict | None = None
     # MTP layers a glm4_moe checkpoint ships after the decoder layers (layer num_hidden_layers
     # onwards); not run by this model type, so the loader skips their tensors
     num_nextn_predict_layers: int = 0
@@ -120,12 +137,28 @@ class ModelConfig:
                                  "and 0 < topk_group <= n_group")
             if k > self.topk_group * (experts // groups):
                 raise ValueError("num_experts_per_tok is more than the experts of topk_group groups")
+        if self.mla:
+            if not (self.kv_lora_rank > 0 and self.qk_rope_head_dim > 0 and self.v_head_dim > 0
+                    and self.qk_nope_head_dim >= 0 and (self.q_lora_rank is None or self.q_lora_rank > 0)):
+                raise ValueError("Multi-head Latent Attention needs kv_lora_rank, qk_rope_head_dim and "
+                                 "v_head_dim > 0 (and q_lora_rank > 0 or null)")
+            if self.rotary_dim != self.qk_rope_head_dim or self.qk_rope_head_dim % 2:
+                raise ValueError("MLA's rotary turns all of an even qk_rope_head_dim: partial_rotary_factor "
+                                 "must be 1 and head_dim qk_rope_head_dim")
+            if self.sparse:
+                raise ValueError("MLA has no sliding-window mode")
+        if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in ("default", "yarn"):
+            raise ValueError(f"unsupported rope_type {self.rope_scaling.get('rope_type')!r}; use default or yarn")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"unsupported quantization {self.quantization!r}; use one of {QUANTIZATIONS}")
 
     @property
     def sparse(self) -> bool:
         return self.sliding_window is not None
+
+    @property
+    def mla(self) -> bool:
+        return self.model_type in MLA_TYPES
 
     @property
     def rotary_dim(self) -> int:
@@ -151,7 +184,8 @@ class ModelConfig:
         eos = raw.get("eos_token_id")
         hidden = raw["hidden_size"]
         heads = raw["num_attention_heads"]
-        moe = _moe_fields(raw) if model_type == "glm4_moe" else {}
+        moe = _moe_fields(raw) if model_type in MOE_TYPES else {}
+        mla = _mla_fields(raw) if model_type in MLA_TYPES else {}
         return cls(
             model_type=model_type,
             vocab_size=raw["vocab_size"],
@@ -160,11 +194,11 @@ class ModelConfig:
             num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=raw.get("num_key_value_heads", heads),
-            head_dim=raw.get("head_dim") or hidden // heads,
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-5 if model_type == "glm4_moe" else 1e-6),
+            head_dim=mla.get("qk_rope_head_dim") or raw.get("head_dim") or hidden // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-5 if model_type in MOE_TYPES else 1e-6),
             rope_theta=rope.get("rope_theta", raw.get("rope_theta", 10000.0)),
             partial_rotary_factor=rope.get(
-                "partial_rotary_factor", raw.get("partial_rotary_factor", 0.5)
+                "partial_rotary_factor", raw.get("partial_rotary_factor", 1.0 if mla else 0.5)
             ),
             max_position_embeddings=raw.get("max_position_embeddings", 131072),
             attention_bias=raw.get("attention_bias", model_type == "glm4"),
@@ -177,7 +211,7 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
             dtype=resolve_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype")),
             quantization=quantization or raw.get("quantization"),
-            **moe,
+            **{**moe, **mla},  # MLA's rotary convention over the MoE's
         )
 
     @classmethod
@@ -194,9 +228,10 @@ class ModelConfig:
 
 
 def _moe_fields(raw: dict) -> dict:
-    """The glm4_moe fields of a `config.json`, with transformers' defaults for `Glm4MoeConfig`."""
+    """The glm4_moe fields of a `config.json`, with transformers' defaults for `Glm4MoeConfig`
+    (`Glm4MoeLiteConfig` shares them)."""
     if raw.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; glm4_moe uses silu")
+        raise ValueError(f"unsupported hidden_act {raw['hidden_act']!r}; {raw.get('model_type')} uses silu")
     layers = raw["num_hidden_layers"]
     types = raw.get("mlp_layer_types")
     if types is None:
@@ -215,4 +250,20 @@ def _moe_fields(raw: dict) -> dict:
         "topk_group": raw.get("topk_group", 1),
         "norm_topk_prob": raw.get("norm_topk_prob", True),
         "num_nextn_predict_layers": raw.get("num_nextn_predict_layers", raw.get("num_mtp_layers", 1)),
+    }
+
+
+def _mla_fields(raw: dict) -> dict:
+    """The glm4_moe_lite attention fields of a `config.json`, with `Glm4MoeLiteConfig`'s defaults.
+    Its rotary is DeepSeek's interleaved pairs unless `rope_interleave` is false (then halves)."""
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    scaling = rope.get("rope_type", rope.get("type", "default"))
+    return {
+        "q_lora_rank": raw.get("q_lora_rank", 768),
+        "kv_lora_rank": raw.get("kv_lora_rank", 512),
+        "qk_nope_head_dim": raw.get("qk_nope_head_dim", 192),
+        "qk_rope_head_dim": raw.get("qk_rope_head_dim", 64),
+        "v_head_dim": raw.get("v_head_dim", 256),
+        "rotary_interleaved": raw.get("rope_interleave", True),
+        "rope_scaling": None if scaling == "default" else {**rope, "rope_type": scaling},
     }
