@@ -2,7 +2,7 @@
 
 `X.weight` becomes int8 and `X.weight_scale` ([out], fp32) sits beside it; config.json gets
 `"quantization": "w8a16"`, so `LLM.from_pretrained` builds `Int8Linear` layers from it. The
-embedding, the MoE router (and anything not 2-D) stay as they were. Other files (tokenizer, generation config)
+embedding, the MoE router, MLA's `kv_b_proj` (and anything not 2-D) stay as they were. Other files (tokenizer, generation config)
 are copied.
 """
 
@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 from inference.layers.linear import quantize_weight
 from inference.loader import SCALE_SUFFIX, checkpoint_files
 
-KEEP_DENSE = ("embed_tokens.weight", "mlp.gate.weight")  # the embedding; GLM's MoE router (kept fp32)
+# the embedding; GLM's MoE router (kept fp32); MLA's kv_b_proj, read per head (inference/layers/mla.py)
+KEEP_DENSE = ("embed_tokens.weight", "mlp.gate.weight", "self_attn.kv_b_proj.weight")
 
 
 def quantize_checkpoint(model_dir: str | Path, out_dir: str | Path) -> Path:

@@ -5,8 +5,11 @@ MLA: a compressed latent; DSA: also its indexer's keys), for one sequence and in
 engine's paged pools, and what that costs. The single-request path (`KVCache`) and the engine
 (`LLMEngine` sizes the pools, `ModelRunner` builds only the position slot tables) never look
 inside: they ask the model's `cache_layout`. A new kind is one module with a `CacheLayout` (see
-gqa_cache.py), named in `LAYOUTS` under its `model_type`; every other model gets `GQALayout`,
-which needs only `num_key_value_heads`, `head_dim`, `sliding_window` and `global_interval`.
+gqa_cache.py, mla_cache.py), named in `LAYOUTS` under its `model_type`; every other model gets
+`GQALayout`, which needs only `num_key_value_heads`, `head_dim`, `sliding_window` and
+`global_interval`. What a layer's attention calls on its cache is between the two of them (GQA:
+`extend(k, v, norms)` on one sequence, `attend(q, k, v, norms, gate)` on a paged step; MLA:
+`extend(latent_rows)` on both); the engine only passes the caches through.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import torch
 
 from inference.config import ModelConfig
 from inference.layers.gqa_cache import GQALayout
+from inference.layers.mla_cache import MLALayout
 from inference.layers.paged_slots import SequenceSlots
 
 
 class PagedStep(Protocol):
-    """The paged pools as one step's batch sees them: `layers[i].attend(q, k, v, norms, gate)`
-    writes layer i's new rows and returns their attention output, as `Attention.forward` calls it."""
+    """The paged pools as one step's batch sees them: `layers[i]` is what layer i's attention
+    gets in place of its one-sequence cache (GQA: `attend(q, k, v, norms, gate)` writes the new
+    rows and returns their attention output, as `Attention.forward` calls it)."""
 
     layers: list
 
@@ -39,8 +44,9 @@ class CacheLayout(Protocol):
     """Built from the model's config; answers for its decoder layers."""
 
     def layer_cache(self, dtype: torch.dtype, device: torch.device, max_positions: int | None = None):
-        """One layer of one sequence, contiguous: `extend(k, v, norms)` returns the context its
-        queries attend to; `truncate(length)`, `nbytes()`, `length`. `max_positions` bounds it."""
+        """One layer of one sequence, contiguous: `extend(...)` appends the new positions and
+        returns the context their queries attend to; `truncate(length)`, `nbytes()`, `length`.
+        `max_positions` bounds it."""
 
     def layer_cache_bytes(self, dtype: torch.dtype, positions: int) -> int:
         """The most a `layer_cache(..., max_positions=positions)` allocates."""
@@ -63,11 +69,11 @@ class CacheLayout(Protocol):
         """Allocate the pools."""
 
     def joined_layer_caches(self, caches: list, lengths: list[int]):
-        """One layer of several sequences, each in its own `layer_cache`, as one batch: an
-        `attend(q, k, v, norms, gate)` over their rows one after another (batched MTP drafts)."""
+        """One layer of several sequences, each in its own `layer_cache`, as one batch, their
+        rows one after another (batched MTP drafts); it answers what a paged step's layer does."""
 
 
-LAYOUTS: dict[str, type[CacheLayout]] = {}  # model_type -> layout, where it is not GQA
+LAYOUTS: dict[str, type[CacheLayout]] = {"glm4_moe_lite": MLALayout}  # model_type -> layout, where it is not GQA
 
 
 def cache_layout(config: ModelConfig) -> CacheLayout:
