@@ -15,7 +15,8 @@ Weight bytes per `--dtype` (the rule `tensor_bytes` applies):
 - int8 (W8A16, as `python -m inference quantize` writes it): every linear weight matrix of the
   decoder layers (attention projections, dense MLP, shared and routed experts, MTP `eh_proj`) and
   `lm_head` is 1 B per parameter plus one fp32 scale per output row. Embedding, norms, biases, the
-  MoE router and the DSA indexer stay bf16.
+  MoE router, MLA's `kv_b_proj` (read per head, inference/layers/mla.py) and the DSA indexer stay
+  bf16.
 - fp8 (e4m3, as the official `-FP8` releases): the same decoder-layer linears at 1 B per
   parameter plus one fp32 scale per 128x128 block (`weight_scale_inv`); `lm_head`, embedding,
   norms, biases, router and DSA indexer stay bf16.
@@ -50,6 +51,7 @@ REMOTE_HINT = (
 # Tensor kinds: which ones a dtype may quantize (see the module docstring).
 LINEAR = "linear"  # decoder-layer linear weight: int8 and fp8
 HEAD = "head"  # lm_head: int8 only
+LATENT = "latent"  # MLA's kv_b_proj: fp8 only (the engine keeps it dense under int8)
 EMBED = "embed"  # the embedding table: always 2 B, one row read per token
 BF16 = "bf16"  # norms, biases, router, DSA indexer: always 2 B
 FP32 = "fp32"  # e_score_correction_bias: always 4 B
@@ -272,6 +274,7 @@ def _mla_attention(a: Arch, p: str, mtp: bool, indexer: bool) -> list[Tensor]:
         heads * (a.qk_nope_head_dim + a.v_head_dim),
         a.kv_lora_rank,
         False,
+        LATENT,
         mtp=mtp,
     )
     out += _linear(f"{p}.o_proj", h, heads * a.v_head_dim, b, mtp=mtp)
@@ -357,7 +360,8 @@ def tensors(a: Arch) -> list[Tensor]:
 def tensor_bytes(t: Tensor, dtype: str) -> int:
     """Bytes of a tensor (all its copies) in `dtype`, by the rule in the module docstring."""
     numel = math.prod(t.shape)
-    quantized = t.kind == LINEAR or (t.kind == HEAD and dtype == "int8")
+    quantized = (t.kind == LINEAR or (t.kind == HEAD and dtype == "int8")
+                 or (t.kind == LATENT and dtype == "fp8"))
     if t.kind == FP32:
         per_copy = 4 * numel
     elif dtype == "bf16" or not quantized:
