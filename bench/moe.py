@@ -12,22 +12,31 @@ weights saved by transformers, ~220M parameters. Decode tokens/s:
 - the same engine runs with int8 (W8A16) weights against fp32.
 Runs are interleaved over ROUNDS and medians reported (a shared VM's bandwidth moves).
 Target (issue #21): at least 2x transformers at batch 1 and 16.
+
+`python -m bench.moe flash` runs the GLM-4.7-Flash section alone (`flash_main`, issue #22), no
+argument runs both: a scaled-down GLM-4.7-Flash (glm4_moe_lite: Multi-head Latent Attention over
+a cache of latents + the same MoE) decode at batch 1 and 16 against transformers `generate()`,
+and its KV bytes per token against per-head K/V.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-from transformers import Glm4MoeConfig
+from transformers import Glm4MoeConfig, Glm4MoeLiteConfig
 from transformers import Glm4MoeForCausalLM as HfGlm4Moe
+from transformers import Glm4MoeLiteForCausalLM as HfGlm4MoeLite
 
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
 from inference.layers import linear
+from inference.layers.cache_layouts import cache_layout
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
 
@@ -128,5 +137,92 @@ def main() -> None:
     print(f"(medians of {ROUNDS} interleaved rounds; the ratios are medians of the rounds' paired ratios)")
 
 
+# -- GLM-4.7-Flash (glm4_moe_lite, issue #22) ---------------------------------------------------
+
+FLASH_SHAPED = dict(  # GLM-4.7-Flash: hidden 2048, 47 layers, 20 heads, q_lora 768, kv_lora 512, nope 192,
+    # rope 64, v 256, 64 experts of 1536 top-4 + 1 shared; here the attention widths a quarter, 8 heads
+    vocab_size=32000, hidden_size=512, intermediate_size=2560, num_hidden_layers=8, num_attention_heads=8,
+    num_key_value_heads=8, q_lora_rank=192, kv_lora_rank=128, qk_nope_head_dim=48, qk_rope_head_dim=16,
+    v_head_dim=64, moe_intermediate_size=384, n_routed_experts=64, num_experts_per_tok=4, n_shared_experts=1,
+    n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.8, pad_token_id=0, eos_token_id=[1],
+)
+FLASH_CONFIG = Path(__file__).resolve().parents[1] / "inference" / "configs" / "glm-4.7-flash.json"
+
+
+def kv_bytes_lines(model) -> list[str]:
+    """Bytes per token of the engine's bf16 pools (what the layout reports and allocates) against
+    per-head K/V of the same attention (MHA) and a GQA cache of GLM-4.5-Air's 8 kv heads x 128,
+    for this model and the published GLM-4.7-Flash config."""
+    lines = []
+    configs = [("bench model", model.config), ("GLM-4.7-Flash", ModelConfig.from_dict(json.loads(FLASH_CONFIG.read_text())))]
+    for name, c in configs:
+        latent = cache_layout(c).bytes_per_token(torch.bfloat16)
+        mha = c.num_hidden_layers * c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) * 2
+        gqa = c.num_hidden_layers * 2 * 8 * 128 * 2
+        lines.append(f"{name:>14}: MLA latent {latent:>9,} B/token ({c.kv_lora_rank}+{c.qk_rope_head_dim} values x "
+                     f"{c.num_hidden_layers} layers x 2 B); per-head K/V {mha:>10,} ({mha / latent:.1f}x); "
+                     f"GQA 8x128 {gqa:>9,} ({gqa / latent:.1f}x)")
+    pools = cache_layout(model.config).paged_cache(4, 64, torch.bfloat16, torch.device("cpu"))
+    lines.append(f"{'':>14}  engine pools allocate {pools.nbytes() // (4 * 64):,} B per token slot (bf16)")
+    return lines
+
+
+def flash_main() -> None:
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    config = Glm4MoeLiteConfig(**FLASH_SHAPED)
+    torch.manual_seed(0)
+    hf = HfGlm4MoeLite(config).eval()
+    params = sum(p.numel() for p in hf.parameters())
+    expert = 3 * config.hidden_size * config.moe_intermediate_size
+    moe_layers = config.mlp_layer_types.count("sparse")
+    active = params - moe_layers * (config.n_routed_experts - config.num_experts_per_tok) * expert
+    linear.FP32_PACKED_MAX_BYTES = max(linear.FP32_PACKED_MAX_BYTES, 3 * params * 4)
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        fp32 = load_model(path, ModelConfig.from_pretrained(path), "cpu")
+        int8 = load_model(path, ModelConfig.from_pretrained(path, quantization="w8a16"), "cpu")
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(2, config.vocab_size, (BATCH, PROMPT), generator=g).tolist()
+    print(f"GLM-4.7-Flash-shaped MLA + MoE, random weights: {params / 1e6:.0f}M parameters ({active / 1e6:.0f}M "
+          f"active a token), {config.num_hidden_layers} layers, {config.num_attention_heads} heads, kv_lora_rank "
+          f"{config.kv_lora_rank}, {config.n_routed_experts} experts top-{config.num_experts_per_tok}; {PROMPT}-token "
+          f"prompts, {NEW_TOKENS} decode steps")
+    runs = {
+        ("batch 1", "engine fp32"): lambda: engine_batch1(fp32, prompts[0]),
+        ("batch 1", "engine int8"): lambda: engine_batch1(int8, prompts[0]),
+        ("batch 1", "transformers"): lambda: transformers_step(hf, prompts[:1]),
+        (f"batch {BATCH}", "engine fp32"): lambda: engine_batched(fp32, prompts),
+        (f"batch {BATCH}", "engine int8"): lambda: engine_batched(int8, prompts),
+        (f"batch {BATCH}", "transformers"): lambda: transformers_step(hf, prompts),
+    }
+    report(runs)
+    print("\nKV cache per token:")
+    print("\n".join(kv_bytes_lines(fp32)))
+
+
+def report(runs: dict) -> None:
+    """Warm each run up, time them in interleaved rounds and print the medians."""
+    for run in runs.values():  # warm-up: first calls choose kernels and make weight copies
+        run()
+    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
+    for _ in range(ROUNDS):
+        for key, run in runs.items():
+            times[key].append(run())
+    print(f"\n{'':>10} {'':>14} {'step ms':>9} {'tok/s':>9} {'x transformers':>15} {'x fp32':>8}")
+    for key in runs:
+        batch, name = key
+        size = 1 if batch == "batch 1" else BATCH
+        step = statistics.median(times[key])
+        hf_ratio = statistics.median(h / e for h, e in zip(times[(batch, "transformers")], times[key], strict=True))
+        fp32_ratio = statistics.median(f / e for f, e in zip(times[(batch, "engine fp32")], times[key], strict=True))
+        print(f"{batch:>10} {name:>14} {step * 1e3:9.2f} {size / step:9.1f} {hf_ratio:14.2f}x {fp32_ratio:7.2f}x")
+    print(f"(medians of {ROUNDS} interleaved rounds; the ratios are medians of the rounds' paired ratios)")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] != ["flash"]:
+        main()
+    if sys.argv[1:] in ([], ["flash"]):
+        flash_main()
