@@ -24,10 +24,11 @@ cost absorbed ~ n r (dn + dv) + n S' (2r + dr) multiply-adds and expanded ~ S r 
 n S' (dn + dr + dv) (S' ~ S - n/2, causal): a fresh prefill (S = n) is cheaper expanded, a
 decode row over a long context ~200x cheaper absorbed, and after a context a chunk pays to
 expand from ~400 rows at GLM-4.7-Flash's sizes (r 512, dn 192, dr 64, dv 256). `expands` takes
-the cheaper by that count, from `EXPAND_MIN_ROWS` rows on. Measured on this 2-core CPU, one
-layer of those sizes, fp32, absorbed / expanded time: fresh prefill of 8 / 32 / 128 / 512 /
-2048 rows 0.49 / 0.83 / 1.0 / 2.1 / 1.7; after 2048 positions, 1 / 16 / 64 / 256 / 1024 rows
-0.01 / 0.07 / 0.21 / 0.78 / 2.8; after 8192, 1 / 64 / 256 / 1024 rows 0.07 / 0.23 / 0.75 / 1.3.
+the cheaper by that count, from `EXPAND_MIN_ROWS` rows on and while the expanded context fits
+`EXPAND_MAX_VALUES`. Measured on this 2-core CPU, one layer of those sizes, fp32, absorbed /
+expanded time: fresh prefill of 8 / 32 / 128 / 512 / 2048 rows 0.49 / 0.83 / 1.0 / 2.1 / 1.7;
+after 2048 positions, 1 / 16 / 64 / 256 / 1024 rows 0.01 / 0.07 / 0.21 / 0.78 / 2.8; after 8192,
+1 / 64 / 256 / 1024 rows 0.07 / 0.23 / 0.75 / 1.3 (a GPU would want its own figures).
 Both forms are exact: the same products summed in another order (~1e-6 relative in fp32).
 
 The softmax scale is `(dn + dr) ** -0.5`, times `yarn_mscale(factor, mscale_all_dim) ** 2` under
@@ -55,6 +56,10 @@ from inference.layers.rotary import apply_rotary_, yarn_mscale
 # A sequence's chunk runs expanded from this many new rows on, where the multiply-adds say so
 # (`MLAttention.expands`); below it the absorbed form was as fast or faster on this CPU anyway.
 EXPAND_MIN_ROWS = 128
+# ... and while the context's per-head keys and values (with kv_b_proj's output they come from)
+# stay under this many values: GLM-4.7-Flash's 19,200 a position would take 2.5 GB in fp32 at 32k
+# positions, for every layer's chunk; past it the chunk runs absorbed, tiled (1.3x slower at 8k).
+EXPAND_MAX_VALUES = 1 << 28
 ABSORBED_TILE = 64  # queries per SDPA call of an absorbed chunk (64-256 measured alike, 16 slower)
 LATENT_NORM_EPS = 1e-6  # transformers builds q_a_layernorm and kv_a_layernorm with the default eps
 
@@ -103,7 +108,8 @@ class MLAttention(nn.Module):
         self.heads, self.rank = heads, config.kv_lora_rank
         self.nope_dim, self.rope_dim, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         q_width = heads * (self.nope_dim + self.rope_dim)
-        if config.q_lora_rank is None:
+        self.q_lora = config.q_lora_rank is not None
+        if not self.q_lora:
             self.q_proj = Linear(hidden, q_width)
         else:
             self.q_a_proj = Linear(hidden, config.q_lora_rank, bias=config.attention_bias)
@@ -114,6 +120,8 @@ class MLAttention(nn.Module):
         self.kv_b_proj = LatentProjection(heads, self.rank, self.nope_dim, self.v_dim)
         self.o_proj = Linear(heads * self.v_dim, hidden, bias=config.attention_bias)
         self.interleaved = config.rotary_interleaved
+        # values per position that expanding makes: kv_b_proj's output, then the keys and values
+        self.expanded_width = heads * (2 * (self.nope_dim + self.v_dim) + self.rope_dim)
         self.scale = (self.nope_dim + self.rope_dim) ** -0.5
         yarn = config.rope_scaling
         if yarn is not None and yarn.get("mscale_all_dim"):
@@ -129,10 +137,7 @@ class MLAttention(nn.Module):
     def project(self, x: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The queries' nope and rotated parts `[H, T, dn]`, `[H, T, dr]` and the latent rows the
         cache keeps, `[T, r + dr]` (normed latent, rotated shared key)."""
-        if hasattr(self, "q_proj"):
-            q = self.q_proj(x)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
         q = q.view(x.shape[0], self.heads, -1)
         q_rope = apply_rotary_(q[..., self.nope_dim :].contiguous(), rotations, self.interleaved)
         kv = self.kv_a_proj_with_mqa(x)
@@ -166,10 +171,10 @@ class MLAttention(nn.Module):
         return out
 
     def expands(self, new: int, total: int) -> bool:
-        """Whether a sequence's `new` rows attending to `total` positions run expanded: past
-        `EXPAND_MIN_ROWS` rows, when expanding the context costs fewer multiply-adds than the
-        absorbed form's wider attention (see the module docstring)."""
-        if new < EXPAND_MIN_ROWS:
+        """Whether a sequence's `new` rows attending to `total` positions run expanded: from
+        `EXPAND_MIN_ROWS` rows on, within `EXPAND_MAX_VALUES`, when expanding the context costs
+        fewer multiply-adds than the absorbed form's wider attention (see the module docstring)."""
+        if new < EXPAND_MIN_ROWS or total * self.expanded_width > EXPAND_MAX_VALUES:
             return False
         per_query = 2 * self.rank - self.nope_dim - self.v_dim  # absorbed attention's extra width
         return (total - new) * self.rank * (self.nope_dim + self.v_dim) < new * (total - new / 2) * per_query

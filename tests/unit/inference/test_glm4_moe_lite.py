@@ -170,6 +170,7 @@ def test_the_cost_model_absorbs_decode_and_short_chunks_and_expands_long_prefill
     assert not attention.expands(1, 100_000) and not attention.expands(mla.EXPAND_MIN_ROWS - 1, mla.EXPAND_MIN_ROWS - 1)
     assert attention.expands(mla.EXPAND_MIN_ROWS, mla.EXPAND_MIN_ROWS)  # a fresh prefill
     assert attention.expands(2048, 2048 + 8192) and not attention.expands(256, 256 + 8192)
+    assert attention.expanded_width == 19_200 and not attention.expands(2048, 2048 + 14_000)  # 1 GB in fp32
 
 
 def test_a_mixed_step_gives_each_sequence_its_own_numbers(model, monkeypatch):
