@@ -150,20 +150,25 @@ FLASH_CONFIG = Path(__file__).resolve().parents[1] / "inference" / "configs" / "
 
 
 def kv_bytes_lines(model) -> list[str]:
-    """Bytes per token of the engine's bf16 pools (what the layout reports and allocates) against
-    per-head K/V of the same attention (MHA) and a GQA cache of GLM-4.5-Air's 8 kv heads x 128,
-    for this model and the published GLM-4.7-Flash config."""
+    """Bytes per token of the engine's bf16 pools (what the layout reports, and what they allocate)
+    against the K/V the same attention would cache per head (GQA with the config's
+    num_key_value_heads, which equals the heads here), for this model and the published
+    GLM-4.7-Flash config; for the latter also against a GLM-4.5-Air-style GQA cache (8 kv heads x
+    128) of as many layers."""
     lines = []
-    configs = [("bench model", model.config), ("GLM-4.7-Flash", ModelConfig.from_dict(json.loads(FLASH_CONFIG.read_text())))]
-    for name, c in configs:
+    flash = ModelConfig.from_dict(json.loads(FLASH_CONFIG.read_text()))
+    for name, c in [("bench model", model.config), ("GLM-4.7-Flash", flash)]:
         latent = cache_layout(c).bytes_per_token(torch.bfloat16)
-        mha = c.num_hidden_layers * c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) * 2
-        gqa = c.num_hidden_layers * 2 * 8 * 128 * 2
-        lines.append(f"{name:>14}: MLA latent {latent:>9,} B/token ({c.kv_lora_rank}+{c.qk_rope_head_dim} values x "
-                     f"{c.num_hidden_layers} layers x 2 B); per-head K/V {mha:>10,} ({mha / latent:.1f}x); "
-                     f"GQA 8x128 {gqa:>9,} ({gqa / latent:.1f}x)")
+        kv_heads = c.num_key_value_heads
+        gqa = c.num_hidden_layers * kv_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim) * 2
+        line = (f"{name:>14}: MLA latent {latent:>7,} B/token ({c.kv_lora_rank}+{c.qk_rope_head_dim} values x "
+                f"{c.num_hidden_layers} layers x 2 B); per-head K/V of {kv_heads} kv heads {gqa:>9,} ({gqa / latent:.1f}x)")
+        if c is flash:
+            air = c.num_hidden_layers * 2 * 8 * 128 * 2
+            line += f"; GQA 8 x 128 {air:,} ({air / latent:.1f}x)"
+        lines.append(line)
     pools = cache_layout(model.config).paged_cache(4, 64, torch.bfloat16, torch.device("cpu"))
-    lines.append(f"{'':>14}  engine pools allocate {pools.nbytes() // (4 * 64):,} B per token slot (bf16)")
+    lines.append(f"{'':>14}  the bench model's bf16 pools allocate {pools.nbytes() // (4 * 64):,} B per token slot")
     return lines
 
 
