@@ -329,3 +329,19 @@ class AdminUser(Base):
 
     def get_id(self) -> str:
         return str(self.id)
+
+
+class AdminSession(Base):
+    """A signed-in admin session, server-side: the cookie carries a random token, this row its
+    SHA-256. Logout deletes the row (a copied cookie opens nothing afterwards); ``expires_at`` is
+    fixed at login (``ADMIN_SESSION_HOURS``), however busy the session is."""
+
+    __tablename__ = "admin_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the token
+    user_id: Mapped[int] = mapped_column(BigInt, ForeignKey("admin_users.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index("ix_admin_sessions_user", "user_id"),
+                      Index("ix_admin_sessions_expires", "expires_at"))

@@ -4,7 +4,8 @@ One blueprint (``admin``) with its ``templates/`` and ``static/`` beside it; the
 one module per page group (``auth``, ``dashboard``, ``budgets``, ``audit_views``, ``finance``).
 
 Security: local accounts (``accounts.py``), Flask-Login sessions in a signed cookie (HttpOnly,
-SameSite=Lax, Secure unless ``SESSION_COOKIE_SECURE=false``), CSRF tokens (Flask-WTF) on every
+SameSite=Lax, Secure unless ``SESSION_COOKIE_SECURE=false``) that name a session kept
+server-side (``sessions.py``: revoked at logout, an absolute lifetime), CSRF tokens (Flask-WTF) on every
 form of the app except the WeCom callback blueprint, which WeCom signs itself. Roles:
 ``admin`` (budgets, prices, users; may read the dashboard), ``finance`` (dashboard, cost export),
 ``auditor`` (audit search and export). Every admin action is an audit event.
@@ -15,13 +16,13 @@ from __future__ import annotations
 from datetime import timedelta
 from functools import wraps
 
-from flask import Blueprint, abort, current_app, g, render_template, request
+from flask import Blueprint, abort, current_app, g, render_template, request, session
 from flask.sessions import SecureCookieSessionInterface
 from flask_login import LoginManager, current_user
 from flask_wtf.csrf import CSRFProtect
 
 from app.audit import request_fingerprint
-from app.models import AdminRole, AdminUser
+from app.models import AdminRole
 
 bp = Blueprint("admin", __name__, url_prefix="/admin", template_folder="templates",
                static_folder="static", static_url_path="/static")
@@ -40,6 +41,8 @@ def init_app(app, services) -> None:
         SESSION_COOKIE_SECURE=settings.session_cookie_secure,
         SESSION_COOKIE_NAME="wecom_admin",
         PERMANENT_SESSION_LIFETIME=timedelta(hours=settings.admin_session_hours),
+        # The cookie's expiry stays where login set it; the server's session row decides anyway.
+        SESSION_REFRESH_EACH_REQUEST=False,
         REMEMBER_COOKIE_HTTPONLY=True,
         REMEMBER_COOKIE_SECURE=settings.session_cookie_secure,
         WTF_CSRF_TIME_LIMIT=None,  # the token lives as long as the (time-limited) session
@@ -71,11 +74,10 @@ class AdminSessions(SecureCookieSessionInterface):
 
 @login_manager.user_loader
 def _load_user(user_id: str):
-    if not user_id.isdigit():
-        return None
-    with services().db.session() as session:
-        user = session.get(AdminUser, int(user_id))
-    return user if user is not None and user.enabled else None
+    """The account, only with a live server-side session for it (``sessions.user_for``)."""
+    from app.admin import sessions
+
+    return sessions.user_for(services().db, user_id, session.get(sessions.SESSION_KEY))
 
 
 def services():

@@ -11,7 +11,7 @@ from flask_wtf import FlaskForm
 from wtforms import PasswordField, StringField
 from wtforms.validators import DataRequired, Length
 
-from app.admin import audit_admin, bp, services
+from app.admin import audit_admin, bp, services, sessions
 from app.admin.accounts import LoginBusy, authenticate
 from app.audit import EventType
 from app.config import parse_rate
@@ -93,6 +93,8 @@ def login():
                         payload={"name": name}, actor=actor)
         if result.outcome == "ok":
             session.clear()  # no state carried over from before the login
+            session[sessions.SESSION_KEY] = sessions.start(
+                svc.db, result.user.id, timedelta(hours=settings.admin_session_hours))
             login_user(result.user)
             session.permanent = True
             return redirect(_safe_next() or url_for("admin.index"))
@@ -107,6 +109,7 @@ def login():
 def logout():
     with services().db.transaction() as db_session:
         audit_admin(db_session, EventType.ADMIN_LOGIN, outcome="logout")
+    sessions.end(services().db, session.get(sessions.SESSION_KEY))  # a copied cookie dies too
     logout_user()
     session.clear()
     return redirect(url_for("admin.login"))

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from wtforms import PasswordField, SelectField, StringField
 from wtforms.validators import DataRequired, EqualTo, Length
 
-from app.admin import audit_admin, bp, roles_required, services
+from app.admin import audit_admin, bp, roles_required, services, sessions
 from app.admin.accounts import MIN_PASSWORD_LENGTH, create_user
 from app.audit import EventType
 from app.models import AdminRole, AdminUser
@@ -63,6 +63,8 @@ def user_change(user_id: int, change: str):
             user.failed_attempts, user.locked_until = 0, None
         else:
             user.enabled = change == "enable"
+            if not user.enabled:
+                sessions.end_all(session, user.id)  # enabling again does not revive them
         audit_admin(session, EventType.ADMIN_CHANGE, payload={"action": f"user_{change}",
                                                               "user": user.name})
         name = user.name

@@ -135,3 +135,67 @@ def test_only_the_admin_area_opens_cookie_sessions(app, client, as_role):
             assert interface.open_session(app, ctx.request) is None
     as_role("admin")  # a logged-in browser's cookie is neither read nor refreshed elsewhere
     assert "Set-Cookie" not in client.get("/healthz").headers
+
+
+def _copy_cookie(app, client):
+    """A second browser holding the first one's session cookie, as a thief would."""
+    thief = app.test_client()
+    cookie = client.get_cookie("wecom_admin", path="/")
+    assert cookie is not None
+    thief.set_cookie("wecom_admin", cookie.value, path="/")
+    return thief
+
+
+def test_logout_revokes_the_session_server_side(app, as_role):
+    client = as_role("admin")
+    thief = _copy_cookie(app, client)
+    assert thief.get("/admin/dashboard").status_code == 200  # the copy works while signed in
+    token = csrf_token(client, "/admin/dashboard")
+    assert client.post("/admin/logout", data={"csrf_token": token}).status_code == 302
+    refused = thief.get("/admin/dashboard")
+    assert refused.status_code == 302 and refused.headers["Location"].startswith("/admin/login")
+    assert client.get("/admin/dashboard").status_code == 302
+
+
+def test_session_lifetime_is_absolute_not_sliding(app, as_role, settings, monkeypatch):
+    import app.admin.sessions as sessions
+
+    started = utcnow()
+    client = as_role("finance")
+    lifetime = timedelta(hours=settings.admin_session_hours)
+    step = timedelta(minutes=20)
+    at = started
+    while at + step < started + lifetime - timedelta(minutes=1):  # used all day, every 20 minutes
+        at += step
+        monkeypatch.setattr(sessions, "utcnow", lambda at=at: at)
+        assert client.get("/admin/dashboard").status_code == 200, at - started
+    monkeypatch.setattr(sessions, "utcnow", lambda: started + lifetime + timedelta(seconds=1))
+    refused = client.get("/admin/dashboard")
+    assert refused.status_code == 302 and refused.headers["Location"].startswith("/admin/login")
+
+
+def test_a_cookie_signed_with_the_key_but_never_issued_is_refused(app, users, services):
+    # Whoever learns SECRET_KEY can sign any cookie; without a session this server issued,
+    # it opens nothing, even while the account is signed in elsewhere.
+    assert login(app.test_client(), "alice").status_code == 302
+    with services.db.session() as session:
+        alice = session.scalar(select(AdminUser).where(AdminUser.name == "alice"))
+    serializer = app.session_interface.get_signing_serializer(app)
+    forged = serializer.dumps({"_user_id": str(alice.id), "_fresh": True, "sid": "guessed"})
+    client = app.test_client()
+    client.set_cookie("wecom_admin", forged, path="/")
+    assert client.get("/admin/dashboard").status_code == 302
+
+
+def test_disabling_an_account_ends_its_sessions(app, as_role, users, services):
+    from tests.admin.conftest import post
+
+    fiona = app.test_client()
+    assert login(fiona, "fiona").status_code == 302
+    admin = as_role("admin")
+    with services.db.session() as session:
+        fiona_id = session.scalar(select(AdminUser.id).where(AdminUser.name == "fiona"))
+    for change in ("disable", "enable"):
+        assert post(admin, f"/admin/users/{fiona_id}/{change}", {},
+                    form_page="/admin/users").status_code == 302
+    assert fiona.get("/admin/dashboard").status_code == 302  # enabled again, yet signed out
