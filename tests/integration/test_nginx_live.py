@@ -4,7 +4,8 @@ Only the addresses change (``web:8080``, ports 80/443, the certificate folder); 
 file compose mounts. TLS 1.2 is refused at the handshake, a stream on ``/v1/`` reaches the client
 while the backend is still holding the rest of it back (it would stall if nginx buffered), and
 the app (``TRUSTED_PROXIES=1``) sees the client's address and scheme from nginx's headers, not the
-ones a client forged. ``NGINX_BIN`` names the binary when it is not on PATH.
+ones a client forged. ``nginx -t`` accepts the file; slow uploads are held in nginx (the backend
+sees none of them until its body is whole) and past ``limit_conn`` an address gets 429. ``NGINX_BIN`` names the binary when it is not on PATH.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flask import Response, request
 from werkzeug.serving import make_server
 
 from app import create_app
+from app.admin import csrf
 from tests.support.env import make_env, settings_from
 from tests.support.stack import ROOT, free_port, wait_for
 
@@ -60,6 +62,15 @@ def proxy(tmp_path_factory):
                                             REDIS_URL="redis://127.0.0.1:6379/6", TRUSTED_PROXIES="1")))
     gate = Gate()
     app.add_url_rule("/v1/_gated", "gated", gate.view)
+    arrived: list[int] = []  # the body length of each upload the backend was handed
+
+    def upload():
+        arrived.append(-1)  # the view runs as soon as the backend has the request's head
+        arrived[-1] = len(request.get_data())
+        return "ok"
+
+    app.add_url_rule("/wecom/_upload", "upload", upload, methods=["POST"])
+    csrf.exempt(upload)  # like the WeCom routes
     app.add_url_rule("/_seen", "seen", lambda: {
         "ip": request.remote_addr, "url": request.url,
         "headers": {k: v for k, v in request.headers.items() if k.startswith("X-")}})
@@ -96,6 +107,8 @@ http {{
     include {tmp}/default.conf;
 }}
 """)
+    checked = subprocess.run([NGINX, "-t", "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
+                             capture_output=True, text=True)
     proc = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
 
@@ -106,7 +119,8 @@ http {{
 
     wait_for(listening, 15, what="nginx")
     yield {"https": f"https://127.0.0.1:{https_port}", "http": f"http://127.0.0.1:{http_port}",
-           "port": https_port, "ca": str(certs / "tls.crt"), "gate": gate}
+           "port": https_port, "ca": str(certs / "tls.crt"), "gate": gate, "arrived": arrived,
+           "checked": checked}
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=15)
     gate.release.set()
@@ -157,3 +171,60 @@ def test_the_app_sees_the_client_not_forged_headers(proxy):
     assert seen["headers"]["X-Real-Ip"] == "127.0.0.1"
     assert seen["headers"]["X-Forwarded-For"] == "6.6.6.6, 127.0.0.1"  # only the last hop is believed
     assert "X-Forwarded-Prefix" not in seen["headers"]
+
+
+def test_nginx_t_accepts_the_config(proxy):
+    assert proxy["checked"].returncode == 0, proxy["checked"].stderr
+    assert "test is successful" in proxy["checked"].stderr
+
+
+UPLOAD = 4000
+
+
+def slow_upload(proxy, sent: int):
+    """A TLS connection that has sent an upload's head and ``sent`` bytes of its body."""
+    ctx = ssl.create_default_context(cafile=proxy["ca"])
+    raw = socket.create_connection(("127.0.0.1", proxy["port"]), timeout=10)
+    tls = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    tls.sendall(f"POST /wecom/_upload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {UPLOAD}\r\n"
+                f"Content-Type: text/xml\r\nConnection: close\r\n\r\n".encode() + b"x" * sent)
+    return tls
+
+
+def answer(tls) -> bytes:
+    chunks = []
+    while chunk := tls.recv(65536):
+        chunks.append(chunk)
+    tls.close()
+    return b"".join(chunks)
+
+
+def test_slow_uploads_are_held_in_nginx_not_in_the_backend(proxy):
+    proxy["arrived"].clear()
+    slow = [slow_upload(proxy, 100) for _ in range(40)]
+    try:
+        import time
+
+        time.sleep(1.0)
+        assert proxy["arrived"] == []  # unbuffered, the backend would hold 40 reading threads
+        started = time.perf_counter()
+        health = requests.get(f"{proxy['https']}/healthz", verify=proxy["ca"], timeout=10)
+        assert health.status_code == 200 and time.perf_counter() - started < 0.1
+        for tls in slow:
+            tls.sendall(b"x" * (UPLOAD - 100))
+        answers = [answer(tls) for tls in slow]
+        assert all(a.startswith(b"HTTP/1.1 200") for a in answers), answers[0][:300]
+        assert proxy["arrived"] == [UPLOAD] * 40  # each handed over whole
+    finally:
+        for tls in slow:
+            tls.close()
+
+
+def test_an_address_past_its_connection_limit_gets_429(proxy):
+    held = [slow_upload(proxy, 10) for _ in range(70)]
+    try:
+        resp = requests.get(f"{proxy['https']}/healthz", verify=proxy["ca"], timeout=10)
+        assert resp.status_code == 429
+    finally:
+        for tls in held:
+            tls.close()

@@ -136,3 +136,41 @@ def test_the_apps_streaming_routes_fall_under_the_streaming_locations():
     for rule in rules:
         if rule.startswith(("/v1", "/wecom")):
             assert rule.startswith(STREAMING), f"{rule} would be buffered by nginx"
+
+
+def size(value: str) -> int:
+    match = re.fullmatch(r"(\d+)([kKmM])?", value)
+    assert match, value
+    return int(match.group(1)) * {None: 1, "k": 1024, "K": 1024, "m": 2**20, "M": 2**20}[match.group(2)]
+
+
+def test_request_bodies_are_buffered_in_nginx_everywhere(nginx, tls_server):
+    # A body passed on as it arrives ties a gunicorn thread to a client trickling its upload:
+    # about 72 slow connections held every thread. Every body is read whole by nginx first.
+    def every(directives, name):
+        for d in directives:
+            if d["directive"] == name:
+                yield d["args"]
+            yield from every(d.get("block", []), name)
+
+    assert all(args == ["on"] for args in every(nginx, "proxy_request_buffering"))
+    assert size(one(tls_server, "client_body_buffer_size")[0]) >= 64 * 1024  # CALLBACK_MAX_BYTES
+    api = locations(tls_server)["/v1/"]
+    assert size(one(api, "client_body_buffer_size")[0]) >= 2**20  # API_MAX_BODY_BYTES in memory
+
+
+def test_slow_clients_time_out_and_are_limited_per_address(nginx, tls_server):
+    for name in ("client_header_timeout", "client_body_timeout"):
+        assert seconds(one(tls_server, name)[0]) <= 15, name
+    zones = {a[1].split(":")[0].removeprefix("zone="): a for a in values(nginx, "limit_req_zone")}
+    conn_zones = {a[1].split(":")[0].removeprefix("zone=") for a in values(nginx, "limit_conn_zone")}
+    assert all(a[0] == "$binary_remote_addr" for a in values(nginx, "limit_conn_zone"))
+    conn = one(tls_server, "limit_conn")
+    assert conn[0] in conn_zones and 0 < int(conn[1]) <= 256
+    assert one(tls_server, "limit_conn_status") == one(tls_server, "limit_req_status") == ["429"]
+    for name, block in locations(tls_server).items():
+        if not values(block, "proxy_pass") or name == "= /metrics":
+            continue
+        [zone, *_] = one(block, "limit_req")
+        assert zone.removeprefix("zone=") in zones, name
+        assert zones[zone.removeprefix("zone=")][0] == "$binary_remote_addr"
