@@ -17,9 +17,10 @@ _DTYPES = {
     "fp16": torch.float16,
 }
 
-MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe", "glm4_moe_lite")
-MOE_TYPES = ("glm4_moe", "glm4_moe_lite")
-MLA_TYPES = ("glm4_moe_lite",)  # Multi-head Latent Attention
+MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
+MOE_TYPES = ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
+MLA_TYPES = ("glm4_moe_lite", "glm_moe_dsa")  # Multi-head Latent Attention
+INDEXER_TYPES = ("full", "shared")
 MLP_LAYER_TYPES = ("dense", "sparse")
 QUANTIZATIONS = (None, "w8a16")
 
@@ -106,6 +107,13 @@ class ModelConfig:
     # YaRN (rope_type "yarn"): the config's `rope_parameters` as given (factor,
     # original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, ...)
     rope_scaling: dict | None = None
+    # DeepSeek Sparse Attention (glm_moe_dsa, GLM-5): per layer "full" (its own lightning
+    # indexer of `index_n_heads` x `index_head_dim` picks `index_topk` positions a query) or
+    # "shared" (the previous full layer's choice)
+    indexer_types: list[str] = field(default_factory=list)
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
     # MTP layers a glm4_moe checkpoint ships after the decoder layers (layer num_hidden_layers
     # onwards); not run by this model type, so the loader skips their tensors
     num_nextn_predict_layers: int = 0
@@ -147,6 +155,15 @@ class ModelConfig:
                                  "must be 1 and head_dim qk_rope_head_dim")
             if self.sparse:
                 raise ValueError("MLA has no sliding-window mode")
+        if self.indexer_types:
+            if len(self.indexer_types) != self.num_hidden_layers or any(
+                    t not in INDEXER_TYPES for t in self.indexer_types) or self.indexer_types[0] != "full":
+                raise ValueError(f"indexer_types needs one of {INDEXER_TYPES} for each of the {self.num_hidden_layers} "
+                                 f"layers, the first 'full', got {self.indexer_types!r}")
+            if not (self.index_topk > 0 and self.index_n_heads > 0 and self.index_head_dim >= self.qk_rope_head_dim
+                    and self.q_lora_rank is not None):
+                raise ValueError("DeepSeek Sparse Attention needs index_topk, index_n_heads > 0, index_head_dim >= "
+                                 "qk_rope_head_dim and a q_lora_rank")
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in ("default", "yarn"):
             raise ValueError(f"unsupported rope_type {self.rope_scaling.get('rope_type')!r}; use default or yarn")
         if self.quantization not in QUANTIZATIONS:
@@ -186,6 +203,7 @@ class ModelConfig:
         heads = raw["num_attention_heads"]
         moe = _moe_fields(raw) if model_type in MOE_TYPES else {}
         mla = _mla_fields(raw) if model_type in MLA_TYPES else {}
+        dsa = _dsa_fields(raw) if model_type == "glm_moe_dsa" else {}
         return cls(
             model_type=model_type,
             vocab_size=raw["vocab_size"],
@@ -211,7 +229,7 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
             dtype=resolve_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype")),
             quantization=quantization or raw.get("quantization"),
-            **{**moe, **mla},  # MLA's rotary convention over the MoE's
+            **{**moe, **mla, **dsa},  # MLA's rotary convention over the MoE's
         )
 
     @classmethod
@@ -266,4 +284,26 @@ def _mla_fields(raw: dict) -> dict:
         "v_head_dim": raw.get("v_head_dim", 256),
         "rotary_interleaved": raw.get("rope_interleave", True),
         "rope_scaling": None if scaling == "default" else {**rope, "rope_type": scaling},
+    }
+
+
+def _dsa_fields(raw: dict) -> dict:
+    """glm_moe_dsa's indexer fields, with `GlmMoeDsaConfig`'s defaults: `indexer_types` as given,
+    else from `index_topk_pattern` ("F"/"S" letters), else every `index_topk_freq`-th layer from
+    `index_skip_topk_offset` on runs its own indexer (all of them by default). Its rotary is
+    always DeepSeek's interleaved pairs."""
+    layers = raw["num_hidden_layers"]
+    types = raw.get("indexer_types")
+    if types is None and raw.get("index_topk_pattern") is not None:
+        pattern = raw["index_topk_pattern"]
+        types = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
+    if types is None:
+        freq, offset = max(raw.get("index_topk_freq", 1), 1), raw.get("index_skip_topk_offset", 2)
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    return {
+        "indexer_types": list(types),
+        "index_topk": raw.get("index_topk", 2048),
+        "index_n_heads": raw.get("index_n_heads", 32),
+        "index_head_dim": raw.get("index_head_dim", 128),
+        "rotary_interleaved": True,
     }

@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from inference.config import ModelConfig
+from inference.layers.dsa_cache import DSALayout
 from inference.layers.gqa_cache import GQALayout
 from inference.layers.mla_cache import MLALayout
 from inference.layers.paged_slots import SequenceSlots
@@ -73,7 +74,7 @@ class CacheLayout(Protocol):
         rows one after another (batched MTP drafts); it answers what a paged step's layer does."""
 
 
-LAYOUTS: dict[str, type[CacheLayout]] = {"glm4_moe_lite": MLALayout}  # model_type -> layout, where it is not GQA
+LAYOUTS: dict[str, type[CacheLayout]] = {"glm4_moe_lite": MLALayout, "glm_moe_dsa": DSALayout}  # model_type -> layout, where it is not GQA
 
 
 def cache_layout(config: ModelConfig) -> CacheLayout:

@@ -130,20 +130,22 @@ class MLAttention(nn.Module):
     def forward(self, x: torch.Tensor, rotations: torch.Tensor, cache) -> torch.Tensor:
         """`x [T, hidden]` normed input of the step's rows (one sequence's positions
         `[cache.length, ...)`, or the rows of a paged batch, sequence after sequence)."""
-        q_nope, q_rope, latents = self.project(x, rotations)
+        q_nope, q_rope, latents, _ = self.project(x, rotations)
         out = self.attend(q_nope, q_rope, cache.extend(latents))
         return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], self.heads * self.v_dim))
 
-    def project(self, x: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The queries' nope and rotated parts `[H, T, dn]`, `[H, T, dr]` and the latent rows the
-        cache keeps, `[T, r + dr]` (normed latent, rotated shared key)."""
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
+    def project(self, x: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The queries' nope and rotated parts `[H, T, dn]`, `[H, T, dr]`, the latent rows the
+        cache keeps, `[T, r + dr]` (normed latent, rotated shared key), and the query residual
+        `q_a_layernorm(q_a_proj(x))` (None without q LoRA; DSA's indexer reads it)."""
+        resid = self.q_a_layernorm(self.q_a_proj(x)) if self.q_lora else None
+        q = self.q_b_proj(resid) if self.q_lora else self.q_proj(x)
         q = q.view(x.shape[0], self.heads, -1)
         q_rope = apply_rotary_(q[..., self.nope_dim :].contiguous(), rotations, self.interleaved)
         kv = self.kv_a_proj_with_mqa(x)
         k_rope = apply_rotary_(kv[:, None, self.rank :].contiguous(), rotations, self.interleaved)
         latents = torch.cat((self.kv_a_layernorm(kv[:, : self.rank]), k_rope[:, 0]), dim=1)
-        return q[..., : self.nope_dim].transpose(0, 1), q_rope.transpose(0, 1), latents
+        return q[..., : self.nope_dim].transpose(0, 1), q_rope.transpose(0, 1), latents, resid
 
     def attend(self, q_nope: torch.Tensor, q_rope: torch.Tensor, contexts: list[LatentContext]) -> torch.Tensor:
         """Each sequence's rows against its context, absorbed or expanded (`expands`); the

@@ -1,0 +1,73 @@
+"""DeepSeek Sparse Attention as GLM-5 (`glm_moe_dsa`) runs it: Multi-head Latent Attention
+(inference/layers/mla.py) in which each query attends only to the `index_topk` positions its
+layer's lightning indexer chose (inference/layers/dsa_indexer.py), or, in a "shared" layer, the
+ones the previous full layer chose (`indexer_types`, GLM-5's cross-layer top-k sharing). A query
+with fewer earlier positions than `index_topk` sees them all: dense causal MLA.
+
+The chosen positions' latent rows are gathered per query and attended in latent space (the
+query absorbed through `kv_b_proj`, as MLA's decode), in tiles whose gathered rows stay under
+`GATHER_VALUES`, so neither a long prefill nor a long context builds a dense mask or per-head
+keys: a query costs `index_topk` rows of attention whatever the context's length (plus the
+indexer's cheap pass over every position).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.config import ModelConfig
+from inference.layers.dsa_cache import IndexedContext
+from inference.layers.dsa_indexer import Indexer
+from inference.layers.mla import MLAttention
+
+GATHER_VALUES = 1 << 24  # gathered latent values a tile holds (64 MiB in fp32)
+
+
+class DSAttention(MLAttention):
+    """MLA plus, in a full layer, its indexer (`self_attn.indexer.*` in the checkpoints)."""
+
+    def __init__(self, config: ModelConfig, index: int = 0) -> None:
+        super().__init__(config)
+        self.indexer = Indexer(config) if config.indexer_types[index] == "full" else None
+
+    def forward(self, x: torch.Tensor, rotations: torch.Tensor, cache,
+                chosen: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`x [T, hidden]`, the step's rows (one sequence's, or a paged batch's sequence after
+        sequence); `chosen`: the previous full layer's choice, one `[rows, k]` per sequence
+        (a shared layer attends to it). Returns the output and this layer's choice."""
+        q_nope, q_rope, latents, resid = self.project(x, rotations)
+        keys = None if self.indexer is None else self.indexer.keys(x, rotations)
+        contexts: list[IndexedContext] = cache.extend(latents, keys)
+        query = torch.cat((self.kv_b_proj.absorb(q_nope), q_rope), dim=-1)  # [H, T, r + dr]
+        outs, mine, a = [], [], 0
+        for i, ctx in enumerate(contexts):
+            rows = slice(a, a + ctx.num_new)
+            positions = torch.arange(ctx.q_start, ctx.q_start + ctx.num_new, device=x.device)
+            if self.indexer is not None:
+                picked = self.indexer.select(x[rows], resid[rows], rotations[rows], ctx.index_keys, positions)
+            elif chosen is None:
+                raise ValueError("a shared DSA layer needs the choice of a full layer before it")
+            else:
+                picked = chosen[i]
+            mine.append(picked)
+            outs.append(self._selected(query[:, rows], ctx.latents, picked, positions))
+            a = rows.stop
+        out = self.kv_b_proj.values(outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))  # [H, T, dv]
+        return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], self.heads * self.v_dim)), mine
+
+    def _selected(self, query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor,
+                  positions: torch.Tensor) -> torch.Tensor:
+        """`query [H, n, r + dr]` (absorbed) against the latents of its rows' chosen positions
+        `picked [n, k]`; a chosen position after the query's own (filler, where it has fewer than
+        k earlier ones) is masked. Returns `[H, n, r]`."""
+        heads, n = query.shape[0], query.shape[1]
+        out = query.new_empty(heads, n, self.rank)
+        tile = max(1, GATHER_VALUES // max(1, picked.shape[1] * latents.shape[1]))
+        for a in range(0, n, tile):
+            b = min(a + tile, n)
+            rows = latents[picked[a:b]]  # [t, k, r + dr]
+            scores = torch.einsum("htw,tkw->htk", query[:, a:b], rows).float() * self.scale
+            scores.masked_fill_((picked[a:b] > positions[a:b, None])[None], float("-inf"))
+            weights = torch.softmax(scores, dim=-1).to(rows.dtype)
+            out[:, a:b] = torch.einsum("htk,tkr->htr", weights, rows[..., : self.rank])
+        return out
