@@ -114,8 +114,8 @@ class ModelConfig:
     index_topk: int = 0
     index_n_heads: int = 0
     index_head_dim: int = 0
-    # MTP layers a glm4_moe checkpoint ships after the decoder layers (layer num_hidden_layers
-    # onwards); not run by this model type, so the loader skips their tensors
+    # MTP layers a glm4_moe / glm4_moe_lite / glm_moe_dsa checkpoint may ship after the decoder
+    # layers (layer num_hidden_layers onwards); the loader sets num_mtp_heads to those present
     num_nextn_predict_layers: int = 0
 
     def __post_init__(self) -> None:

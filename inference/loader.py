@@ -46,7 +46,8 @@ def checkpoint_layout(model: nn.Module) -> dict[str, list[tuple[str, torch.Size]
 
     Most parameters are one tensor under their own name; a `PackedLinear` such as
     `self_attn.qkv_proj` is made of its sibling parts (`self_attn.q_proj`, ...)."""
-    layout = {name: [(name, p.shape)] for name, p in model.named_parameters()}  # tied: once
+    rename = getattr(model, "checkpoint_name", lambda name: name)  # glm4_moe's MTP layers
+    layout = {name: [(rename(name), p.shape)] for name, p in model.named_parameters()}  # tied: once
     for module_name, module in model.named_modules():
         if not isinstance(module, PackedLinear):
             continue
@@ -55,7 +56,7 @@ def checkpoint_layout(model: nn.Module) -> dict[str, list[tuple[str, torch.Size]
             param = getattr(module, kind)
             if param is not None:
                 layout[f"{module_name}.{kind}"] = [
-                    (f"{parent}.{part}.{kind}", torch.Size((rows, *param.shape[1:])))
+                    (rename(f"{parent}.{part}.{kind}"), torch.Size((rows, *param.shape[1:])))
                     for part, rows in module.parts.items()
                 ]
     return layout
@@ -82,16 +83,22 @@ def load_model(
     embeddings `lm_head.weight` is optional and, when present, ignored. int8 (W8A16) and fp8
     checkpoints are dequantized as read; the model's `fp32_suffixes` (GLM's MoE router) stay
     fp32; tensors under its `skipped_checkpoint_prefixes` (layers it does not run) are not read.
+    A model type whose published checkpoints carry MTP layers (`mtp_heads_in_checkpoint`) gets
+    `config.num_mtp_heads` set, in place, to the count this checkpoint has.
     On the CPU the fast path of `cpu_fast_path` is installed on the layers it knows.
     """
     model_dir, device = Path(model_dir), torch.device(device or default_device())
     model_class = MODELS[config.model_type]
+    every_file = checkpoint_files(model_dir)
+    found = getattr(model_class, "mtp_heads_in_checkpoint", None)
+    if found is not None:  # MTP layers of a published checkpoint: what it carries (in place)
+        config.num_mtp_heads = found(config, every_file.keys())
     with torch.device("meta"):
         model = model_class(config)
     layout = checkpoint_layout(model)
     expected = {name: shape for parts in layout.values() for name, shape in parts}
     skipped = model_class.skipped_checkpoint_prefixes(config)
-    files = {n: f for n, f in checkpoint_files(model_dir).items() if not n.startswith(skipped)}
+    files = {n: f for n, f in every_file.items() if not n.startswith(skipped)}
     optional = {"lm_head.weight"} if config.tie_word_embeddings else set()
     missing = sorted(set(expected) - set(files))
     scales = {n for n in files if n.endswith((SCALE_SUFFIX, FP8_SCALE_SUFFIX))

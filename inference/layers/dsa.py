@@ -28,7 +28,10 @@ class DSAttention(MLAttention):
 
     def __init__(self, config: ModelConfig, index: int = 0) -> None:
         super().__init__(config)
-        self.indexer = Indexer(config) if config.indexer_types[index] == "full" else None
+        # an MTP layer (index num_hidden_layers on) runs its own indexer, as the published
+        # GLM-5 / DeepSeek-V3.2 checkpoints carry one there
+        kind = config.indexer_types[index] if index < config.num_hidden_layers else "full"
+        self.indexer = Indexer(config) if kind == "full" else None
 
     def forward(self, x: torch.Tensor, rotations: torch.Tensor, cache,
                 chosen: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -4,8 +4,8 @@ glm4_moe's decoder (pre-norm residual blocks, a dense first layer then GLM's Mix
 `inference.layers.moe`, whose router and experts transformers' Glm4MoeLite shares line for line)
 with DeepSeek's Multi-head Latent Attention in place of GQA (`inference.layers.mla`): its cache
 is one latent row per position and layer (`inference.layers.mla_cache`, `LAYOUTS` under this
-model type). The MTP layer the published checkpoint carries (layer `num_hidden_layers`) is
-skipped at load, as for glm4_moe.
+model type). The MTP layer the published checkpoint carries (layer `num_hidden_layers`) loads
+as for glm4_moe (its block an MLA layer), for speculative decoding.
 
 Weight names (N = layer, E = expert), as the published checkpoint and transformers store them:
     model.layers.N.self_attn.q_a_proj.weight [q_lora_rank, hidden], q_a_layernorm.weight,
@@ -24,7 +24,7 @@ from inference.layers.mla import MLAttention
 from inference.layers.moe import MoE, SwiGLU
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
-from inference.models.glm4_moe import Glm4MoeForCausalLM
+from inference.models.glm4_moe import Glm4MoeForCausalLM, sparse_mlp
 
 
 class Glm4MoeLiteDecoderLayer(nn.Module):
@@ -33,8 +33,7 @@ class Glm4MoeLiteDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = MLAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        sparse = bool(config.mlp_layer_types) and config.mlp_layer_types[index] == "sparse"
-        self.mlp = MoE(config) if sparse else SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp = MoE(config) if sparse_mlp(config, index) else SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rotations, cache)

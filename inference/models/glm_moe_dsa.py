@@ -6,7 +6,9 @@ lightning indexer picks `index_topk` positions a query, and the "shared" layers 
 to the same ones, so the model's forward hands each layer's choice to the next. The cache keeps
 MLA's latent rows plus the full layers' indexer keys (inference/layers/dsa_cache.py, `LAYOUTS`
 under this model type). The MTP layer the published checkpoint carries (layer
-`num_hidden_layers`) is skipped at load.
+`num_hidden_layers`, see inference/models/glm4_moe.py) is a full DSA layer with its own indexer
+(`model.layers.M.self_attn.indexer.*`, as vLLM's DeepSeek-V3.2 MTP builds it): loaded when present,
+for speculative decoding.
 
 Weight names: glm4_moe_lite's, plus in full layers
     model.layers.N.self_attn.indexer.wq_b.weight [index_n_heads * index_head_dim, q_lora_rank]
@@ -22,6 +24,7 @@ from inference.config import ModelConfig
 from inference.layers.dsa import DSAttention
 from inference.layers.moe import MoE, SwiGLU
 from inference.layers.norm import RMSNorm
+from inference.models.glm4_moe import NextNLayer, sparse_mlp
 from inference.models.glm4_moe_lite import Glm4MoeLiteForCausalLM
 
 
@@ -31,8 +34,7 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DSAttention(config, index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        sparse = bool(config.mlp_layer_types) and config.mlp_layer_types[index] == "sparse"
-        self.mlp = MoE(config) if sparse else SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp = MoE(config) if sparse_mlp(config, index) else SwiGLU(config.hidden_size, config.intermediate_size)
 
     def forward(self, h: torch.Tensor, rotations: torch.Tensor, cache,
                 chosen: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -41,8 +43,17 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h)), chosen
 
 
+class GlmMoeDsaNextNLayer(NextNLayer):
+    """GLM-5's MTP layer: its block is a full DSA layer (its own indexer picks for it)."""
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, rotations: torch.Tensor, cache) -> torch.Tensor:
+        h = self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(hidden)), dim=-1))
+        return self.block(h, rotations, cache, None)[0]
+
+
 class GlmMoeDsaForCausalLM(Glm4MoeLiteForCausalLM):
     layer_class = GlmMoeDsaDecoderLayer
+    mtp_class = GlmMoeDsaNextNLayer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)

@@ -308,15 +308,21 @@ def test_bf16_keeps_the_router_in_fp32_and_stays_close(checkpoint, model):
     assert (got - expected).norm() / expected.norm() < 0.05
 
 
-def test_mtp_layer_tensors_of_the_checkpoint_are_skipped(checkpoint, tmp_path):
+def test_the_mtp_layer_of_the_checkpoint_loads_beside_the_model(checkpoint, tmp_path):
+    """It becomes the model's MTP head (tests/unit/inference/test_glm_mtp.py drafts with it) and
+    leaves the model's own logits alone; a config with no MTP layers refuses it by name."""
     hf, path = checkpoint
     state = load_file(path / "model.safetensors")
     mtp = {k.replace("model.layers.2.", "model.layers.3."): v.clone() for k, v in state.items()
            if k.startswith("model.layers.2.")}
     mtp["model.layers.3.eh_proj.weight"] = torch.zeros(64, 128)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"model.layers.3.{norm}.weight"] = torch.ones(64)
+    mtp["model.layers.3.embed_tokens.weight"] = state["model.embed_tokens.weight"].clone()  # a copy: not read
     save_file({**state, **mtp}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     model = load_model(tmp_path, ModelConfig.from_pretrained(tmp_path), "cpu")  # num_nextn_predict_layers 1
+    assert model.config.num_mtp_heads == 1 and len(model.model.mtp) == 1
     ids = torch.randint(3, VOCAB, (12,))
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
