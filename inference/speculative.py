@@ -159,6 +159,15 @@ def draft_modules(model: Glm5SparseForCausalLM) -> DraftModules:
     return modules
 
 
+def no_mtp_message(config) -> str:
+    """Why a model without MTP heads cannot decode speculatively, and where the heads would be."""
+    where = ""
+    if config.num_nextn_predict_layers:
+        where = (f": this {config.model_type} checkpoint lacks the MTP layer model.layers.{config.num_hidden_layers}.* "
+                 "that the published ones carry (transformers' save_pretrained drops it)")
+    return f"speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0){where}"
+
+
 class MTPDrafter:
     """The MTP heads of one sequence and their caches (the last layers of `cache`).
 
@@ -170,9 +179,7 @@ class MTPDrafter:
     def __init__(self, model: Glm5SparseForCausalLM, cache: KVCache, k: int, base: int = 0) -> None:
         heads = model.config.num_mtp_heads
         if heads == 0:
-            raise ValueError(
-                "speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)"
-            )
+            raise ValueError(no_mtp_message(model.config))
         self.model, self.cache, self.k, self.base = model, cache, k, base
         self.depths = min(k, heads)
         self.window = model.config.sliding_window or 2048

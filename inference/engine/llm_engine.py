@@ -24,7 +24,7 @@ from inference.layers.sampler import generator_for
 from inference.llm import Prompt, _TextOut
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
-from inference.speculative import MAX_DRAFT, SpeculativeStats
+from inference.speculative import MAX_DRAFT, SpeculativeStats, no_mtp_message
 from inference.tokenizer import ChatTokenizer
 
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -133,7 +133,7 @@ class LLMEngine:
         if not 0 <= k <= MAX_DRAFT:
             raise ValueError(f"speculative_k must be in 0..{MAX_DRAFT}, got {k}")
         if k and not self.model.config.num_mtp_heads:
-            raise ValueError("speculative decoding needs a checkpoint with MTP heads (num_mtp_heads > 0)")
+            raise ValueError(no_mtp_message(self.model.config))
 
     def _kv_budget(self, device: torch.device) -> int:
         """Bytes for the paged cache: `kv_cache_bytes`, or what the device allows less the MTP
