@@ -64,13 +64,18 @@ class DSAttention(MLAttention):
         `picked [n, k]`; a chosen position after the query's own (filler, where it has fewer than
         k earlier ones) is masked. Returns `[H, n, r]`."""
         heads, n = query.shape[0], query.shape[1]
-        out = query.new_empty(heads, n, self.rank)
+        out = query.new_empty(n, heads, self.rank)
+        query = query.transpose(0, 1)  # [n, H, r + dr]: one small matmul per query
         tile = max(1, GATHER_VALUES // max(1, picked.shape[1] * latents.shape[1]))
+        last = positions.tolist()
         for a in range(0, n, tile):
             b = min(a + tile, n)
-            rows = latents[picked[a:b]]  # [t, k, r + dr]
-            scores = torch.einsum("htw,tkw->htk", query[:, a:b], rows).float() * self.scale
-            scores.masked_fill_((picked[a:b] > positions[a:b, None])[None], float("-inf"))
+            # the indexer lists a query's own and earlier positions first: past the tile's last
+            # position + 1 columns there is only filler (the start of a prefill)
+            chosen = picked[a:b, : last[b - 1] + 1]
+            rows = latents.index_select(0, chosen.reshape(-1)).view(*chosen.shape, -1)  # [t, k, r + dr]
+            scores = torch.bmm(query[a:b], rows.transpose(1, 2)).float() * self.scale  # [t, H, k]
+            scores.masked_fill_((chosen > positions[a:b, None])[:, None], float("-inf"))
             weights = torch.softmax(scores, dim=-1).to(rows.dtype)
-            out[:, a:b] = torch.einsum("htk,tkr->htr", weights, rows[..., : self.rank])
-        return out
+            out[a:b] = torch.bmm(weights, rows[..., : self.rank])
+        return out.transpose(0, 1)

@@ -213,9 +213,17 @@ class MLAttention(nn.Module):
         k_rope = latents[None, :, self.rank :].expand(self.heads, -1, -1)
         keys = torch.cat((k_nope, k_rope), dim=-1)
         query = torch.cat((q_nope, q_rope), dim=-1)
+        if values.shape[-1] != keys.shape[-1]:
+            # SDPA's flash kernel needs one head size for q, k and v; otherwise it falls back to
+            # the math kernel, which holds every score ([H, n, S]: 34 GB at 32k positions, 8 heads)
+            # (zero channels change no dot product and no value: padded to the wider, sliced back)
+            width = max(keys.shape[-1], values.shape[-1])
+            query, keys, values = (F.pad(t, (0, width - t.shape[-1])) for t in (query, keys, values))
         if ctx.q_start == 0:
-            return F.scaled_dot_product_attention(query[None], keys[None], values[None], is_causal=True,
-                                                  scale=self.scale)[0]
-        mask = _causal(query.shape[1], latents.shape[0], latents.device, query.dtype)
-        return F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=mask,
-                                              scale=self.scale)[0]
+            out = F.scaled_dot_product_attention(query[None], keys[None], values[None], is_causal=True,
+                                                 scale=self.scale)[0]
+        else:
+            mask = _causal(query.shape[1], latents.shape[0], latents.device, query.dtype)
+            out = F.scaled_dot_product_attention(query[None], keys[None], values[None], attn_mask=mask,
+                                                 scale=self.scale)[0]
+        return out[..., : self.v_dim]

@@ -1,0 +1,110 @@
+"""DeepSeek Sparse Attention against dense MLA, one attention layer: `python -m bench.dsa` (~3 min).
+
+GLM-5's attention (`inference/layers/dsa.py`: the lightning indexer picks `index_topk` = 2048
+positions a query, attention gathers only their latent rows) against the same layer without the
+indexer (`inference/layers/mla.py`, dense causal MLA over every position), same weights, fp32,
+scaled down from GLM-5 (64 heads, kv_lora_rank 512, qk_rope 64, qk_nope 192, v 256; indexer
+32 x 128) to 8 heads, rank 128, rope 32, nope 64, v 64, indexer 4 x 32 (GLM-5's ratio of a
+query's MLA cost per position, H (2r + dr), to its indexer's, 32 x 128: ~17), so that a dense 32k
+prefill runs in a minute here:
+- prefill of 4k, 16k and 32k tokens from an empty cache (one call; MLA takes its own choice of
+  expanded or absorbed form);
+- decode of one token against a cache of 16k and 32k positions (filled with random rows: only
+  the attention's reading of them is timed, not how they got there);
+- the cache bytes a position costs each (DSA adds the indexer's key to MLA's latent row).
+Target (issue #22): DSA at least 3x dense MLA at 32k.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from inference.config import ModelConfig
+from inference.layers.dsa import DSAttention
+from inference.layers.dsa_cache import DSALayerCache
+from inference.layers.mla import MLAttention
+from inference.layers.mla_cache import MLALayerCache
+from inference.layers.rotary import RotaryEmbedding
+
+SHAPE = dict(
+    model_type="glm_moe_dsa", vocab_size=1000, hidden_size=1024, intermediate_size=2048, num_hidden_layers=1,
+    num_attention_heads=8, num_key_value_heads=8, q_lora_rank=384, kv_lora_rank=128, qk_nope_head_dim=64,
+    qk_rope_head_dim=32, v_head_dim=64, moe_intermediate_size=256, n_routed_experts=8, num_experts_per_tok=2,
+    index_topk=2048, index_n_heads=4, index_head_dim=32, indexer_types=["full"], first_k_dense_replace=1,
+)
+
+
+def layers() -> tuple[DSAttention, MLAttention, ModelConfig]:
+    config = ModelConfig.from_dict(SHAPE)
+    torch.manual_seed(0)
+    dsa = DSAttention(config, 0).eval()
+    with torch.no_grad():
+        for name, p in dsa.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif not name.endswith("bias"):
+                p.normal_(0, 0.02)
+    mla = MLAttention(config).eval()
+    mla.load_state_dict({k: v for k, v in dsa.state_dict().items() if not k.startswith("indexer.")})
+    return dsa, mla, config
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def prefill(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int) -> float:
+    x = torch.randn(n, config.hidden_size)
+    rotations = rotary.rotations(torch.arange(n))
+    if isinstance(layer, DSAttention):
+        cache = DSALayerCache(config.kv_lora_rank + config.qk_rope_head_dim, config.index_head_dim, torch.float32,
+                              torch.device("cpu"))
+        return timed(lambda: layer(x, rotations, cache))
+    cache = MLALayerCache(config.kv_lora_rank + config.qk_rope_head_dim, torch.float32, torch.device("cpu"))
+    return timed(lambda: layer(x, rotations, cache))
+
+
+def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 5) -> float:
+    """Seconds for one token after `n` cached positions (best of `repeats`)."""
+    width = config.kv_lora_rank + config.qk_rope_head_dim
+    if isinstance(layer, DSAttention):
+        cache = DSALayerCache(width, config.index_head_dim, torch.float32, torch.device("cpu"), n + repeats)
+        cache.extend(torch.randn(n, width), torch.randn(n, config.index_head_dim))
+    else:
+        cache = MLALayerCache(width, torch.float32, torch.device("cpu"), n + repeats)
+        cache.extend(torch.randn(n, width))
+    best = float("inf")
+    for i in range(repeats):
+        x, rotations = torch.randn(1, config.hidden_size), rotary.rotations(torch.tensor([n + i]))
+        best = min(best, timed(lambda x=x, rotations=rotations: layer(x, rotations, cache)))
+    return best
+
+
+def main() -> None:
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    dsa, mla, config = layers()
+    rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+    width = config.kv_lora_rank + config.qk_rope_head_dim
+    print(f"one attention layer: {config.num_attention_heads} heads, latent {config.kv_lora_rank} + rope "
+          f"{config.qk_rope_head_dim}, indexer {config.index_n_heads} x {config.index_head_dim}, "
+          f"index_topk {config.index_topk}, fp32")
+    print(f"cache per position: MLA {width * 4} B, DSA {(width + config.index_head_dim) * 4} B "
+          f"(+{config.index_head_dim * 4} B of indexer key); per-head K/V would be "
+          f"{config.num_attention_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) * 4} B")
+    with torch.inference_mode():
+        prefill(dsa, config, rotary, 512), prefill(mla, config, rotary, 512)  # warm-up
+        print(f"\n{'':>8} {'tokens':>7} {'DSA s':>9} {'dense MLA s':>12} {'speedup':>8}")
+        for n in (4096, 16384, 32768):
+            t_dsa, t_mla = prefill(dsa, config, rotary, n), prefill(mla, config, rotary, n)
+            print(f"{'prefill':>8} {n:>7} {t_dsa:>9.3f} {t_mla:>12.3f} {t_mla / t_dsa:>7.2f}x")
+        for n in (16384, 32768):
+            t_dsa, t_mla = decode(dsa, config, rotary, n), decode(mla, config, rotary, n)
+            print(f"{'decode':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
