@@ -25,10 +25,10 @@ n S' (dn + dr + dv) (S' ~ S - n/2, causal): a fresh prefill (S = n) is cheaper e
 decode row over a long context ~200x cheaper absorbed, and after a context a chunk pays to
 expand from ~400 rows at GLM-4.7-Flash's sizes (r 512, dn 192, dr 64, dv 256). `expands` takes
 the cheaper by that count, from `EXPAND_MIN_ROWS` rows on and while the expanded context fits
-`EXPAND_MAX_VALUES`. Measured on this 2-core CPU, one layer of those sizes, fp32, absorbed /
-expanded time: fresh prefill of 8 / 32 / 128 / 512 / 2048 rows 0.49 / 0.83 / 1.0 / 2.1 / 1.7;
-after 2048 positions, 1 / 16 / 64 / 256 / 1024 rows 0.01 / 0.07 / 0.21 / 0.78 / 2.8; after 8192,
-1 / 64 / 256 / 1024 rows 0.07 / 0.23 / 0.75 / 1.3 (a GPU would want its own figures).
+`EXPAND_MAX_VALUES`. Measured on this 2-core CPU (`attend`, one layer of those sizes, fp32),
+absorbed / expanded time: fresh prefill of 8 / 32 / 128 / 512 / 2048 rows 0.49 / 0.95 / 1.14 /
+1.25 / 1.73; after 2048 positions, 1 / 16 / 64 / 256 / 1024 rows 0.02 / 0.11 / 0.34 / 0.78 / 1.48;
+after 8192, 1 / 64 / 256 / 1024 rows 0.01 / 0.26 / 0.77 / 1.67 (a GPU would want its own figures).
 Both forms are exact: the same products summed in another order (~1e-6 relative in fp32).
 
 The softmax scale is `(dn + dr) ** -0.5`, times `yarn_mscale(factor, mscale_all_dim) ** 2` under
