@@ -57,11 +57,15 @@ class Indexer(nn.Module):
         count = min(self.topk, keys.shape[0])
         out = torch.empty(n, count, dtype=torch.long, device=x.device)
         scale = self.head_dim**-0.5
-        key_positions = torch.arange(keys.shape[0], device=x.device)
+        key_positions = None
+        last = keys.shape[0] - 1
         for a in range(0, n, QUERY_TILE):
             b = min(a + QUERY_TILE, n)
-            scores = torch.relu(torch.einsum("lhd,td->lht", q[a:b], keys) * scale)
-            index = torch.einsum("lh,lht->lt", weights[a:b], scores)
-            index.masked_fill_(key_positions[None] > positions[a:b, None], float("-inf"))
+            scores = (q[a:b].reshape(-1, self.head_dim) @ keys.t()).mul_(scale).relu_()  # [t * heads, T]
+            index = torch.bmm(weights[a:b, None], scores.view(b - a, self.heads, -1))[:, 0]  # [t, T]
+            if int(positions[a:b].min()) < last:  # some query has later positions to hide (not decode)
+                if key_positions is None:
+                    key_positions = torch.arange(keys.shape[0], device=x.device)
+                index.masked_fill_(key_positions[None] > positions[a:b, None], float("-inf"))
             out[a:b] = index.topk(count, dim=-1).indices
         return out
