@@ -55,3 +55,17 @@ def write_checkpoint(path: Path, raw_config: dict, state: dict | None = None) ->
         state = random_state(ModelConfig.from_dict(raw_config))
     save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
     return path
+
+
+def unsettle_(hf: torch.nn.Module) -> torch.nn.Module:
+    """A transformers GLM MoE model with its router correction biases and norm weights moved off
+    their neutral init (zeros, ones), so that every one of them changes the experts chosen or
+    what they give; returns it."""
+    with torch.no_grad():
+        for name, buffer in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.5)
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(1, 0.3)
+    return hf

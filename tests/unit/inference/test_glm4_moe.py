@@ -24,6 +24,7 @@ from inference.models.glm4_moe import Glm4MoeDecoderLayer
 from inference.quantize import quantize_checkpoint
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import engine_for, random_prompts, reference
+from tests.unit.inference.helpers import unsettle_
 
 VOCAB = 160
 
@@ -45,14 +46,7 @@ def make_hf(seed: int = 1, **overrides) -> HfGlm4Moe:
     that every one of them changes which experts are chosen or what they give."""
     torch.manual_seed(seed)
     hf = HfGlm4Moe(hf_config(**overrides)).eval()
-    with torch.no_grad():
-        for name, buffer in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0, 0.5)
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1, 0.3)
-    return hf
+    return unsettle_(hf)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from inference.plan import make_plan, tensor_bytes, tensors
 from inference.quantize import quantize_checkpoint
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import engine_for, random_prompts, reference
+from tests.unit.inference.helpers import unsettle_
 from tests.unit.inference.test_glm4_moe import fp8_blocks
 
 VOCAB = 160
@@ -55,14 +56,7 @@ def make_hf(seed: int = 1, **overrides) -> HfGlm4MoeLite:
     """A random model with router correction biases and norms away from their neutral values."""
     torch.manual_seed(seed)
     hf = HfGlm4MoeLite(hf_config(**overrides)).eval()
-    with torch.no_grad():
-        for name, buffer in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0, 0.5)
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1, 0.3)
-    return hf
+    return unsettle_(hf)
 
 
 @pytest.fixture(scope="module")

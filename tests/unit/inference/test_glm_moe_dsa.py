@@ -14,6 +14,7 @@ from inference.llm import LLM
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import engine_for, random_prompts, reference
+from tests.unit.inference.helpers import unsettle_
 
 VOCAB, TOPK = 160, 6
 
@@ -34,14 +35,7 @@ def hf_config(**overrides) -> GlmMoeDsaConfig:
 def make_hf(seed: int = 1, **overrides) -> HfGlmMoeDsa:
     torch.manual_seed(seed)
     hf = HfGlmMoeDsa(hf_config(**overrides)).eval()
-    with torch.no_grad():
-        for name, buffer in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0, 0.5)
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1, 0.3)
-    return hf
+    return unsettle_(hf)
 
 
 @pytest.fixture(scope="module")
