@@ -9,14 +9,17 @@ query's MLA cost per position, H (2r + dr), to its indexer's, 32 x 128: ~17), so
 prefill runs in a minute here:
 - prefill of 4k, 16k and 32k tokens from an empty cache (one call; MLA takes its own choice of
   expanded or absorbed form);
-- decode of one token against a cache of 16k and 32k positions (filled with random rows: only
-  the attention's reading of them is timed, not how they got there);
+- decode of one token against a cache of 16k, 32k and 64k positions (filled with random rows:
+  only the layer's reading of them is timed, not how they got there), the whole layer and its
+  attention alone (what DSA changes: the indexer and the chosen rows against every row; the
+  layer's projections in and out are the same for both);
 - the cache bytes a position costs each (DSA adds the indexer's key to MLA's latent row).
 Target (issue #22): DSA at least 3x dense MLA at 32k.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -84,6 +87,37 @@ def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats:
     return best
 
 
+def decode_attention(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 5) -> float:
+    """`decode` without the layer's projections in and out (the same for both): for DSA the
+    indexer (its key, its scores, the top-k) and the attention over the chosen rows, for MLA the
+    attention over every row (best of `repeats`)."""
+    width = config.kv_lora_rank + config.qk_rope_head_dim
+    if isinstance(layer, DSAttention):
+        cache = DSALayerCache(width, config.index_head_dim, torch.float32, torch.device("cpu"), n + repeats)
+        cache.extend(torch.randn(n, width), torch.randn(n, config.index_head_dim))
+    else:
+        cache = MLALayerCache(width, torch.float32, torch.device("cpu"), n + repeats)
+        cache.extend(torch.randn(n, width))
+    best = float("inf")
+    for i in range(repeats):
+        x, rotations = torch.randn(1, config.hidden_size), rotary.rotations(torch.tensor([n + i]))
+        parts = layer.project(x, rotations)
+        best = min(best, timed(functools.partial(attend_one, layer, cache, x, rotations, parts, torch.tensor([n + i]))))
+    return best
+
+
+def attend_one(layer, cache, x: torch.Tensor, rotations: torch.Tensor, parts: tuple, position: torch.Tensor) -> None:
+    """One decode row's attention from its projections `parts` (`MLAttention.project`) on."""
+    q_nope, q_rope, latents, resid = parts
+    if not isinstance(layer, DSAttention):
+        layer.attend(q_nope, q_rope, cache.extend(latents))
+        return
+    (ctx,) = cache.extend(latents, layer.indexer.keys(x, rotations))
+    picked = layer.indexer.select(x, resid, rotations, ctx.index_keys, position)
+    query = torch.cat((layer.kv_b_proj.absorb(q_nope), q_rope), dim=-1)
+    layer.kv_b_proj.values(layer._selected(query, ctx.latents, picked, position))
+
+
 def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     dsa, mla, config = layers()
@@ -101,9 +135,13 @@ def main() -> None:
         for n in (4096, 16384, 32768):
             t_dsa, t_mla = prefill(dsa, config, rotary, n), prefill(mla, config, rotary, n)
             print(f"{'prefill':>8} {n:>7} {t_dsa:>9.3f} {t_mla:>12.3f} {t_mla / t_dsa:>7.2f}x")
-        for n in (16384, 32768):
+        for n in (16384, 32768, 65536):
             t_dsa, t_mla = decode(dsa, config, rotary, n), decode(mla, config, rotary, n)
             print(f"{'decode':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
+        print("decode, the attention alone (indexer included; the projections in and out left out):")
+        for n in (16384, 32768, 65536):
+            t_dsa, t_mla = decode_attention(dsa, config, rotary, n), decode_attention(mla, config, rotary, n)
+            print(f"{'attend':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
 
 
 if __name__ == "__main__":
