@@ -71,15 +71,21 @@ def prefill(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int) -> floa
     return timed(lambda: layer(x, rotations, cache))
 
 
-def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 5) -> float:
-    """Seconds for one token after `n` cached positions (best of `repeats`)."""
+def filled_cache(layer, config: ModelConfig, n: int, capacity: int):
+    """The layer's kind of cache holding `n` random positions (room for `capacity`)."""
     width = config.kv_lora_rank + config.qk_rope_head_dim
     if isinstance(layer, DSAttention):
-        cache = DSALayerCache(width, config.index_head_dim, torch.float32, torch.device("cpu"), n + repeats)
+        cache = DSALayerCache(width, config.index_head_dim, torch.float32, torch.device("cpu"), capacity)
         cache.extend(torch.randn(n, width), torch.randn(n, config.index_head_dim))
     else:
-        cache = MLALayerCache(width, torch.float32, torch.device("cpu"), n + repeats)
+        cache = MLALayerCache(width, torch.float32, torch.device("cpu"), capacity)
         cache.extend(torch.randn(n, width))
+    return cache
+
+
+def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 5) -> float:
+    """Seconds for one token after `n` cached positions (best of `repeats`)."""
+    cache = filled_cache(layer, config, n, n + repeats)
     best = float("inf")
     for i in range(repeats):
         x, rotations = torch.randn(1, config.hidden_size), rotary.rotations(torch.tensor([n + i]))
@@ -91,13 +97,7 @@ def decode_attention(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int
     """`decode` without the layer's projections in and out (the same for both): for DSA the
     indexer (its key, its scores, the top-k) and the attention over the chosen rows, for MLA the
     attention over every row (best of `repeats`)."""
-    width = config.kv_lora_rank + config.qk_rope_head_dim
-    if isinstance(layer, DSAttention):
-        cache = DSALayerCache(width, config.index_head_dim, torch.float32, torch.device("cpu"), n + repeats)
-        cache.extend(torch.randn(n, width), torch.randn(n, config.index_head_dim))
-    else:
-        cache = MLALayerCache(width, torch.float32, torch.device("cpu"), n + repeats)
-        cache.extend(torch.randn(n, width))
+    cache = filled_cache(layer, config, n, n + repeats)
     best = float("inf")
     for i in range(repeats):
         x, rotations = torch.randn(1, config.hidden_size), rotary.rotations(torch.tensor([n + i]))

@@ -98,9 +98,20 @@ def main() -> None:
     config = Glm4MoeConfig(**AIR_SHAPED)
     torch.manual_seed(0)
     hf = HfGlm4Moe(config).eval()
+    moe_layers = config.num_hidden_layers - config.first_k_dense_replace
+    _, runs, params, active = engine_runs(hf, config, moe_layers)
+    print(f"GLM-4.5-Air-shaped MoE, random weights: {params / 1e6:.0f}M parameters ({active / 1e6:.0f}M active a "
+          f"token), {config.num_hidden_layers} layers, {config.n_routed_experts} experts top-{config.num_experts_per_tok}"
+          f" + {config.n_shared_experts} shared; {PROMPT}-token prompts, {NEW_TOKENS} decode steps")
+    report(runs)
+
+
+def engine_runs(hf, config, moe_layers: int) -> tuple:
+    """The engine's fp32 and int8 copies of `hf`'s weights, and the six timed runs (batch 1 and
+    `BATCH`: engine fp32, engine int8, transformers) on the same prompts; with the fp32 model, the
+    parameter count and the parameters a token reads (one token's experts only)."""
     params = sum(p.numel() for p in hf.parameters())
     expert = 3 * config.hidden_size * config.moe_intermediate_size
-    moe_layers = config.num_hidden_layers - config.first_k_dense_replace
     active = params - moe_layers * (config.n_routed_experts - config.num_experts_per_tok) * expert
     linear.FP32_PACKED_MAX_BYTES = max(linear.FP32_PACKED_MAX_BYTES, 3 * params * 4)
     with tempfile.TemporaryDirectory() as path:
@@ -109,9 +120,6 @@ def main() -> None:
         int8 = load_model(path, ModelConfig.from_pretrained(path, quantization="w8a16"), "cpu")
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(2, config.vocab_size, (BATCH, PROMPT), generator=g).tolist()
-    print(f"GLM-4.5-Air-shaped MoE, random weights: {params / 1e6:.0f}M parameters ({active / 1e6:.0f}M active a "
-          f"token), {config.num_hidden_layers} layers, {config.n_routed_experts} experts top-{config.num_experts_per_tok}"
-          f" + {config.n_shared_experts} shared; {PROMPT}-token prompts, {NEW_TOKENS} decode steps")
     runs = {
         ("batch 1", "engine fp32"): lambda: engine_batch1(fp32, prompts[0]),
         ("batch 1", "engine int8"): lambda: engine_batch1(int8, prompts[0]),
@@ -120,21 +128,7 @@ def main() -> None:
         (f"batch {BATCH}", "engine int8"): lambda: engine_batched(int8, prompts),
         (f"batch {BATCH}", "transformers"): lambda: transformers_step(hf, prompts),
     }
-    for run in runs.values():  # warm-up: first calls choose kernels and make weight copies
-        run()
-    times: dict[tuple[str, str], list[float]] = {key: [] for key in runs}
-    for _ in range(ROUNDS):
-        for key, run in runs.items():
-            times[key].append(run())
-    print(f"\n{'':>10} {'':>14} {'step ms':>9} {'tok/s':>9} {'x transformers':>15} {'x fp32':>8}")
-    for key in runs:
-        batch, name = key
-        size = 1 if batch == "batch 1" else BATCH
-        step = statistics.median(times[key])
-        hf_ratio = statistics.median(h / e for h, e in zip(times[(batch, "transformers")], times[key], strict=True))
-        fp32_ratio = statistics.median(f / e for f, e in zip(times[(batch, "engine fp32")], times[key], strict=True))
-        print(f"{batch:>10} {name:>14} {step * 1e3:9.2f} {size / step:9.1f} {hf_ratio:14.2f}x {fp32_ratio:7.2f}x")
-    print(f"(medians of {ROUNDS} interleaved rounds; the ratios are medians of the rounds' paired ratios)")
+    return fp32, runs, params, active
 
 
 # -- GLM-4.7-Flash (glm4_moe_lite, issue #22) ---------------------------------------------------
@@ -177,29 +171,11 @@ def flash_main() -> None:
     config = Glm4MoeLiteConfig(**FLASH_SHAPED)
     torch.manual_seed(0)
     hf = HfGlm4MoeLite(config).eval()
-    params = sum(p.numel() for p in hf.parameters())
-    expert = 3 * config.hidden_size * config.moe_intermediate_size
-    moe_layers = config.mlp_layer_types.count("sparse")
-    active = params - moe_layers * (config.n_routed_experts - config.num_experts_per_tok) * expert
-    linear.FP32_PACKED_MAX_BYTES = max(linear.FP32_PACKED_MAX_BYTES, 3 * params * 4)
-    with tempfile.TemporaryDirectory() as path:
-        hf.save_pretrained(path)
-        fp32 = load_model(path, ModelConfig.from_pretrained(path), "cpu")
-        int8 = load_model(path, ModelConfig.from_pretrained(path, quantization="w8a16"), "cpu")
-    g = torch.Generator().manual_seed(1)
-    prompts = torch.randint(2, config.vocab_size, (BATCH, PROMPT), generator=g).tolist()
+    fp32, runs, params, active = engine_runs(hf, config, config.mlp_layer_types.count("sparse"))
     print(f"GLM-4.7-Flash-shaped MLA + MoE, random weights: {params / 1e6:.0f}M parameters ({active / 1e6:.0f}M "
           f"active a token), {config.num_hidden_layers} layers, {config.num_attention_heads} heads, kv_lora_rank "
           f"{config.kv_lora_rank}, {config.n_routed_experts} experts top-{config.num_experts_per_tok}; {PROMPT}-token "
           f"prompts, {NEW_TOKENS} decode steps")
-    runs = {
-        ("batch 1", "engine fp32"): lambda: engine_batch1(fp32, prompts[0]),
-        ("batch 1", "engine int8"): lambda: engine_batch1(int8, prompts[0]),
-        ("batch 1", "transformers"): lambda: transformers_step(hf, prompts[:1]),
-        (f"batch {BATCH}", "engine fp32"): lambda: engine_batched(fp32, prompts),
-        (f"batch {BATCH}", "engine int8"): lambda: engine_batched(int8, prompts),
-        (f"batch {BATCH}", "transformers"): lambda: transformers_step(hf, prompts),
-    }
     report(runs)
     print("\nKV cache per token:")
     print("\n".join(kv_bytes_lines(fp32)))
