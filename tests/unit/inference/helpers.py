@@ -69,3 +69,17 @@ def unsettle_(hf: torch.nn.Module) -> torch.nn.Module:
             if name.endswith("norm.weight"):
                 p.normal_(1, 0.3)
     return hf
+
+
+def with_mtp_layer(state: dict[str, torch.Tensor], last: int, hidden: int, copy: str) -> dict[str, torch.Tensor]:
+    """`state` plus an MTP layer as the published GLM checkpoints store it, at index `last + 1`:
+    a copy of decoder layer `last`, zero `eh_proj`, unit norms, and `copy` ("embed_tokens" or
+    "shared_head.head"), one of the copies of the model's tensors the loader does not read."""
+    mtp = {k.replace(f"model.layers.{last}.", f"model.layers.{last + 1}."): v.clone() for k, v in state.items()
+           if k.startswith(f"model.layers.{last}.")}
+    mtp[f"model.layers.{last + 1}.eh_proj.weight"] = torch.zeros(hidden, 2 * hidden)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"model.layers.{last + 1}.{norm}.weight"] = torch.ones(hidden)
+    source = {"embed_tokens": "model.embed_tokens.weight", "shared_head.head": "lm_head.weight"}[copy]
+    mtp[f"model.layers.{last + 1}.{copy}.weight"] = state[source].clone()
+    return {**state, **mtp}

@@ -24,7 +24,7 @@ from inference.models.glm4_moe import Glm4MoeDecoderLayer
 from inference.quantize import quantize_checkpoint
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import engine_for, random_prompts, reference
-from tests.unit.inference.helpers import unsettle_
+from tests.unit.inference.helpers import unsettle_, with_mtp_layer
 
 VOCAB = 160
 
@@ -267,13 +267,7 @@ def test_the_mtp_layer_of_the_checkpoint_loads_beside_the_model(checkpoint, tmp_
     leaves the model's own logits alone; a config with no MTP layers refuses it by name."""
     hf, path = checkpoint
     state = load_file(path / "model.safetensors")
-    mtp = {k.replace("model.layers.2.", "model.layers.3."): v.clone() for k, v in state.items()
-           if k.startswith("model.layers.2.")}
-    mtp["model.layers.3.eh_proj.weight"] = torch.zeros(64, 128)
-    for norm in ("enorm", "hnorm", "shared_head.norm"):
-        mtp[f"model.layers.3.{norm}.weight"] = torch.ones(64)
-    mtp["model.layers.3.shared_head.head.weight"] = state["lm_head.weight"].clone()  # a copy: not read
-    save_file({**state, **mtp}, str(tmp_path / "model.safetensors"))
+    save_file(with_mtp_layer(state, 2, 64, "shared_head.head"), str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     model = load_model(tmp_path, ModelConfig.from_pretrained(tmp_path), "cpu")  # num_nextn_predict_layers 1
     assert model.config.num_mtp_heads == 1 and len(model.model.mtp) == 1
