@@ -10,7 +10,13 @@ import os
 
 bind = os.environ.get("WEB_BIND", "127.0.0.1:8080")
 workers = int(os.environ.get("WEB_WORKERS", min(2 * multiprocessing.cpu_count() + 1, 9)))
-worker_class = "gthread"
+# gthread whose event loop reads each request whole before a thread sees it (as nginx does):
+# slow uploads cost a socket and a buffer, never one of the threads, so they cannot starve
+# /healthz or the callbacks, behind nginx or without it; past REQUEST_BODY_TIMEOUT_S they get
+# 408 (app/gunicorn_worker.py). Plain gthread gave each trickling client a thread (about 72
+# held them all); more threads only move that line, and gevent would need the database and
+# Redis drivers patched.
+worker_class = "app.gunicorn_worker.BufferingThreadWorker"
 threads = int(os.environ.get("WEB_THREADS", 8))
 timeout = int(os.environ.get("WEB_TIMEOUT", 60))
 # A streamed /v1 answer may still be running at shutdown: it gets this long to finish.

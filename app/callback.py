@@ -17,9 +17,11 @@ import time
 from datetime import UTC, datetime
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from app import metrics, outbox
 from app.audit import request_fingerprint
+from app.body_reader import BodyTooSlow, read_body
 from app.intake import IntakeUnavailable
 from app.logging_setup import request_id_var, sensitive
 from app.wecom.exceptions import (
@@ -108,7 +110,12 @@ def read_signed_body(limit: int) -> tuple[str, str, str, bytes]:
         raise CallbackRejected(413, "body too large", "too_large")
     signature, timestamp, nonce = _query("msg_signature", "timestamp", "nonce")
     check_timestamp(timestamp)
-    body = request.get_data(cache=False)
+    try:
+        body = read_body(limit)
+    except RequestEntityTooLarge:
+        raise CallbackRejected(413, "body too large", "too_large") from None
+    except BodyTooSlow:
+        raise CallbackRejected(408, "body too slow", "slow_body") from None
     # A body without Content-Length (chunked) is cut at the limit by Werkzeug, not refused, so
     # one that reaches the limit is taken as larger: refused, never parsed truncated.
     if len(body) >= limit:

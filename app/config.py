@@ -166,6 +166,10 @@ class Settings(BaseSettings):
 
     # -- callback ------------------------------------------------------------------------------
     callback_max_bytes: int = 64 * 1024
+    request_body_timeout_s: float = Field(
+        default=10.0, gt=0, le=300,
+        description="a request body (callback, /v1) must arrive whole within this: else 408 "
+                    "(app/body_reader.py), so a client trickling one cannot hold a thread")
     callback_timestamp_window_s: int = 300
     # The intake server (app/intake_server.py) that gunicorn.conf.py runs writes every web
     # process's callbacks; its socket is set there. Unset: each web process writes its own.

@@ -43,7 +43,8 @@ USER_RATE_LIMITED = Counter(
 REJECT_REASONS = ("too_large", "missing_param", "bad_timestamp", "stale_timestamp", "signature",
                   "corp_id", "bad_xml", "decrypt", "bad_message", "wrong_agent",
                   # the AI bot channel's own (app/aibot_callback.py)
-                  "not_configured", "bad_json", "storage")
+                  "not_configured", "bad_json", "storage",
+                  "slow_body")  # app/body_reader.py's deadline
 
 
 def callback(outcome: str, reason: str = "") -> None:

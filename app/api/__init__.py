@@ -35,6 +35,7 @@ from app.api.gateway import Gateway
 from app.api.keys import Caller, authenticate
 from app.api.validation import ChatRequest, parse_chat_request
 from app.audit import request_fingerprint
+from app.body_reader import read_body
 from worker.llm import Generation, GenerationParams, LLMError
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _show_reasoning(settings) -> bool:
 
 def _chat_request(settings, model_name: str) -> ChatRequest:
     try:
-        body = json_input.loads(request.get_data(cache=True))
+        body = json_input.loads(read_body())
     except json_input.JsonTooDeep as exc:
         raise invalid(str(exc)) from None
     except ValueError:

@@ -10,13 +10,8 @@ sees none of them until its body is whole) and past ``limit_conn`` an address ge
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import signal
 import socket
 import ssl
-import subprocess
 import threading
 
 import pytest
@@ -27,17 +22,11 @@ from werkzeug.serving import make_server
 from app import create_app
 from app.admin import csrf
 from tests.support.env import make_env, settings_from
-from tests.support.stack import ROOT, free_port, wait_for
+from tests.support.nginx import NGINX, Nginx
 
 pytestmark = pytest.mark.integration
-NGINX = os.environ.get("NGINX_BIN") or shutil.which("nginx")
 if not NGINX:
     pytest.skip("nginx is not installed (NGINX_BIN names one elsewhere)", allow_module_level=True)
-
-
-def nginx_version() -> tuple[int, ...]:
-    out = subprocess.run([NGINX, "-v"], capture_output=True, text=True).stderr
-    return tuple(int(p) for p in re.search(r"nginx/(\d+)\.(\d+)\.(\d+)", out).groups())
 
 
 class Gate:
@@ -77,52 +66,10 @@ def proxy(tmp_path_factory):
     backend = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
 
-    certs = tmp / "certs"
-    script = tmp / "make-cert.sh"  # the script writes beside itself
-    shutil.copy(ROOT / "docker/nginx/make-self-signed-cert.sh", script)
-    subprocess.run(["bash", str(script), "127.0.0.1"], check=True, capture_output=True)
-
-    http_port, https_port = free_port(), free_port()
-    conf = (ROOT / "docker/nginx/default.conf").read_text()
-    conf = conf.replace("server web:8080;", f"server 127.0.0.1:{backend.server_port};")
-    conf = re.sub(r"^\s*listen \[::\]:\d+( ssl)?;\n", "", conf, flags=re.M)
-    conf = conf.replace("listen 80;", f"listen 127.0.0.1:{http_port};")
-    conf = conf.replace("/etc/nginx/certs/", f"{certs}/")
-    if nginx_version() < (1, 25, 1):  # `http2 on;` is newer than this nginx
-        conf = conf.replace("http2 on;", "")
-        conf = conf.replace("listen 443 ssl;", f"listen 127.0.0.1:{https_port} ssl http2;")
-    else:
-        conf = conf.replace("listen 443 ssl;", f"listen 127.0.0.1:{https_port} ssl;")
-    (tmp / "default.conf").write_text(conf)
-    temp = {name: tmp / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
-    (tmp / "nginx.conf").write_text(f"""
-{"user root;" if os.geteuid() == 0 else ""}
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{}}
-http {{
-    access_log off;
-    {"".join(f"{n}_temp_path {p};" if n != "body" else f"client_body_temp_path {p};" for n, p in temp.items())}
-    include {tmp}/default.conf;
-}}
-""")
-    checked = subprocess.run([NGINX, "-t", "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
-                             capture_output=True, text=True)
-    proc = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(tmp / "nginx.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-
-    def listening():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", https_port)) == 0
-
-    wait_for(listening, 15, what="nginx")
-    yield {"https": f"https://127.0.0.1:{https_port}", "http": f"http://127.0.0.1:{http_port}",
-           "port": https_port, "ca": str(certs / "tls.crt"), "gate": gate, "arrived": arrived,
-           "checked": checked}
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=15)
+    nginx = Nginx(tmp, backend.server_port)
+    yield {"https": nginx.https, "http": nginx.http, "port": nginx.port, "ca": nginx.ca,
+           "gate": gate, "arrived": arrived, "checked": nginx.checked}
+    nginx.stop()
     gate.release.set()
     backend.shutdown()
 
