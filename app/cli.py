@@ -8,6 +8,8 @@
 - ``budgets set`` / ``budgets list``: budgets per scope and period;
 - ``users create NAME --role admin|finance|auditor`` / ``users list`` / ``users unlock``.
 - ``apikeys create`` / ``apikeys list`` / ``apikeys disable``: keys of the ``/v1`` API.
+- ``kb add FILE --title T [--departments 1,2]`` / ``kb list`` / ``kb remove ID`` /
+  ``kb search QUESTION [--department N]`` / ``kb reindex``: the knowledge base.
 """
 
 from __future__ import annotations
@@ -380,7 +382,109 @@ def disable_apikey(name: str) -> None:
     click.echo(f"api key {name!r} disabled")
 
 
-for _group in (keys, audit, prices, budgets, users, apikeys):
+# -- knowledge base --------------------------------------------------------------------------------
+@click.group()
+def kb() -> None:
+    """The knowledge base: documents the bot answers from (README "Knowledge base")."""
+
+
+def _departments_option(value: str | None) -> list[int]:
+    from app.knowledge.parsing import UploadError
+    from app.knowledge.store import parse_departments
+
+    try:
+        return parse_departments(value)
+    except UploadError as exc:
+        raise click.BadParameter(str(exc), param_hint="--departments") from None
+
+
+@kb.command("add")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--title", required=True, help="shown in the answers' sources; a document with "
+                                               "this title is replaced")
+@click.option("--departments", default=None, help="WeCom department ids, e.g. 1,2 (default: everyone)")
+@click.option("--id", "document_id", type=int, default=None, help="replace this document")
+def kb_add(path: str, title: str, departments: str | None, document_id: int | None) -> None:
+    """Add (or replace) a Markdown, text, HTML, PDF or DOCX document."""
+    from pathlib import Path
+
+    from app.knowledge.parsing import UploadError
+    from app.knowledge.store import KnowledgeStore
+
+    services = _services()
+    store = KnowledgeStore(services)
+    file = Path(path)
+    if file.stat().st_size > services.settings.kb_max_upload_bytes:
+        raise click.ClickException(f"{file.name}: the file is over the "
+                                   f"{services.settings.kb_max_upload_bytes} byte limit")
+    try:
+        result = store.add(file.read_bytes(), title, filename=file.name,
+                           departments=_departments_option(departments), document_id=document_id)
+    except UploadError as exc:
+        raise click.ClickException(f"{file.name}: {exc}") from None
+    click.echo(f"document {result.document_id} {result.status}: {result.chunks} chunks "
+               f"({result.doc_type})")
+
+
+@kb.command("list")
+def kb_list() -> None:
+    """Documents: id, title, type, chunks, size, visibility, version, updated."""
+    from app.knowledge.store import KnowledgeStore
+
+    for d in KnowledgeStore(_services()).list():
+        seen_by = "everyone" if not d.departments else "departments " + ",".join(map(str, d.departments))
+        click.echo(f"{d.id}\t{d.title}\t{d.doc_type}\t{d.chunks} chunks\t{d.size_bytes} bytes\t"
+                   f"{seen_by}\tv{d.version}\t{d.updated_at.isoformat(timespec='seconds')}")
+
+
+@kb.command("remove")
+@click.argument("document_id", type=int)
+def kb_remove(document_id: int) -> None:
+    """Delete a document with its chunks and index entries."""
+    from app.knowledge.store import KnowledgeStore
+
+    if not KnowledgeStore(_services()).remove(document_id):
+        raise click.ClickException(f"no document {document_id}")
+    click.echo(f"document {document_id} removed")
+
+
+@kb.command("reindex")
+def kb_reindex() -> None:
+    """Chunk and index every document again (after KB_CHUNK_TOKENS or BLIND_INDEX_KEY changed)."""
+    from app.knowledge.store import KnowledgeStore
+
+    click.echo(f"{KnowledgeStore(_services()).reindex()} documents re-indexed")
+
+
+@kb.command("search")
+@click.argument("question")
+@click.option("--department", "departments", type=int, multiple=True,
+              help="search as a member of this department (repeatable); default: public documents")
+@click.option("--all", "everything", is_flag=True, help="every document, whatever its visibility")
+@click.option("--previous", default=None, help="the previous question, for a follow-up")
+@click.option("--top", type=click.IntRange(1, 50), default=5, show_default=True)
+def kb_search(question: str, departments: tuple[int, ...], everything: bool,
+              previous: str | None, top: int) -> None:
+    """Print the ranked passages for QUESTION with their scores."""
+    from app.knowledge.retrieval import EVERYTHING, Retriever
+
+    services = _services()
+    result = Retriever(services).search(question, EVERYTHING if everything else list(departments),
+                                        previous=previous, top_k=top)
+    threshold = services.settings.kb_min_score
+    if result.query != question:
+        click.echo(f"searched with the previous question: {result.query!r}")
+    for rank, p in enumerate(result.candidates, 1):
+        mark = "" if p.coverage >= threshold else "  (below KB_MIN_SCORE)"
+        click.echo(f"#{rank} bm25 {p.score:.2f} coverage {p.coverage:.2f}{mark}  [{p.document_id}] "
+                   f"{p.source}")
+        click.echo("    " + p.text.replace("\n", "\n    "))
+    if not result.found:
+        click.echo(f"nothing relevant (no passage reaches KB_MIN_SCORE {threshold}): "
+                   "the bot would say it could not find it")
+
+
+for _group in (keys, audit, prices, budgets, users, apikeys, kb):
     cli.add_command(_group)
 
 

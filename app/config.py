@@ -247,6 +247,16 @@ class Settings(BaseSettings):
     top_p: float = 0.9
     system_prompt: str = "你是企业微信里的公司助手，回答简洁、准确、礼貌。"
 
+    # -- knowledge base (app/knowledge, README "Knowledge base") --------------------------------
+    kb_enabled: bool = Field(default=True, description="answer from the knowledge base when it has documents")
+    kb_max_upload_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)
+    kb_chunk_tokens: int = Field(default=200, ge=40, le=2000, description="largest chunk, in tokens")
+    kb_top_k: int = Field(default=4, ge=1, le=20, description="passages put in the prompt")
+    kb_min_score: float = Field(default=0.25, ge=0, le=1,
+                                description="relevance threshold (share of the question's weight a "
+                                            "passage matches); below it: 'not found'")
+    kb_fallback_contact: str = Field(default="", description="the team named when nothing is found")
+
     # -- OpenAI-compatible API (app/api) -------------------------------------------------------
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)

@@ -345,3 +345,89 @@ class AdminSession(Base):
 
     __table_args__ = (Index("ix_admin_sessions_user", "user_id"),
                       Index("ix_admin_sessions_expires", "expires_at"))
+
+
+# -- knowledge base (app.knowledge) ----------------------------------------------------------------
+class KnowledgeVisibility:
+    ALL = "all"  # every employee
+    DEPARTMENTS = "departments"  # only members of the departments in kb_document_departments
+
+
+class KnowledgeDocument(Base):
+    """An uploaded document: title, file name and text sealed; ``title_hash`` (blind index of the
+    normalized title) finds the document a re-upload replaces; ``content_hash`` (keyed) tells an
+    unchanged re-upload apart. ``chunk_count``/``term_total`` feed BM25's collection statistics
+    without reading the chunks."""
+
+    __tablename__ = "kb_documents"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    title_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    title_enc: Mapped[str] = mapped_column(Text)
+    filename_enc: Mapped[str | None] = mapped_column(Text)
+    content_enc: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    doc_type: Mapped[str] = mapped_column(String(16))
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    visibility: Mapped[str] = mapped_column(String(16), default=KnowledgeVisibility.ALL)
+    chunk_count: Mapped[int] = mapped_column(Integer, default=0)
+    term_total: Mapped[int] = mapped_column(BigInteger, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    updated_by: Mapped[str] = mapped_column(String(80), default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (Index("ix_kb_documents_visibility", "visibility"),)
+
+
+class KnowledgeDocumentDepartment(Base):
+    """One department allowed to see a ``departments``-visibility document (WeCom department id)."""
+
+    __tablename__ = "kb_document_departments"
+
+    document_id: Mapped[int] = mapped_column(
+        BigInt, ForeignKey("kb_documents.id", ondelete="CASCADE"), primary_key=True)
+    department_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+    __table_args__ = (Index("ix_kb_docdept_department", "department_id"),)
+
+
+class KnowledgeChunk(Base):
+    """A passage. ``id`` is ``document_id * CHUNK_ID_SPAN + ordinal`` (app.knowledge.store), known
+    before the insert, so the sealed columns' associated data can name the row (``keys rotate``
+    re-seals by it) without a round trip per chunk. ``length``: its terms, BM25's document length."""
+
+    __tablename__ = "kb_chunks"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    document_id: Mapped[int] = mapped_column(BigInt, ForeignKey("kb_documents.id", ondelete="CASCADE"))
+    ordinal: Mapped[int] = mapped_column(Integer)
+    section_enc: Mapped[str] = mapped_column(Text)
+    text_enc: Mapped[str] = mapped_column(Text)
+    tokens: Mapped[int] = mapped_column(Integer)
+    length: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_kb_chunks_document", "document_id"),)
+
+
+class KnowledgePosting(Base):
+    """The inverted index: a keyed hash of a term (never the term) -> the chunks holding it, with
+    the term's frequency there and the chunk's length (so scoring never reads kb_chunks). Keyed by
+    (term, chunk_id) and, on SQLite, stored WITHOUT ROWID: a term's postings lie together."""
+
+    __tablename__ = "kb_postings"
+
+    term: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    chunk_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    document_id: Mapped[int] = mapped_column(BigInt, ForeignKey("kb_documents.id", ondelete="CASCADE"))
+    tf: Mapped[int] = mapped_column(Integer)
+    dl: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_kb_postings_document", "document_id"),
+                      {"sqlite_with_rowid": False})
+
+
+ENCRYPTED_COLUMNS.update({
+    KnowledgeDocument.__tablename__: ("id", ("title_enc", "filename_enc", "content_enc")),
+    KnowledgeChunk.__tablename__: ("id", ("section_enc", "text_enc")),
+})

@@ -44,6 +44,7 @@ from app.wecom.exceptions import (
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands, retry_policy
 from worker.conversation import ConversationStore
+from worker.knowledge import Grounder
 from worker.llm import Generation, GenerationParams, LLMBackend, LLMError
 from worker.metering import Meter
 from worker.stream_reply import StreamWriter, fit
@@ -162,6 +163,7 @@ class MessageProcessor:
         self.conversations = conversations
         self._llm_lock = threading.Lock()
         self.meter = Meter(services, wecom)
+        self.grounder = Grounder(services, wecom)
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
 
     @property
@@ -361,8 +363,16 @@ class MessageProcessor:
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
-        messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
-                    {"role": "user", "content": text}]
+        # The knowledge base: passages for the prompt, or "not found" without asking the model.
+        grounding = self.grounder.ground(row.user_hash, user_id, text, history)
+        if grounding is not None and not grounding.found:
+            # No model call; the exchange is still kept, so that a follow-up has its context.
+            return grounding.decline(), "text", {"model": "kb-not-found"}
+        if grounding is not None:
+            messages = grounding.messages(self.settings.system_prompt, history)
+        else:
+            messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
+                        {"role": "user", "content": text}]
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p)
         try:
@@ -394,6 +404,8 @@ class MessageProcessor:
             # the tokens are paid for above; the employee gets the polite failure notice.
             raise PermanentFailure("model: no answer after its thinking" if generation.reasoning
                                    else "model: empty answer")
+        if grounding is not None:  # the sources, markdown in the AI bot's stream
+            reply = grounding.cite(reply, markdown=stream is not None)
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
                  "completion_tokens": generation.completion_tokens}
         if generation.finish_reason == DEADLINE:

@@ -1,0 +1,14 @@
+"""The knowledge base: documents the company uploads, searched to ground the bot's answers.
+
+- ``parsing``: bytes of an upload -> blocks (headings, paragraphs), the type found by content;
+- ``chunking``: blocks -> chunks of a bounded size in tokens, each with its heading path;
+- ``terms``: the words of a text (jieba for Chinese, lower-cased English and numbers) and the
+  keyed hashes the index stores instead of the words;
+- ``store``: add / replace / remove documents (sealed text, hashed postings, audited);
+- ``retrieval``: BM25 over the postings of the documents the employee may see;
+- ``prompt``: numbered passages into the model's messages, the sources line, the "not found" reply.
+
+Nothing here stores a word of a document in clear: text is AES-GCM sealed like messages, and the
+index holds HMACs of terms (``docs/knowledge.md`` in the README's Knowledge base section says what
+that still reveals).
+"""

@@ -1,0 +1,102 @@
+"""Blocks -> chunks: the passages retrieval ranks and the prompt quotes.
+
+A chunk never spans two sections, so its heading path ("3. HR 人力资源 › Leave") is what the
+answer cites. Within a section, paragraphs (a list item is one) are packed in order while the
+chunk stays within ``max_tokens``; a paragraph longer than that is cut at sentence ends, a
+sentence longer than that at ``max_tokens``. Sizes are in ``terms.count_tokens`` tokens (one
+Chinese character or one English word), which keeps a chunk's share of the model's context
+predictable for both languages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.knowledge.parsing import Block
+from app.knowledge.terms import SIZE_TOKEN, count_tokens
+
+DEFAULT_MAX_TOKENS = 200
+SENTENCE_END = re.compile(r"(?<=[。！？!?；;])|(?<=[.])\s+|\n")
+PATH_SEPARATOR = " › "
+
+
+@dataclass(frozen=True)
+class Chunk:
+    ordinal: int
+    headings: tuple[str, ...]
+    text: str
+    tokens: int
+
+    @property
+    def section(self) -> str:
+        return PATH_SEPARATOR.join(self.headings)
+
+    @property
+    def indexed_text(self) -> str:
+        """What is indexed: the heading path counts as part of the passage ("VPN" in a heading
+        makes every passage under it a VPN passage)."""
+        return f"{self.section}\n{self.text}" if self.headings else self.text
+
+
+def _pieces(paragraph: str, max_tokens: int) -> list[str]:
+    """A paragraph in pieces of at most ``max_tokens``, cut at sentence ends when it can be."""
+    if count_tokens(paragraph) <= max_tokens:
+        return [paragraph]
+    pieces: list[str] = []
+    current = ""
+    for sentence in filter(None, (s.strip() for s in SENTENCE_END.split(paragraph))):
+        while count_tokens(sentence) > max_tokens:  # one sentence too long: cut by tokens
+            spans = list(SIZE_TOKEN.finditer(sentence))
+            cut = spans[max_tokens - 1].end()
+            head, sentence = sentence[:cut], sentence[cut:].strip()
+            if current:
+                pieces.append(current)
+                current = ""
+            pieces.append(head)
+        joined = f"{current} {sentence}".strip() if current else sentence
+        if current and count_tokens(joined) > max_tokens:
+            pieces.append(current)
+            current = sentence
+        else:
+            current = joined
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def chunk_blocks(blocks: list[Block], max_tokens: int = DEFAULT_MAX_TOKENS) -> list[Chunk]:
+    if max_tokens < 20:
+        raise ValueError("max_tokens must be at least 20")
+    # A document's one top-level heading at its start is its title, cited apart: kept out of the
+    # paths so that every section is not "Handbook › ...".
+    if blocks and blocks[0].level == 1 and sum(1 for b in blocks if b.level == 1) == 1:
+        blocks = [Block(b.text, b.level - 1) if b.level > 1 else b for b in blocks[1:]]
+    chunks: list[Chunk] = []
+    path: list[tuple[int, str]] = []
+    current: list[str] = []
+    current_tokens = 0
+
+    def flush():
+        nonlocal current_tokens
+        if current:
+            text = "\n".join(current)
+            chunks.append(Chunk(len(chunks), tuple(h for _, h in path), text, count_tokens(text)))
+        current.clear()
+        current_tokens = 0
+
+    for block in blocks:
+        if block.level:
+            flush()
+            while path and path[-1][0] >= block.level:
+                path.pop()
+            path.append((block.level, block.text.strip()[:200]))
+            continue
+        for piece in _pieces(block.text, max_tokens):
+            size = count_tokens(piece)
+            if current and current_tokens + size > max_tokens:
+                flush()
+            current.append(piece)
+            current_tokens += size
+    flush()
+    return chunks

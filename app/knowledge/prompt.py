@@ -1,0 +1,82 @@
+"""Retrieved passages -> the model's messages, the sources line, and the "not found" reply.
+
+Both model backends take the same chat messages, so grounding is done once, here: the system
+message gets the numbered passages and the rule to answer only from them; the question stays the
+user's own message (the conversation before it unchanged). The model is asked to mark what it
+used with the passages' numbers; the sources line lists those (all given passages when it marked
+none), as "title › section", in WeCom markdown for the AI bot's stream and as plain lines for
+``message/send`` text.
+"""
+
+from __future__ import annotations
+
+import re
+
+from app.knowledge.retrieval import Passage
+
+DEFAULT_CONTACT = "相关负责部门（如 HR 或 IT 服务台） / the team responsible (e.g. HR or the IT help desk)"
+GROUNDING_RULES = (
+    "请只根据下面编号的资料回答，用到哪条资料就在句末标注它的编号，如 [1]。"
+    "资料里没有答案时，直接说不知道，并建议联系{contact}，不要猜测。\n"
+    "Answer only from the numbered passages below and mark what you use with its number, like [1]. "
+    "If they do not answer the question, say you don't know and suggest contacting {contact}; "
+    "never guess."
+)
+CITATION = re.compile(r"\[(\d{1,2})\]")
+SMALL_TALK = re.compile(
+    r"^\s*(你好|您好|嗨|哈喽|早上好|上午好|下午好|晚上好|早安|晚安|谢谢|多谢|感谢|谢啦|再见|拜拜|好的|好滴|收到|嗯+|哦+|"
+    r"ok|okay|hi|hello|hey|thanks|thank you|thx|bye|goodbye|good (morning|afternoon|evening|night)|"
+    r"great|cool)[\s!！。.,，~～]*(小星|xiaoxing|bot)?[\s!！。.,，~～]*$", re.I)
+
+
+def contact_of(settings) -> str:
+    return (settings.kb_fallback_contact or "").strip() or DEFAULT_CONTACT
+
+
+def not_found_reply(contact: str) -> str:
+    return (f"抱歉，我在知识库里没有找到这个问题的答案，请联系{contact}。\n"
+            f"Sorry, I could not find this in the knowledge base. Please ask {contact}.")
+
+
+def is_small_talk(text: str) -> bool:
+    """A greeting or thanks: answered by the model as before, not searched (and never declined)."""
+    return bool(SMALL_TALK.match(text))
+
+
+def system_message(system_prompt: str, passages: list[Passage], contact: str) -> str:
+    lines = [system_prompt.strip(), "", GROUNDING_RULES.format(contact=contact), "",
+             "资料 / Passages:"]
+    for number, passage in enumerate(passages, 1):
+        lines += [f"[{number}] {passage.source}", passage.text.strip(), ""]
+    return "\n".join(lines).rstrip()
+
+
+def grounded_messages(system_prompt: str, history: list[dict], question: str,
+                      passages: list[Passage], contact: str) -> list[dict]:
+    return [{"role": "system", "content": system_message(system_prompt, passages, contact)},
+            *history, {"role": "user", "content": question}]
+
+
+def cited_numbers(reply: str, count: int) -> list[int]:
+    """The passage numbers the reply marked, in order of first use; all when it marked none."""
+    used = []
+    for match in CITATION.finditer(reply):
+        number = int(match.group(1))
+        if 1 <= number <= count and number not in used:
+            used.append(number)
+    return used or list(range(1, count + 1))
+
+
+def with_sources(reply: str, passages: list[Passage], markdown: bool = False) -> str:
+    """The reply followed by its sources (document title › section), one line each."""
+    if not passages:
+        return reply
+    seen, lines = set(), []
+    for number in cited_numbers(reply, len(passages)):
+        source = passages[number - 1].source
+        if source in seen:
+            continue
+        seen.add(source)
+        lines.append(f"> [{number}] {source}" if markdown else f"[{number}] {source}")
+    head = "**来源 / Sources**" if markdown else "来源 / Sources:"
+    return f"{reply.rstrip()}\n\n{head}\n" + "\n".join(lines)

@@ -1,0 +1,232 @@
+"""BM25 over the documents an employee may see, and the decision "nothing relevant found".
+
+Visibility is part of the SQL that reads the postings (``document_id IN (visible documents)``),
+so a passage of another department is never scored, counted in a term's document frequency, or
+even read: the collection statistics (N, average length) are those of the visible documents.
+
+Scoring is Okapi BM25 (k1 1.2, b 0.75) over the query's term hashes. Whether the best passage is
+relevant at all is a separate, length-independent number, its *coverage*: the share of the
+question's IDF weight that the passage matches, a term no visible passage holds weighing the
+most (it is the specific thing asked about: "dog" in "can I bring my dog to the office?"). Below
+``KB_MIN_SCORE`` the answer is "not found". Chinese character bigrams (``terms``) help ranking
+but count half in coverage: a question's incidental pairs ("年能", "休几") would otherwise pull
+good matches down.
+
+A follow-up ("那北京呢？", "and in Beijing?"): a short question, or one that opens like a
+follow-up, is searched together with the conversation's previous question.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from sqlalchemy import or_, select
+
+from app.knowledge.glossary import equivalents
+from app.knowledge.terms import CJK as CJK_CHAR
+from app.knowledge.terms import terms
+from app.models import (
+    KnowledgeChunk,
+    KnowledgeDocument,
+    KnowledgeDocumentDepartment,
+    KnowledgePosting,
+    KnowledgeVisibility,
+)
+
+K1, B = 1.2, 0.75
+BIGRAM_WEIGHT = 0.5
+GLOSSARY_WEIGHT = 0.6  # an equivalent from the other language (app.knowledge.glossary)
+EVERYTHING = None  # departments=EVERYTHING: no visibility filter (an admin's test box only)
+FOLLOW_UP = re.compile(r"^\s*(那|那么|那如果|还有|另外|and\b|what about\b|how about\b|and in\b|what if\b)",
+                       re.I)
+SHORT_QUESTION_WORDS = 3
+
+
+@dataclass
+class Passage:
+    chunk_id: int
+    document_id: int
+    title: str
+    section: str
+    text: str
+    score: float  # BM25
+    coverage: float  # 0..1, compared with KB_MIN_SCORE
+
+    @property
+    def source(self) -> str:
+        return f"{self.title} › {self.section}" if self.section else self.title
+
+
+@dataclass
+class SearchResult:
+    query: str
+    passages: list[Passage]  # best first, every one at or over the threshold
+    candidates: list[Passage]  # best first, threshold not applied (for the admin's test view)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.passages)
+
+
+def is_follow_up(question: str) -> bool:
+    """Opens like a follow-up ("那…呢", "and in…", "what about…")."""
+    return bool(FOLLOW_UP.match(question))
+
+
+def is_short(question: str) -> bool:
+    words = [t for t in terms(question) if not t.startswith("~")]
+    return len(words) <= SHORT_QUESTION_WORDS and len(question) < 24
+
+
+@dataclass(frozen=True)
+class _Word:
+    """A question's word for coverage: its hash, its weight, and the bigram hashes that stand in
+    for it when the documents cut it differently (all of them must match)."""
+
+    key: int
+    weight: float
+    bigrams: tuple[int, ...]
+    alternatives: tuple[tuple[int, ...], ...] = ()  # glossary equivalents, each all-or-nothing
+
+
+def _coverage_words(counts: Counter, hasher) -> list[_Word]:
+    bigrams = [t[1:] for t in counts if t.startswith("~")]
+    table = equivalents()
+    words = []
+    for term in counts:
+        if term.startswith("~"):
+            continue
+        alternatives = tuple(tuple(hasher(t) for t in alt) for alt in table.get(term, ()))
+        if CJK_CHAR.fullmatch(term):  # a lone character: weak evidence, any bigram with it
+            covering = tuple(hasher("~" + b) for b in bigrams if term in b)
+            words.append(_Word(hasher(term), 0.5, covering, alternatives))
+        elif CJK_CHAR.match(term):
+            words.append(_Word(hasher(term), 1.0,
+                               tuple(hasher("~" + term[i:i + 2]) for i in range(len(term) - 1)),
+                               alternatives))
+        else:
+            words.append(_Word(hasher(term), 1.0, (), alternatives))
+    return words
+
+
+def _coverage(words: list[_Word], idf: dict[int, float], matched: set[int]) -> float:
+    """The share of the question's words (IDF-weighted) the passage holds, 0..1."""
+    total = got = 0.0
+    for word in words:
+        weight = idf.get(word.key, 0.0) * word.weight
+        total += weight
+        if word.key in matched or any(all(h in matched for h in alt) for alt in word.alternatives):
+            got += weight
+        elif word.bigrams:
+            lone = word.weight < 1.0  # a character: any pair with it; a word: all its pairs
+            if (any if lone else all)(b in matched for b in word.bigrams):
+                got += weight
+    return got / total if total else 0.0
+
+
+def _visible_documents(departments):
+    query = select(KnowledgeDocument.id)
+    if departments is EVERYTHING:
+        return query
+    allowed = KnowledgeDocument.visibility == KnowledgeVisibility.ALL
+    if departments:
+        allowed = or_(allowed, KnowledgeDocument.id.in_(
+            select(KnowledgeDocumentDepartment.document_id)
+            .where(KnowledgeDocumentDepartment.department_id.in_(sorted(set(departments))))))
+    return query.where(allowed)
+
+
+class Retriever:
+    def __init__(self, services):
+        from app.knowledge.store import term_hasher
+
+        self.services = services
+        self.settings = services.settings
+        self.cipher = services.cipher
+        self.hasher = term_hasher(services)
+
+    def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
+               top_k: int | None = None, min_score: float | None = None) -> SearchResult:
+        """The best passages visible to members of ``departments`` ([] = public documents only).
+
+        With ``previous`` (the conversation's previous question): a question that opens like a
+        follow-up is searched together with it; a short one that finds nothing alone, too.
+        """
+        top_k = top_k or self.settings.kb_top_k
+        threshold = self.settings.kb_min_score if min_score is None else min_score
+        question = question.strip()
+        previous = (previous or "").strip()
+        combined = f"{previous}\n{question}" if previous else question
+        if previous and is_follow_up(question):
+            return self._search(combined, departments, top_k, threshold)
+        result = self._search(question, departments, top_k, threshold)
+        if previous and not result.found and is_short(question):
+            return self._search(combined, departments, top_k, threshold)
+        return result
+
+    def _search(self, query: str, departments, top_k: int, threshold: float) -> SearchResult:
+        counts = Counter(terms(query))
+        if not counts:
+            return SearchResult(query, [], [])
+        weights: dict[int, float] = {}  # term hash -> its weight in the BM25 sum
+        for term in counts:
+            key = self.hasher(term)
+            weights[key] = max(weights.get(key, 0.0), BIGRAM_WEIGHT if term.startswith("~") else 1.0)
+        words = _coverage_words(counts, self.hasher)
+        for word in words:
+            for alt in word.alternatives:
+                for key in alt:
+                    weights.setdefault(key, GLOSSARY_WEIGHT)
+        visible = _visible_documents(departments)
+        with self.services.db.reader() as session:
+            stats = session.execute(
+                select(KnowledgeDocument.chunk_count, KnowledgeDocument.term_total)
+                .where(KnowledgeDocument.id.in_(visible))).all()
+            n_chunks = sum(r.chunk_count for r in stats)
+            if not n_chunks:
+                return SearchResult(query, [], [])
+            avgdl = max(sum(r.term_total for r in stats) / n_chunks, 1.0)
+            rows = session.execute(
+                select(KnowledgePosting.term, KnowledgePosting.chunk_id, KnowledgePosting.tf,
+                       KnowledgePosting.dl)
+                .where(KnowledgePosting.term.in_(list(weights)),
+                       KnowledgePosting.document_id.in_(visible))).all()
+            df = Counter(r.term for r in rows)
+            idf = {t: math.log(1 + (n_chunks - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
+                   for t in weights}
+            scores: dict[int, float] = {}
+            matched: dict[int, set[int]] = {}
+            for term, chunk_id, tf, dl in rows:
+                norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avgdl))
+                scores[chunk_id] = scores.get(chunk_id, 0.0) + idf[term] * norm * weights[term]
+                matched.setdefault(chunk_id, set()).add(term)
+            best = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
+            coverage = {c: _coverage(words, idf, matched[c]) for c in best}
+            passages = self._passages(session, best, scores, coverage)
+        return SearchResult(query, [p for p in passages if p.coverage >= threshold], passages)
+
+    def _passages(self, session, chunk_ids, scores, coverage) -> list[Passage]:
+        if not chunk_ids:
+            return []
+        rows = session.execute(
+            select(KnowledgeChunk.id, KnowledgeChunk.document_id, KnowledgeChunk.section_enc,
+                   KnowledgeChunk.text_enc, KnowledgeDocument.title_enc)
+            .join(KnowledgeDocument, KnowledgeDocument.id == KnowledgeChunk.document_id)
+            .where(KnowledgeChunk.id.in_(chunk_ids))).all()
+        by_id = {r.id: r for r in rows}
+        out = []
+        for chunk_id in chunk_ids:
+            r = by_id.get(chunk_id)
+            if r is None:  # removed between the two reads (PostgreSQL read committed)
+                continue
+            out.append(Passage(
+                chunk_id=chunk_id, document_id=r.document_id,
+                title=self.cipher.decrypt(r.title_enc, "kb_documents", "title_enc", r.document_id),
+                section=self.cipher.decrypt(r.section_enc, "kb_chunks", "section_enc", chunk_id),
+                text=self.cipher.decrypt(r.text_enc, "kb_chunks", "text_enc", chunk_id),
+                score=scores[chunk_id],
+                coverage=coverage[chunk_id]))
+        return out

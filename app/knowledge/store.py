@@ -1,0 +1,302 @@
+"""Adding, replacing and removing documents: sealed text, hashed postings, one audit event each.
+
+An upload is parsed, chunked and its terms hashed *before* the transaction opens (the slow part
+holds no lock); the transaction then swaps the document's chunks and postings and appends the
+audit event, so a reader sees the old version or the new one, never a mix, and a failure
+anywhere leaves the old version whole.
+
+A re-upload is recognized by the document id or by its title (a blind index of the normalized
+title, so titles are not stored in clear); one whose text, type and visibility are unchanged is
+left alone and reported ``unchanged`` (``make run`` loads the handbook at every start).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import delete, insert, select
+
+from app.audit import EventType
+from app.db import utcnow
+from app.knowledge.chunking import Chunk, chunk_blocks
+from app.knowledge.parsing import Parsed, UploadError, parse
+from app.knowledge.terms import TermHasher, terms
+from app.models import (
+    KnowledgeChunk,
+    KnowledgeDocument,
+    KnowledgeDocumentDepartment,
+    KnowledgePosting,
+    KnowledgeVisibility,
+)
+
+CHUNK_ID_SPAN = 1_000_000  # a chunk's id: document id * span + ordinal
+MAX_CHUNKS = CHUNK_ID_SPAN - 1
+DOCS = KnowledgeDocument.__tablename__
+CHUNKS = KnowledgeChunk.__tablename__
+
+
+def normalize_title(title: str) -> str:
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", title)).strip().casefold()
+
+
+def term_hasher(services) -> TermHasher:
+    """The index's term hashes, keyed by a key derived from the blind index's current key (its
+    own domain). A new current BLIND_INDEX_KEY therefore needs ``kb reindex``."""
+    hasher = getattr(services, "_kb_term_hasher", None)
+    if hasher is None:
+        hasher = TermHasher(bytes.fromhex(services.blind_index("kb-term-key", "v1")))
+        services._kb_term_hasher = hasher
+    return hasher
+
+
+def title_hashes(blind_index, title: str) -> list[str]:
+    """The title's digest under the current key first, then under older keys of the ring."""
+    normalized = normalize_title(title)
+    candidates = getattr(blind_index, "candidates", None)
+    return candidates("kb-title", normalized) if candidates else [blind_index("kb-title", normalized)]
+
+
+@dataclass
+class Prepared:
+    """An upload made ready outside the transaction: parsed, chunked, hashed."""
+
+    parsed: Parsed
+    chunks: list[Chunk]
+    postings: list[dict[int, int]]  # per chunk: term hash -> frequency
+    lengths: list[int]
+
+
+@dataclass
+class AddResult:
+    document_id: int
+    status: str  # added | replaced | unchanged
+    chunks: int
+    doc_type: str
+
+
+@dataclass
+class DocumentInfo:
+    id: int
+    title: str
+    doc_type: str
+    visibility: str
+    departments: list[int]
+    chunks: int
+    size_bytes: int
+    version: int
+    updated_at: datetime
+    filename: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def parse_departments(spec: str | None) -> list[int]:
+    """``"1,2"`` -> [1, 2]; empty or None -> [] (everyone)."""
+    if not spec or not spec.strip():
+        return []
+    try:
+        ids = sorted({int(part) for part in spec.split(",") if part.strip()})
+    except ValueError:
+        raise UploadError("departments must be WeCom department ids like '1,2'") from None
+    if any(i < 0 for i in ids):
+        raise UploadError("department ids are positive numbers")
+    return ids
+
+
+class KnowledgeStore:
+    def __init__(self, services):
+        self.services = services
+        self.settings = services.settings
+        self.cipher = services.cipher
+        self.hasher = term_hasher(services)
+
+    # -- preparing -----------------------------------------------------------------------------
+    def prepare(self, data: bytes, filename: str | None = None) -> Prepared:
+        parsed = parse(data, filename, max_bytes=self.settings.kb_max_upload_bytes)
+        return self.prepare_parsed(parsed)
+
+    def prepare_parsed(self, parsed: Parsed) -> Prepared:
+        chunks = chunk_blocks(parsed.blocks, self.settings.kb_chunk_tokens)
+        if not chunks:
+            raise UploadError("no text found in the document")
+        if len(chunks) > MAX_CHUNKS:
+            raise UploadError("the document is too long: split it")
+        postings, lengths = [], []
+        for chunk in chunks:
+            counts = Counter(terms(chunk.indexed_text))
+            hashed: dict[int, int] = {}
+            for term, tf in counts.items():
+                key = self.hasher(term)
+                hashed[key] = hashed.get(key, 0) + tf
+            postings.append(hashed)
+            lengths.append(sum(counts.values()))
+        return Prepared(parsed, chunks, postings, lengths)
+
+    # -- writing -------------------------------------------------------------------------------
+    def add(self, data: bytes, title: str, *, filename: str | None = None,
+            departments: list[int] | None = None, document_id: int | None = None,
+            actor: str = "cli") -> AddResult:
+        """Add a document, or replace the one with this id or title; ``UploadError`` if refused."""
+        title = (title or "").strip()
+        if not title:
+            raise UploadError("a document needs a title")
+        if len(title) > 200:
+            raise UploadError("the title is longer than 200 characters")
+        prepared = self.prepare(data, filename)
+        return self.write(prepared, title, filename=filename, departments=departments or [],
+                          document_id=document_id, actor=actor, size_bytes=len(data))
+
+    def write(self, prepared: Prepared, title: str, *, filename: str | None = None,
+              departments: list[int], document_id: int | None = None, actor: str = "cli",
+              size_bytes: int = 0, audit: bool = True, force: bool = False) -> AddResult:
+        bi = self.services.blind_index
+        known_hashes = title_hashes(bi, title)
+        title_hash = known_hashes[0]
+        parsed = prepared.parsed
+        text = parsed.text
+        visibility = KnowledgeVisibility.DEPARTMENTS if departments else KnowledgeVisibility.ALL
+        content_hash = bi("kb-content", f"{parsed.doc_type}\x00{visibility}\x00"
+                                        f"{','.join(map(str, departments))}\x00{text}")
+        now = utcnow()
+        with self.services.db.transaction() as session:
+            if document_id is not None:
+                doc = session.get(KnowledgeDocument, document_id, with_for_update=True)
+                if doc is None:
+                    raise UploadError(f"no document {document_id}")
+                clash = session.scalar(select(KnowledgeDocument.id).where(
+                    KnowledgeDocument.title_hash.in_(known_hashes),
+                    KnowledgeDocument.id != document_id))
+                if clash is not None:
+                    raise UploadError(f"another document ({clash}) already has this title")
+            else:
+                doc = session.scalars(select(KnowledgeDocument).where(
+                    KnowledgeDocument.title_hash.in_(known_hashes)).with_for_update()).first()
+            if (not force and doc is not None and doc.content_hash == content_hash
+                    and doc.title_hash == title_hash):
+                return AddResult(doc.id, "unchanged", doc.chunk_count, doc.doc_type)
+            status = "replaced" if doc is not None else "added"
+            if doc is None:
+                doc = KnowledgeDocument(title_hash=title_hash, title_enc="", content_enc="",
+                                        content_hash=content_hash, doc_type=parsed.doc_type,
+                                        visibility=visibility, created_at=now, version=1,
+                                        size_bytes=size_bytes, chunk_count=0, term_total=0,
+                                        updated_by=actor[:80], updated_at=now)
+                session.add(doc)
+                session.flush()
+            else:
+                self._drop_index(session, doc.id)
+                doc.version += 1
+            doc.title_hash = title_hash
+            doc.title_enc = self.cipher.encrypt(title, DOCS, "title_enc", doc.id)
+            doc.filename_enc = (self.cipher.encrypt(filename, DOCS, "filename_enc", doc.id)
+                                if filename else None)
+            doc.content_enc = self.cipher.encrypt(text, DOCS, "content_enc", doc.id)
+            doc.content_hash = content_hash
+            doc.doc_type = parsed.doc_type
+            doc.visibility = visibility
+            doc.size_bytes = size_bytes
+            doc.chunk_count = len(prepared.chunks)
+            doc.term_total = sum(prepared.lengths)
+            doc.updated_by = actor[:80]
+            doc.updated_at = now
+            session.flush()
+            self._write_index(session, doc.id, prepared, departments)
+            if audit:
+                self.services.audit.append(
+                    session, EventType.ADMIN_CHANGE, actor=actor[:80], outcome="ok",
+                    payload={"action": "kb_reindex" if force else
+                             f"kb_{'add' if status == 'added' else 'replace'}",
+                             "document_id": doc.id, "title": title, "version": doc.version,
+                             "doc_type": parsed.doc_type, "chunks": len(prepared.chunks),
+                             "visibility": visibility, "departments": departments})
+            return AddResult(doc.id, status, len(prepared.chunks), parsed.doc_type)
+
+    def _write_index(self, session, document_id: int, prepared: Prepared, departments: list[int]):
+        base = document_id * CHUNK_ID_SPAN
+        cipher = self.cipher
+        chunk_rows, posting_rows = [], []
+        for chunk, hashed, length in zip(prepared.chunks, prepared.postings, prepared.lengths,
+                                         strict=True):
+            chunk_id = base + chunk.ordinal
+            chunk_rows.append({
+                "id": chunk_id, "document_id": document_id, "ordinal": chunk.ordinal,
+                "section_enc": cipher.encrypt(chunk.section, CHUNKS, "section_enc", chunk_id),
+                "text_enc": cipher.encrypt(chunk.text, CHUNKS, "text_enc", chunk_id),
+                "tokens": chunk.tokens, "length": length})
+            posting_rows.extend({"term": term, "chunk_id": chunk_id, "document_id": document_id,
+                                 "tf": tf, "dl": length} for term, tf in hashed.items())
+        if departments:
+            session.execute(insert(KnowledgeDocumentDepartment),
+                            [{"document_id": document_id, "department_id": d} for d in departments])
+        for start in range(0, len(chunk_rows), 2000):
+            session.execute(insert(KnowledgeChunk), chunk_rows[start:start + 2000])
+        for start in range(0, len(posting_rows), 20000):
+            session.execute(insert(KnowledgePosting), posting_rows[start:start + 20000])
+
+    @staticmethod
+    def _drop_index(session, document_id: int) -> None:
+        session.execute(delete(KnowledgePosting).where(KnowledgePosting.document_id == document_id))
+        session.execute(delete(KnowledgeChunk).where(KnowledgeChunk.document_id == document_id))
+        session.execute(delete(KnowledgeDocumentDepartment)
+                        .where(KnowledgeDocumentDepartment.document_id == document_id))
+
+    def reindex(self, actor: str = "cli") -> int:
+        """Chunk and index every document again from its sealed text (after a change of
+        ``KB_CHUNK_TOKENS`` or of ``BLIND_INDEX_KEY``, which keys the term hashes)."""
+        from app.knowledge.parsing import Parsed, parse_markdown
+
+        count = 0
+        for info in self.list():
+            text = self.document_text(info.id)
+            if text is None:
+                continue
+            prepared = self.prepare_parsed(Parsed(info.doc_type, parse_markdown(text)))
+            self.write(prepared, info.title, filename=info.filename, departments=info.departments,
+                       document_id=info.id, actor=actor, size_bytes=info.size_bytes, force=True)
+            count += 1
+        return count
+
+    def remove(self, document_id: int, actor: str = "cli") -> bool:
+        """Delete a document with its chunks and postings (audited); False if there was none."""
+        with self.services.db.transaction() as session:
+            doc = session.get(KnowledgeDocument, document_id, with_for_update=True)
+            if doc is None:
+                return False
+            title = self.cipher.decrypt(doc.title_enc, DOCS, "title_enc", doc.id)
+            chunks = doc.chunk_count
+            self._drop_index(session, document_id)
+            session.delete(doc)
+            self.services.audit.append(
+                session, EventType.ADMIN_CHANGE, actor=actor[:80], outcome="ok",
+                payload={"action": "kb_remove", "document_id": document_id, "title": title,
+                         "chunks": chunks})
+        return True
+
+    # -- reading -------------------------------------------------------------------------------
+    def list(self) -> list[DocumentInfo]:
+        with self.services.db.reader() as session:
+            docs = list(session.scalars(select(KnowledgeDocument).order_by(KnowledgeDocument.id)))
+            depts: dict[int, list[int]] = {}
+            for row in session.execute(select(KnowledgeDocumentDepartment)
+                                       .order_by(KnowledgeDocumentDepartment.department_id)).scalars():
+                depts.setdefault(row.document_id, []).append(row.department_id)
+        out = []
+        for doc in docs:
+            out.append(DocumentInfo(
+                id=doc.id, title=self.cipher.decrypt(doc.title_enc, DOCS, "title_enc", doc.id),
+                doc_type=doc.doc_type, visibility=doc.visibility, departments=depts.get(doc.id, []),
+                chunks=doc.chunk_count, size_bytes=doc.size_bytes, version=doc.version,
+                updated_at=doc.updated_at,
+                filename=(self.cipher.decrypt(doc.filename_enc, DOCS, "filename_enc", doc.id)
+                          if doc.filename_enc else None)))
+        return out
+
+    def document_text(self, document_id: int) -> str | None:
+        with self.services.db.reader() as session:
+            doc = session.get(KnowledgeDocument, document_id)
+            if doc is None:
+                return None
+            return self.cipher.decrypt(doc.content_enc, DOCS, "content_enc", doc.id)

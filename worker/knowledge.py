@@ -1,0 +1,104 @@
+"""The knowledge base on the message path: whom the employee is, what they may see, what to say.
+
+``Grounder.ground`` runs before the model is called:
+
+- no documents in the knowledge base (or ``KB_ENABLED=false``), or a greeting/thanks: None, and
+  the model answers as it always did;
+- otherwise the employee's departments (WeCom ``user/get``'s ``department`` list, cached in
+  Redis for ``DEPARTMENT_CACHE_S``) decide which documents are searched, a follow-up is searched
+  with the previous question, and the result is a ``Grounding``: the passages to put in the
+  prompt, or, when none is relevant, the "not found" reply that names the team to ask, sent
+  without calling the model (a small model asked anyway would guess).
+
+When ``user/get`` fails the employee is treated as a member of no department: only documents
+visible to everyone are searched, never more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from app.knowledge import prompt
+from app.knowledge.retrieval import Passage, Retriever
+from app.models import KnowledgeDocument
+
+log = logging.getLogger(__name__)
+PRESENCE_TTL_S = 10.0
+
+
+@dataclass
+class Grounding:
+    question: str
+    passages: list[Passage]
+    contact: str
+
+    @property
+    def found(self) -> bool:
+        return bool(self.passages)
+
+    def decline(self) -> str:
+        return prompt.not_found_reply(self.contact)
+
+    def messages(self, system_prompt: str, history: list[dict]) -> list[dict]:
+        return prompt.grounded_messages(system_prompt, history, self.question, self.passages,
+                                        self.contact)
+
+    def cite(self, reply: str, markdown: bool = False) -> str:
+        return prompt.with_sources(reply, self.passages, markdown=markdown)
+
+
+class Grounder:
+    def __init__(self, services, wecom):
+        self.services = services
+        self.settings = services.settings
+        self.wecom = wecom
+        self.retriever = Retriever(services)
+        self._present: tuple[float, bool] | None = None
+
+    def has_documents(self) -> bool:
+        """Whether any document exists (asked at most every few seconds per process)."""
+        now = time.monotonic()
+        if self._present is not None and now - self._present[0] < PRESENCE_TTL_S:
+            return self._present[1]
+        try:
+            with self.services.db.reader() as session:
+                present = session.scalar(select(KnowledgeDocument.id).limit(1)) is not None
+        except Exception:  # noqa: BLE001 - a schema without the knowledge base: answer as before
+            log.warning("knowledge base not readable; answering without it")
+            present = False
+        self._present = (now, present)
+        return present
+
+    def departments_of(self, user_hash: str, user_id: str) -> list[int]:
+        key = f"kbdept:{user_hash}"
+        try:
+            cached = self.services.redis.get(key)
+            if cached is not None:
+                return json.loads(cached)
+        except Exception:  # noqa: BLE001 - without Redis, ask WeCom every time
+            log.debug("department cache unavailable")
+        try:
+            member = self.wecom.get_user(user_id)
+            departments = sorted({int(d) for d in member.get("department") or []})
+        except Exception:  # noqa: BLE001 - unknown departments: documents for everyone only
+            log.warning("user/get failed; searching documents visible to everyone only")
+            return []
+        with contextlib.suppress(Exception):
+            self.services.redis.set(key, json.dumps(departments), ex=self.settings.department_cache_s)
+        return departments
+
+    def ground(self, user_hash: str, user_id: str, question: str,
+               history: list[dict]) -> Grounding | None:
+        if not self.settings.kb_enabled or prompt.is_small_talk(question) or not self.has_documents():
+            return None
+        previous = next((t["content"] for t in reversed(history) if t.get("role") == "user"), None)
+        departments = self.departments_of(user_hash, user_id) if user_id else []
+        result = self.retriever.search(question, departments, previous=previous)
+        log.info("knowledge base search found=%s passages=%d", result.found, len(result.passages))
+        return Grounding(question, result.passages, prompt.contact_of(self.settings))
