@@ -61,7 +61,7 @@ def _services():
 # -- keys ------------------------------------------------------------------------------------------
 @click.group()
 def keys() -> None:
-    """Field-encryption keys."""
+    """Field-encryption keys (DATA_KEYS) and blind-index keys (BLIND_INDEX_KEY)."""
 
 
 @keys.command()
@@ -79,6 +79,24 @@ def rotate(batch_size: int) -> None:
 
 # -- audit -----------------------------------------------------------------------------------------
 @click.group()
+@keys.command("rotate-index")
+@click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100_000))
+def rotate_index(batch_size: int) -> None:
+    """Re-compute every blind index and API-key digest under BLIND_INDEX_KEY's first key."""
+    from app.security.index_rotation import rotate_index as run
+
+    services = _services()
+    counts = run(services, batch_size)
+    for name, count in sorted(counts.items()):
+        click.echo(f"{name}: {count}")
+    left = counts.get("api_keys.unsealed_left", 0)
+    if left:
+        click.echo(f"{left} API key(s) made before migration 0009 and unused since: they stop "
+                   "working when the older key goes (one use moves them; or re-issue them)", err=True)
+    click.echo("every index that has its plaintext sealed now uses the first BLIND_INDEX_KEY; "
+               "the older keys can be removed")
+
+
 def audit() -> None:
     """The hash-chained audit log."""
 
@@ -342,7 +360,8 @@ def create_apikey(name: str, rate_limit: int) -> None:
     services = _services()
     try:
         with services.db.transaction() as session:
-            row, key = create_key(session, services.blind_index, name, rate_limit)
+            row, key = create_key(session, services.blind_index, name, rate_limit,
+                                  cipher=services.cipher)
             services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
                                   payload={"api_key": row.name, "action": "create",
                                            "prefix": row.prefix, "rate_limit_per_min": rate_limit})

@@ -15,7 +15,14 @@ from functools import lru_cache
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -77,6 +84,22 @@ def _decode_data_key(kid: str, value: str) -> bytes:
     except ValueError as exc:
         raise ValueError(f"key {kid!r} {exc}") from None
     return key
+
+
+def split_blind_index_keys(spec: str) -> list[str]:
+    """``"NEW,OLD"`` -> [NEW, OLD]: BLIND_INDEX_KEY's keyring, current first, each a random secret
+    (placeholders and low-entropy values refused for every one, as for a single key)."""
+    keys = [k.strip() for k in spec.replace("\n", ",").split(",") if k.strip()]
+    if not keys:
+        raise ValueError("must not be empty")
+    for number, key in enumerate(keys, 1):
+        try:
+            decode_random_secret(key)
+        except ValueError as exc:
+            raise ValueError(f"key {number} {exc}" if len(keys) > 1 else str(exc)) from None
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice")
+    return keys
 
 
 def parse_keyring(spec: str) -> dict[str, bytes]:
@@ -153,7 +176,10 @@ class Settings(BaseSettings):
 
     # -- data protection (see app/security) ----------------------------------------------------
     data_keys: SecretStr = Field(description="keyring: 'kid:base64(32 bytes),...', primary first")
-    blind_index_key: SecretStr = Field(description="HMAC key for searchable/dedup fields")
+    blind_index_key: SecretStr = Field(
+        description="HMAC keys of the blind indexes and API-key digests: 'NEW,OLD', current first "
+                    "(lookups try each; 'keys rotate-index' moves every index to the first)")
+    _blind_index_older: list[str] = PrivateAttr(default_factory=list)
     secret_key: SecretStr = Field(description="server secret: Flask sessions, fingerprints")
     secret_key_previous: SecretStr = Field(
         default=SecretStr(""),
@@ -301,7 +327,7 @@ class Settings(BaseSettings):
             refuse_placeholder(value.get_secret_value())
         return value
 
-    @field_validator("secret_key", "blind_index_key")
+    @field_validator("secret_key")
     @classmethod
     def _random_bytes(cls, value: SecretStr) -> SecretStr:
         decode_random_secret(value.get_secret_value())
@@ -318,6 +344,21 @@ class Settings(BaseSettings):
     def _retention_at_least_six_months(cls, value: int) -> int:
         if value < 180:
             raise ValueError("must be at least 180 days (the audit log is kept at least 6 months)")
+    @field_validator("blind_index_key")
+    @classmethod
+    def _blind_index_keys_random(cls, value: SecretStr) -> SecretStr:
+        split_blind_index_keys(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _blind_index_current_key(self) -> Settings:
+        # ``blind_index_key`` keeps the current key alone (what every writer and the knowledge
+        # base's term hashes use); the older ones are only for lookups until ``rotate-index``.
+        keys = split_blind_index_keys(self.blind_index_key.get_secret_value())
+        self.blind_index_key = SecretStr(keys[0])
+        self._blind_index_older = keys[1:]
+        return self
+
         return value
 
     @field_validator("company_timezone")
@@ -406,6 +447,11 @@ class Settings(BaseSettings):
     def alert_recipients(self) -> list[str]:
         return [u.strip() for u in self.alert_wecom_users.replace("|", ",").split(",") if u.strip()]
 
+
+    @property
+    def blind_index_keys(self) -> list[str]:
+        """BLIND_INDEX_KEY's keyring, current first: lookups try each, writes use the first."""
+        return [self.blind_index_key.get_secret_value(), *self._blind_index_older]
 
 def load_settings(**overrides) -> Settings:
     """Build the settings or raise ``ConfigError`` naming every bad variable."""

@@ -191,7 +191,7 @@ def configure(settings, stream=None) -> logging.Handler:
     s = settings
     register_secrets(s.wecom_secret.get_secret_value(), s.wecom_token.get_secret_value(),
                      s.wecom_aes_key.get_secret_value(), s.secret_key.get_secret_value(),
-                     s.blind_index_key.get_secret_value(), s.openai_api_key.get_secret_value(),
+                     *s.blind_index_keys, s.openai_api_key.get_secret_value(),
                      s.metrics_token.get_secret_value(), *s.previous_secret_keys,
                      *[part.partition(":")[2].strip()
                        for part in s.data_keys.get_secret_value().replace("\n", ",").split(",")],

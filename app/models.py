@@ -282,6 +282,11 @@ class ApiKey(Base):
     rate_limit_per_min: Mapped[int] = mapped_column(Integer, default=60)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The key's SHA-256, sealed (DATA_KEYS): what ``keys rotate-index`` re-computes ``key_hash``
+    # from under a new BLIND_INDEX_KEY. None for a key made before migration 0009 until its
+    # next use (app/api/keys.py). A hash, not the key: the database and DATA_KEYS together still
+    # cannot call the API.
+    key_seal: Mapped[str | None] = mapped_column(Text)
 
 
 # Every AES-GCM column: (table, primary key column, sealed columns). ``keys rotate`` walks these.
@@ -292,6 +297,7 @@ ENCRYPTED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 # -- admin accounts (app.admin) --------------------------------------------------------------------
+    ApiKey.__tablename__: ("id", ("key_seal",)),
 class AdminRole:
     ADMIN = "admin"  # budgets, prices, users
     FINANCE = "finance"  # cost views, cost export

@@ -69,6 +69,9 @@ class Prepared:
     payload: str
     fingerprint: str | None = None
     enqueue: bool = True
+    # The dedup hash under BLIND_INDEX_KEY's older keys (none unless the ring has them): a retry
+    # of a message accepted before a new key led the ring is still found.
+    older_dedup_hashes: tuple[str, ...] = ()
 
     def to_wire(self) -> list:
         return [getattr(self, name) for name in self.__slots__]
@@ -84,16 +87,21 @@ class Prepared:
                 raise TypeError(f"{name} is not a string")
         if type(prepared.create_time) is not int:
             raise TypeError("create_time is not an integer")
+        if not isinstance(prepared.older_dedup_hashes, list | tuple) or not all(
+                isinstance(h, str) for h in prepared.older_dedup_hashes):
+            raise TypeError("older_dedup_hashes is not a list of strings")
         return prepared
 
 
 def prepare(blind_index: BlindIndex, arrival: Arrival, fingerprint: str | None = None) -> Prepared:
     m = arrival.message
+    dedup, *older = blind_index.candidates("wecom-dedup", f"{arrival.channel}:{m.dedup_key}")
     return Prepared(
-        blind_index("wecom-dedup", f"{arrival.channel}:{m.dedup_key}"), arrival.channel, m.agent_id,
+        dedup, arrival.channel, m.agent_id,
         user_hash(blind_index, m.from_user), m.msg_type, m.event, int(m.create_time),
         arrival.request_id, arrival.stream_id, m.from_user,
-        json.dumps(_payload_of(m), ensure_ascii=False, default=str), fingerprint, arrival.enqueue)
+        json.dumps(_payload_of(m), ensure_ascii=False, default=str), fingerprint, arrival.enqueue,
+        tuple(older))
 
 
 def accept_many(session: Session | Connection, cipher: FieldCipher, arrivals: list[Prepared]) -> list[Accepted]:
@@ -110,16 +118,20 @@ def accept_many(session: Session | Connection, cipher: FieldCipher, arrivals: li
         return []
     sql = DriverStatements(session)
     now = sql.time(utcnow())
+    earlier = _found_under_older_keys(sql, arrivals)
     values = []
     for a in arrivals:
-        values += (a.dedup_hash, a.channel, a.agent_id, a.user_hash, a.msg_type, a.event, a.create_time,
-                   a.request_id, a.stream_id, MessageStatus.QUEUED, 0, 0, now, now, now)
-    created = dict(sql.execute(_insert_sql(len(arrivals)), values))
-    missing = list({a.dedup_hash for a in arrivals if a.dedup_hash not in created})
-    existing = {}
+        if a.dedup_hash not in earlier:
+            values += (a.dedup_hash, a.channel, a.agent_id, a.user_hash, a.msg_type, a.event,
+                       a.create_time, a.request_id, a.stream_id, MessageStatus.QUEUED, 0, 0, now, now, now)
+    rows = len(values) // len(_INSERT_COLUMNS)
+    created = dict(sql.execute(_insert_sql(rows), values)) if rows else {}
+    missing = list({a.dedup_hash for a in arrivals
+                    if a.dedup_hash not in created and a.dedup_hash not in earlier})
+    existing = dict(earlier)
     if missing:
-        existing = {dedup: (row_id, stream_id)
-                    for dedup, row_id, stream_id in sql.execute(_find_sql(len(missing)), missing)}
+        existing.update({dedup: (row_id, stream_id)
+                         for dedup, row_id, stream_id in sql.execute(_find_sql(len(missing)), missing)})
     results, seals, first_stream = [], [], {}
     for a in arrivals:
         row_id = created.get(a.dedup_hash)
@@ -136,6 +148,15 @@ def accept_many(session: Session | Connection, cipher: FieldCipher, arrivals: li
         results.append(Accepted(row_id, True, a.stream_id))
     sql.executemany(_SEAL, seals)
     return results
+
+
+def _found_under_older_keys(sql: DriverStatements, arrivals: list[Prepared]) -> dict[str, tuple]:
+    """{current dedup hash: (row id, stream id)} of the arrivals stored under an older key."""
+    older = {h: a.dedup_hash for a in arrivals for h in a.older_dedup_hashes}
+    if not older:
+        return {}
+    return {older[dedup]: (row_id, stream_id)
+            for dedup, row_id, stream_id in sql.execute(_find_sql(len(older)), list(older))}
 
 
 _INSERT_COLUMNS = ("dedup_hash", "channel", "agent_id", "user_hash", "msg_type", "event",

@@ -32,7 +32,7 @@ class Services:
 
     @cached_property
     def blind_index(self) -> BlindIndex:
-        return BlindIndex(self.settings.blind_index_key.get_secret_value())
+        return BlindIndex(self.settings.blind_index_keys)
 
     @cached_property
     def audit(self):

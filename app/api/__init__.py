@@ -86,7 +86,8 @@ def _caller() -> Caller:
     services = current_app.extensions["services"]
     caller = None
     if scheme.lower() == "bearer":
-        caller = authenticate(services.db, services.blind_index, key.strip())
+        caller = authenticate(services.db, services.blind_index, key.strip(),
+                              cipher=services.cipher)
     if caller is None:
         log.info("api: refused key request_id=%s", g.get("request_id"))
         raise ApiError(401, "invalid or missing API key (Authorization: Bearer sk-...)",
