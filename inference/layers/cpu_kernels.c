@@ -231,6 +231,9 @@ static float exp_shifted(float *s, long n, float top) {
     return total;
 }
 
+/* the exponentials above, for dsa_kernels.c (built into the same library) */
+float wecom_exp_shifted(float *s, long n, float top) { return exp_shifted(s, n, top); }
+
 /* out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i] (exported for the tests) */
 void wecom_silu_mul(const float *g, const float *u, float *out, long n) {
     long i = 0;

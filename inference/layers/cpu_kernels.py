@@ -36,8 +36,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+SOURCES = (Path(__file__).with_name("cpu_kernels.c"), Path(__file__).with_name("dsa_kernels.c"))
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-shared", "-fPIC")
 
 
 def enabled() -> bool:
@@ -67,14 +67,15 @@ def build(compiler: str, directory: Path, extra_flags: tuple[str, ...] = ()) -> 
     Raises `OSError` or `subprocess.CalledProcessError` when it cannot."""
     flags = (*FLAGS, *extra_flags)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, version, _cpu_id()]).encode()).hexdigest()[:16]
+    texts = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, *flags, version, _cpu_id()]).encode()).hexdigest()[:16]
     target = directory / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
     directory.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
         built = Path(scratch) / target.name
-        subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True, check=True)
+        subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(built)], capture_output=True, text=True, check=True)
         os.replace(built, target)  # atomic: processes building at once each land a whole file
     return target
 
@@ -129,6 +130,10 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ("wecom_decode_step", [pointer] * 6),
         ("wecom_silu_mul", [pointer] * 3 + [ctypes.c_long]),
         ("wecom_moe_experts", [pointer] * 6),
+        ("wecom_dsa_select", [pointer] * 3 + [ctypes.c_long, pointer] + [ctypes.c_long] * 4
+         + [ctypes.c_float, pointer, ctypes.c_int]),
+        ("wecom_dsa_select_rows", [pointer] * 4 + [ctypes.c_long] * 4 + [ctypes.c_float, pointer, ctypes.c_int]),
+        ("wecom_dsa_attend", [pointer] * 4 + [ctypes.c_long] * 5 + [ctypes.c_float, pointer, ctypes.c_int]),
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int if name == "wecom_decode_step" else None

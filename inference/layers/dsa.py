@@ -8,7 +8,9 @@ The chosen positions' latent rows are gathered per query and attended in latent 
 query absorbed through `kv_b_proj`, as MLA's decode), in tiles whose gathered rows stay under
 `GATHER_VALUES`, so neither a long prefill nor a long context builds a dense mask or per-head
 keys: a query costs `index_topk` rows of attention whatever the context's length (plus the
-indexer's cheap pass over every position).
+indexer's cheap pass over every position). On the CPU in fp32 the compiled kernel
+(`inference/layers/dsa_cpu.py`) does it without the gathered copies: each chosen row is read
+where the cache holds it, once for every head, with an online softmax.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from inference.config import ModelConfig
+from inference.layers import dsa_cpu
 from inference.layers.dsa_cache import IndexedContext
 from inference.layers.dsa_indexer import Indexer
 from inference.layers.mla import MLAttention
@@ -63,6 +66,8 @@ class DSAttention(MLAttention):
         """`query [H, n, r + dr]` (absorbed) against the latents of its rows' chosen positions
         `picked [n, k]`; a chosen position after the query's own (filler, where it has fewer than
         k earlier ones) is masked. Returns `[H, n, r]`."""
+        if dsa_cpu.usable(query, latents):
+            return dsa_cpu.attend(query, latents, picked, positions, self.rank, self.scale)
         heads, n = query.shape[0], query.shape[1]
         out = query.new_empty(n, heads, self.rank)
         query = query.transpose(0, 1)  # [n, H, r + dr]: one small matmul per query

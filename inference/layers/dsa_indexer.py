@@ -12,7 +12,9 @@ cached (`index_head_dim` values a position and layer), beside MLA's latent. In "
 (`indexer_types`) no indexer runs: they reuse the previous full layer's choice.
 
 Queries are scored in tiles of `QUERY_TILE`, so a long prefill never holds a
-`[queries, heads, positions]` score tensor whole (32k x 32 heads x 32k would be 128 GiB).
+`[queries, heads, positions]` score tensor whole (32k x 32 heads x 32k would be 128 GiB). On the
+CPU in fp32 the compiled kernel (`inference/layers/dsa_cpu.py`) scores a query's earlier
+positions only, in registers, and selects with a radix select instead of a sort.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
+from inference.layers import dsa_cpu
 from inference.layers.linear import Linear
 from inference.layers.rotary import apply_rotary_
 
@@ -55,8 +58,10 @@ class Indexer(nn.Module):
         weights = self.weights_proj(x).float() * self.heads**-0.5
         keys = keys.float()
         count = min(self.topk, keys.shape[0])
-        out = torch.empty(n, count, dtype=torch.long, device=x.device)
         scale = self.head_dim**-0.5
+        if dsa_cpu.usable(q, keys):
+            return dsa_cpu.select(q, weights, keys, positions, count, scale)
+        out = torch.empty(n, count, dtype=torch.long, device=x.device)
         key_positions = None
         last = keys.shape[0] - 1
         for a in range(0, n, QUERY_TILE):

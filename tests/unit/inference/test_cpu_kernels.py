@@ -76,9 +76,9 @@ def test_build_is_cached_and_keyed_by_the_source(tmp_path, monkeypatch):
     first = cpu_kernels.build(compiler, tmp_path)
     stamp = first.stat().st_mtime_ns
     assert cpu_kernels.build(compiler, tmp_path) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
-    changed = tmp_path / "cpu_kernels.c"
-    changed.write_text(cpu_kernels.SOURCE.read_text() + "\n/* changed */\n")
-    monkeypatch.setattr(cpu_kernels, "SOURCE", changed)
+    changed = tmp_path / "dsa_kernels.c"
+    changed.write_text(cpu_kernels.SOURCES[1].read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (cpu_kernels.SOURCES[0], changed))
     assert cpu_kernels.build(compiler, tmp_path) != first  # another source: another library
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # no scratch left behind
 
@@ -86,7 +86,7 @@ def test_build_is_cached_and_keyed_by_the_source(tmp_path, monkeypatch):
 def test_a_failed_build_says_why_and_leaves_the_library_kernels(tmp_path, monkeypatch, caplog):
     broken = tmp_path / "cpu_kernels.c"
     broken.write_text("this is not C\n")
-    monkeypatch.setattr(cpu_kernels, "SOURCE", broken)
+    monkeypatch.setattr(cpu_kernels, "SOURCES", (broken, cpu_kernels.SOURCES[1]))
     monkeypatch.setenv("INFERENCE_KERNEL_DIR", str(tmp_path / "cache"))
     if cpu_kernels._compiler() is None:
         pytest.skip("no C compiler here")

@@ -1,0 +1,61 @@
+"""DeepSeek Sparse Attention's two hot loops through `dsa_kernels.c` on the CPU, fp32.
+
+`inference/layers/dsa_indexer.py` and `inference/layers/dsa.py` call these where the kernels are
+built (`cpu_kernels.available()`) and the tensors are fp32 CPU ones, and keep their torch paths
+elsewhere (CUDA, bf16, no compiler): the same choice and the same attention, in another order of
+summation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.layers import cpu_kernels
+
+KEY_BLOCK = 64  # dsa_kernels.c's KEY_BLOCK: the transposed keys are padded to a multiple of it
+# queries from which scoring against the keys transposed pays (a copy of every key a call: ~4 ms
+# at 32k positions, fresh pages and the strided copy); fewer are scored against the keys in place
+TRANSPOSE_ROWS = 16
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and cpu_kernels.available()
+
+
+def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, count: int,
+           scale: float) -> torch.Tensor:
+    """The indexer's choice `[n, count]` for queries `q [n, H, D]` (rotated) with head weights
+    `weights [n, H]` against `keys [T, D]`: as `Indexer.select`, a query's own and earlier
+    positions first (any order), filler after them where it has fewer than `count`."""
+    n, heads, dim = q.shape
+    q, weights = q.contiguous(), weights.contiguous()
+    positions = positions.to(torch.long).contiguous()
+    out = torch.empty(n, count, dtype=torch.long)
+    threads, lib = torch.get_num_threads(), cpu_kernels.library()
+    if n < TRANSPOSE_ROWS:
+        keys = keys.contiguous()
+        lib.wecom_dsa_select_rows(q.data_ptr(), weights.data_ptr(), keys.data_ptr(), positions.data_ptr(), n, heads,
+                                  dim, count, scale, out.data_ptr(), threads)
+        return out
+    total = keys.shape[0]
+    transposed = keys.new_zeros(dim, -(-total // KEY_BLOCK) * KEY_BLOCK)
+    transposed[:, :total] = keys.t()
+    lib.wecom_dsa_select(q.data_ptr(), weights.data_ptr(), transposed.data_ptr(), transposed.shape[1],
+                         positions.data_ptr(), n, heads, dim, count, scale, out.data_ptr(), threads)
+    return out
+
+
+def attend(query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor, positions: torch.Tensor, rank: int,
+           scale: float) -> torch.Tensor:
+    """`query [H, n, W]` (absorbed) over the latent rows `latents [T, W]` of its queries' chosen
+    positions `picked [n, k]` (those after a query's own skipped): `[H, n, rank]`, as
+    `DSAttention._selected`."""
+    heads, n, width = query.shape
+    query = query.transpose(0, 1).contiguous()
+    latents, picked = latents.contiguous(), picked.contiguous()
+    positions = positions.to(torch.long).contiguous()
+    out = torch.empty(n, heads, rank)
+    cpu_kernels.library().wecom_dsa_attend(
+        query.data_ptr(), latents.data_ptr(), picked.data_ptr(), positions.data_ptr(), n, heads, width, rank,
+        picked.shape[1], scale, out.data_ptr(), torch.get_num_threads())
+    return out.transpose(0, 1)

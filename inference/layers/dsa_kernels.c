@@ -1,0 +1,418 @@
+/* DeepSeek Sparse Attention (GLM-5) on the CPU, fp32: the lightning indexer's scores and top-k,
+ * and the attention over each query's chosen latent rows, one OpenMP region a call.
+ *
+ * With torch ops a long prefill was slower sparse than dense (0.1-0.2x dense MLA at 16k-32k on a
+ * 2-core AVX-512 EPYC, 4 Dec 2026): the indexer wrote a [queries x heads, positions] score tensor
+ * and read it back, torch's topk sorted 2048 of up to 32k per query, and the attention gathered
+ * every query's 2048 latent rows into a fresh tensor before two small matrix products. Here a
+ * query's index scores stay in one buffer of its positions (a block of 64 keys against every
+ * head in registers), the top-k is a radix select (two or three passes over the scores, no sort),
+ * and the attention reads the chosen rows where the cache holds them, each row once for every
+ * head (MLA's heads share the latent row).
+ *
+ * Built into the same library as cpu_kernels.c (cpu_kernels.py), whose vectorised exponentials
+ * it uses. A few queries (decode) score the keys where the cache holds them and split each
+ * query's chosen rows among the threads (merged as flash-decoding does); many queries (prefill)
+ * score against the keys transposed once a call and take a query a thread.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+float wecom_exp_shifted(float *s, long n, float top);
+
+#define KEY_BLOCK 64 /* keys scored together: 64 x heads accumulators stay in registers per head */
+
+/* s[j] = sum_h w[h] * relu(scale * q[h] . k_j) for keys j in [0, m); the keys transposed,
+ * kT [D, ldk] with ldk a multiple of KEY_BLOCK (zeros past the last key) */
+static void index_scores(const float *q, const float *w, const float *kT, long ldk, long m, long H, long D,
+                         float scale, float *s) {
+    for (long j0 = 0; j0 < m; j0 += KEY_BLOCK) {
+        float total[KEY_BLOCK] = {0};
+        for (long h = 0; h < H; h++) {
+            float acc[KEY_BLOCK] = {0};
+            const float *qh = q + h * D;
+            for (long d = 0; d < D; d++) {
+                const float qd = qh[d];
+                const float *k = kT + d * ldk + j0;
+#pragma omp simd
+                for (long j = 0; j < KEY_BLOCK; j++)
+                    acc[j] += qd * k[j];
+            }
+            const float wh = w[h];
+#pragma omp simd
+            for (long j = 0; j < KEY_BLOCK; j++) {
+                float a = acc[j] * scale;
+                total[j] += wh * (a > 0.0f ? a : 0.0f);
+            }
+        }
+        long nb = m - j0 < KEY_BLOCK ? m - j0 : KEY_BLOCK;
+        memcpy(s + j0, total, (size_t)nb * sizeof(float));
+    }
+}
+
+/* a float's bits, mapped so that unsigned order is the floats' order */
+static inline uint32_t ordered(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* The indices of the `count` largest of s[0, m) (count < m), in increasing order, into out.
+ * A radix select on the ordered bits, 11 + 11 + 10 of them: each level counts the candidates'
+ * next digit, takes the digits above the one where `count` is reached, and narrows to that
+ * digit's candidates (`cand`, m entries of scratch). Equal scores at the boundary: the first. */
+static void top_count(const float *s, long m, long count, uint32_t *bits, long *cand, long *out) {
+    static const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
+    long taken = 0, need = count, ncand = m;
+    for (long i = 0; i < m; i++)
+        bits[i] = ordered(s[i]);
+    for (int level = 0; level < 3; level++) {
+        long hist[2048] = {0};
+        const int shift = shifts[level];
+        const uint32_t mask = (1u << widths[level]) - 1;
+        for (long c = 0; c < ncand; c++) {
+            long i = level == 0 ? c : cand[c];
+            hist[(bits[i] >> shift) & mask]++;
+        }
+        long b = (long)mask, above = 0;
+        for (; b > 0 && above + hist[b] < need; b--)
+            above += hist[b];
+        long kept = 0;
+        for (long c = 0; c < ncand; c++) {
+            long i = level == 0 ? c : cand[c];
+            uint32_t digit = (bits[i] >> shift) & mask;
+            if (digit > (uint32_t)b)
+                out[taken++] = i;
+            else if (digit == (uint32_t)b)
+                cand[kept++] = i;
+        }
+        need -= above;
+        ncand = kept;
+        if (ncand == need)
+            break;
+    }
+    for (long c = 0; c < need; c++) /* all-equal (or all of the last digit's) candidates */
+        out[taken++] = cand[c];
+    /* in position order: the attention then sums its rows in one order whichever kernel scored
+     * them (and reads the cache front to back) */
+    unsigned char *chosen = (unsigned char *)cand;
+    memset(chosen, 0, (size_t)m);
+    for (long c = 0; c < count; c++)
+        chosen[out[c]] = 1;
+    for (long i = 0, c = 0; i < m; i++)
+        if (chosen[i])
+            out[c++] = i;
+}
+
+/* The lightning indexer's choice for n queries: q [n, H, D] (rotated), w [n, H] (the head
+ * weights, already scaled), the keys transposed kT [D, ldk]; query i sees positions
+ * 0..positions[i] and keeps the `count` best. out [n, count]: the chosen positions in increasing
+ * order; a query with fewer than `count` earlier positions lists them all, then filler after its
+ * own (the caller masks positions after a query's). */
+void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk, const long *positions, long n,
+                      long H, long D, long count, float scale, long *out, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = malloc((size_t)ldk * sizeof(float));
+        uint32_t *bits = malloc((size_t)ldk * sizeof(uint32_t));
+        long *cand = malloc((size_t)ldk * sizeof(long));
+#pragma omp for schedule(dynamic, 4)
+        for (long i = 0; i < n; i++) {
+            long m = positions[i] + 1, *row = out + i * count;
+            if (m <= count) {
+                for (long c = 0; c < count; c++)
+                    row[c] = c;
+                continue;
+            }
+            index_scores(q + i * H * D, w + i * H, kT, ldk, m, H, D, scale, s);
+            top_count(s, m, count, bits, cand, row);
+        }
+        free(s);
+        free(bits);
+        free(cand);
+    }
+}
+
+#define LANES 16 /* heads scored together: the query is transposed, its heads padded to LANES */
+
+/* s[j] = sum_h w[h] * relu(scale * q_h . k_j) for keys j in [lo, hi) of the row-major keys
+ * [T, D]: the heads along the vector (qT [D, Hp], w [Hp], zeros past H), 4 keys side by side */
+static void index_scores_rows(const float *qT, const float *w, const float *keys, long lo, long hi, long Hp,
+                              long D, float scale, float *s) {
+    for (long j = lo; j < hi; j += 4) {
+        const float *k[4];
+        for (int a = 0; a < 4; a++)
+            k[a] = keys + (j + a < hi ? j + a : j) * D; /* past hi: key j again, not stored */
+        float total[4] = {0};
+        for (long h0 = 0; h0 < Hp; h0 += LANES) {
+            float acc[4][LANES] = {{0}};
+            for (long d = 0; d < D; d++) {
+                const float *q = qT + d * Hp + h0;
+                for (int a = 0; a < 4; a++) {
+                    const float x = k[a][d];
+#pragma omp simd
+                    for (int l = 0; l < LANES; l++)
+                        acc[a][l] += x * q[l];
+                }
+            }
+            for (int a = 0; a < 4; a++) {
+                float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int l = 0; l < LANES; l++) {
+                    float x = acc[a][l] * scale;
+                    sum += w[h0 + l] * (x > 0.0f ? x : 0.0f);
+                }
+                total[a] += sum;
+            }
+        }
+        for (long a = 0; a < 4 && j + a < hi; a++)
+            s[j + a] = total[a];
+    }
+}
+
+#define SPLIT_KEYS 1024 /* keys a task scores when a few queries share the threads */
+
+/* `wecom_dsa_select` for a few queries (decode, small verifies): the keys read where the cache
+ * holds them, row-major [T, D], each query's keys shared out among the threads. */
+void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, const long *positions, long n,
+                           long H, long D, long count, float scale, long *out, int threads) {
+    const long Hp = (H + LANES - 1) / LANES * LANES;
+    long most = 0;
+    for (long i = 0; i < n; i++)
+        most = positions[i] + 1 > most ? positions[i] + 1 : most;
+    float *s = malloc((size_t)most * sizeof(float)), *qT = malloc((size_t)D * Hp * sizeof(float));
+    float *wp = malloc((size_t)Hp * sizeof(float));
+    uint32_t *bits = malloc((size_t)most * sizeof(uint32_t));
+    long *cand = malloc((size_t)most * sizeof(long));
+    for (long i = 0; i < n; i++) {
+        long m = positions[i] + 1, *row = out + i * count;
+        if (m <= count) {
+            for (long c = 0; c < count; c++)
+                row[c] = c;
+            continue;
+        }
+        for (long d = 0; d < D; d++)
+            for (long h = 0; h < Hp; h++)
+                qT[d * Hp + h] = h < H ? q[(i * H + h) * D + d] : 0.0f;
+        for (long h = 0; h < Hp; h++)
+            wp[h] = h < H ? w[i * H + h] : 0.0f;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (long lo = 0; lo < m; lo += SPLIT_KEYS)
+            index_scores_rows(qT, wp, keys, lo, lo + SPLIT_KEYS < m ? lo + SPLIT_KEYS : m, Hp, D, scale, s);
+        top_count(s, m, count, bits, cand, row);
+    }
+    free(s);
+    free(qT);
+    free(wp);
+    free(bits);
+    free(cand);
+}
+
+#define ROWS 16  /* chosen rows a step of the online softmax */
+#define CHAINS 8 /* rows scored side by side: 8 independent sums keep the FMA units busy */
+#define VHEADS 4 /* heads a pass of the values: 4 x SPAN sums in registers */
+#define SPAN 64  /* values of the rank a pass holds */
+
+/* Per-thread scratch of the attention: the query transposed qT [W, Hp] (Hp: heads padded to
+ * LANES, zeros), a step's scores s [ROWS, Hp], the running max m [Hp] and sum l [Hp] of each
+ * head's softmax, its correction and the step's max [Hp], the chosen rows [k] (pointers into the
+ * cache). */
+typedef struct {
+    float *qT, *s, *m, *l, *corr, *top;
+    const float **valid;
+} attend_scratch;
+
+/* s[b, h] = scale * row_b . query_h for the n (<= ROWS) rows, every head; rows read where the cache
+ * holds them, CHAINS at a time against a run of LANES heads */
+static void score_rows(const attend_scratch *S, const float *const *rows, long n, long Hp, long W, float scale) {
+    for (long b0 = 0; b0 < n; b0 += CHAINS) {
+        const float *r[CHAINS];
+        for (int a = 0; a < CHAINS; a++)
+            r[a] = rows[b0 + a < n ? b0 + a : b0]; /* past n: the first row again, not stored */
+        for (long h0 = 0; h0 < Hp; h0 += LANES) {
+            float acc[CHAINS][LANES] = {{0}};
+            for (long w = 0; w < W; w++) {
+                const float *q = S->qT + w * Hp + h0;
+                for (int a = 0; a < CHAINS; a++) {
+                    const float x = r[a][w];
+#pragma omp simd
+                    for (int j = 0; j < LANES; j++)
+                        acc[a][j] += x * q[j];
+                }
+            }
+            for (long a = 0; a < CHAINS && b0 + a < n; a++)
+                for (int j = 0; j < LANES; j++)
+                    S->s[(b0 + a) * Hp + h0 + j] = acc[a][j] * scale;
+        }
+    }
+}
+
+/* The step's scores become its softmax weights against the running max (raised where the step
+ * holds a larger score: `corr` = exp(old max - new max) rescales what came before); every loop
+ * runs along the heads, the contiguous axis */
+static void softmax_step(const attend_scratch *S, long n, long Hp) {
+    float *top = S->top;
+    memcpy(top, S->m, (size_t)Hp * sizeof(float));
+    for (long b = 0; b < n; b++)
+#pragma omp simd
+        for (long h = 0; h < Hp; h++)
+            top[h] = S->s[b * Hp + h] > top[h] ? S->s[b * Hp + h] : top[h];
+#pragma omp simd
+    for (long h = 0; h < Hp; h++) {
+        S->corr[h] = S->m[h] - top[h];
+        S->m[h] = top[h];
+    }
+    for (long b = 0; b < n; b++)
+#pragma omp simd
+        for (long h = 0; h < Hp; h++)
+            S->s[b * Hp + h] -= top[h];
+    wecom_exp_shifted(S->corr, Hp, 0.0f);
+    wecom_exp_shifted(S->s, n * Hp, 0.0f);
+#pragma omp simd
+    for (long h = 0; h < Hp; h++)
+        S->l[h] *= S->corr[h];
+    for (long b = 0; b < n; b++)
+#pragma omp simd
+        for (long h = 0; h < Hp; h++)
+            S->l[h] += S->s[b * Hp + h];
+}
+
+/* out[h, :] = out[h, :] * corr[h] + sum_b p[b, h] row_b[:R] for the step's n rows, every head:
+ * VHEADS heads x SPAN values in registers where they fill them, a plain loop for the rest */
+static void values_step(const attend_scratch *S, const float *const *rows, long n, long Hp, long H, long R,
+                        float *out) {
+    long h0 = 0;
+    for (; h0 + VHEADS <= H; h0 += VHEADS) {
+        long r0 = 0;
+        for (; r0 + SPAN <= R; r0 += SPAN) {
+            float acc[VHEADS][SPAN];
+            for (int j = 0; j < VHEADS; j++) {
+                const float c = S->corr[h0 + j], *o = out + (h0 + j) * R + r0;
+#pragma omp simd
+                for (int r = 0; r < SPAN; r++)
+                    acc[j][r] = o[r] * c;
+            }
+            for (long b = 0; b < n; b++) {
+                const float *row = rows[b] + r0;
+                for (int j = 0; j < VHEADS; j++) {
+                    const float p = S->s[b * Hp + h0 + j];
+#pragma omp simd
+                    for (int r = 0; r < SPAN; r++)
+                        acc[j][r] += p * row[r];
+                }
+            }
+            for (int j = 0; j < VHEADS; j++)
+                memcpy(out + (h0 + j) * R + r0, acc[j], SPAN * sizeof(float));
+        }
+        for (long h = h0; h < h0 + VHEADS && r0 < R; h++) /* the rank's last part */
+            for (long r = r0; r < R; r++) {
+                float o = out[h * R + r] * S->corr[h];
+                for (long b = 0; b < n; b++)
+                    o += S->s[b * Hp + h] * rows[b][r];
+                out[h * R + r] = o;
+            }
+    }
+    for (long h = h0; h < H; h++) /* the last heads */
+        for (long r = 0; r < R; r++) {
+            float o = out[h * R + r] * S->corr[h];
+            for (long b = 0; b < n; b++)
+                o += S->s[b * Hp + h] * rows[b][r];
+            out[h * R + r] = o;
+        }
+}
+
+/* One query's attention over a part of its chosen rows, unnormalised: query [H, W] (absorbed:
+ * the latent's width W = rank R + rope), rows latents[picked[c]] for the k entries with
+ * picked[c] <= position; out [H, R] gets sum_c exp(score_c - m) row_c[:R] per head, m [Hp] the
+ * scores' max and l [Hp] the sum of those weights. One pass over the rows, ROWS at a time, with
+ * an online softmax: each row is read once, for every head. */
+static void attend_part(const attend_scratch *S, const float *query, const float *latents, const long *picked,
+                        long position, long k, long H, long W, long R, float scale, float *out) {
+    const long Hp = (H + LANES - 1) / LANES * LANES;
+    for (long w = 0; w < W; w++)
+        for (long h = 0; h < Hp; h++)
+            S->qT[w * Hp + h] = h < H ? query[h * W + w] : 0.0f;
+    long v = 0;
+    for (long c = 0; c < k; c++)
+        if (picked[c] <= position)
+            S->valid[v++] = latents + picked[c] * W;
+    for (long h = 0; h < Hp; h++)
+        S->m[h] = -INFINITY, S->l[h] = 0.0f;
+    memset(out, 0, (size_t)H * R * sizeof(float));
+    for (long c0 = 0; c0 < v; c0 += ROWS) {
+        long n = v - c0 < ROWS ? v - c0 : ROWS;
+        for (long b = c0 + ROWS; b < c0 + 2 * ROWS && b < v; b++) /* the next step's rows */
+            for (long w = 0; w < W; w += 16)
+                __builtin_prefetch(S->valid[b] + w);
+        score_rows(S, S->valid + c0, n, Hp, W, scale);
+        softmax_step(S, n, Hp);
+        values_step(S, S->valid + c0, n, Hp, H, R, out);
+    }
+}
+
+/* out [H, R] = the softmax-weighted sum of `parts` partial results (out_p [H, R], m_p and l_p
+ * [Hp] each, `attend_part`'s), each rescaled to the largest max */
+static void merge_parts(const float *outs, const float *ms, const float *ls, long parts, long H, long Hp, long R,
+                        float *out) {
+    for (long h = 0; h < H; h++) {
+        float top = -INFINITY, total = 0.0f;
+        for (long p = 0; p < parts; p++)
+            top = ms[p * Hp + h] > top ? ms[p * Hp + h] : top;
+        float *o = out + h * R;
+        memset(o, 0, (size_t)R * sizeof(float));
+        for (long p = 0; p < parts; p++) {
+            if (ls[p * Hp + h] == 0.0f)
+                continue; /* a part with no row at or before the query */
+            const float f = expf(ms[p * Hp + h] - top), *op = outs + (p * H + h) * R;
+            total += f * ls[p * Hp + h];
+#pragma omp simd
+            for (long r = 0; r < R; r++)
+                o[r] += f * op[r];
+        }
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+        for (long r = 0; r < R; r++)
+            o[r] *= inv;
+    }
+}
+
+/* out [n, H, R] = softmax over the chosen rows of (query . row * scale) . row[:R], per head:
+ * query [n, H, W], latents [T, W], picked [n, k] (entries after a query's position are skipped).
+ * Each query's chosen entries are split in `parts` (enough tasks for every thread where queries
+ * are few: decode), done side by side and merged. */
+void wecom_dsa_attend(const float *query, const float *latents, const long *picked, const long *positions,
+                      long n, long H, long W, long R, long k, float scale, float *out, int threads) {
+    const long Hp = (H + LANES - 1) / LANES * LANES;
+    long parts = n >= threads ? 1 : (threads + n - 1) / n;
+    parts = parts > k / (4 * ROWS) ? (k / (4 * ROWS) > 1 ? k / (4 * ROWS) : 1) : parts;
+    float *outs = malloc((size_t)n * parts * H * R * sizeof(float));
+    float *ms = malloc((size_t)n * parts * Hp * sizeof(float)), *ls = malloc((size_t)n * parts * Hp * sizeof(float));
+#pragma omp parallel num_threads(threads)
+    {
+        attend_scratch S = {
+            malloc((size_t)W * Hp * sizeof(float)), malloc((size_t)ROWS * Hp * sizeof(float)),
+            ms, ls, malloc((size_t)Hp * sizeof(float)), malloc((size_t)Hp * sizeof(float)),
+            malloc((size_t)k * sizeof(float *)),
+        };
+#pragma omp for schedule(dynamic, 4)
+        for (long task = 0; task < n * parts; task++) {
+            long i = task / parts, p = task % parts, a = k * p / parts, b = k * (p + 1) / parts;
+            S.m = ms + task * Hp, S.l = ls + task * Hp;
+            attend_part(&S, query + i * H * W, latents, picked + i * k + a, positions[i], b - a, H, W, R, scale,
+                        outs + task * H * R);
+        }
+#pragma omp for schedule(static)
+        for (long i = 0; i < n; i++)
+            merge_parts(outs + i * parts * H * R, ms + i * parts * Hp, ls + i * parts * Hp, parts, H, Hp, R,
+                        out + i * H * R);
+        free(S.qT);
+        free(S.s);
+        free(S.corr);
+        free(S.top);
+        free(S.valid);
+    }
+    free(outs);
+    free(ms);
+    free(ls);
+}

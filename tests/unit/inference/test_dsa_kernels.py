@@ -1,0 +1,77 @@
+"""DSA's compiled CPU kernels (`dsa_kernels.c` through `inference/layers/dsa_cpu.py`) against
+plain torch: the indexer's top-k (keys in place and transposed, ties, queries with fewer
+positions than k) and the attention over chosen rows (filler entries, heads and ranks off the
+kernel's blocks, one query split among the threads)."""
+
+import pytest
+import torch
+
+from inference.layers import cpu_kernels, dsa_cpu
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+
+
+def index_scores(q, w, keys, scale):
+    """sum_h w_h relu(scale q_h . k) for every query and key: [n, T]."""
+    return torch.einsum("nh,nht->nt", w, torch.einsum("nhd,td->nht", q, keys).mul(scale).relu())
+
+
+@pytest.mark.parametrize("n", [1, 3, 40])  # in place (a few queries) and transposed (many)
+@pytest.mark.parametrize("heads, dim", [(4, 32), (8, 16), (20, 24)])
+def test_select_keeps_the_best_earlier_positions(n, heads, dim):
+    gen = torch.Generator().manual_seed(n * 100 + heads)
+    total, count = 300, 37
+    q, w = torch.randn(n, heads, dim, generator=gen), torch.randn(n, heads, generator=gen)
+    keys = torch.randn(total, dim, generator=gen)
+    positions = torch.sort(torch.randint(0, total, (n,), generator=gen)).values
+    positions[0] = 10  # fewer earlier positions than count
+    got = dsa_cpu.select(q, w, keys, positions, count, 0.3)
+    scores = index_scores(q, w, keys, 0.3)
+    for i, pos in enumerate(positions.tolist()):
+        row = got[i].tolist()
+        if pos + 1 <= count:
+            assert row[: pos + 1] == list(range(pos + 1)) and all(p > pos for p in row[pos + 1 :])
+            continue
+        # the k best scores (ties, e.g. at 0 where every head's ReLU is 0, may pick either)
+        best = scores[i, : pos + 1].topk(count).values
+        torch.testing.assert_close(scores[i, row].sort(descending=True).values, best, atol=1e-5, rtol=1e-5)
+        assert row == sorted(set(row)) and row[-1] <= pos, i  # distinct, earlier, in position order
+
+
+def test_select_with_tied_scores_takes_exactly_k():
+    q, w = torch.zeros(2, 4, 16), torch.ones(2, 4)  # every score 0
+    got = dsa_cpu.select(q, w, torch.randn(100, 16), torch.tensor([99, 60]), 10, 1.0)
+    for row, pos in zip(got.tolist(), (99, 60)):
+        assert len(set(row)) == 10 and all(p <= pos for p in row)
+
+
+def reference_attend(query, latents, picked, positions, rank, scale):
+    """query [H, n, W] over each query's chosen rows at or before its position: [H, n, rank]."""
+    out = []
+    for i in range(query.shape[1]):
+        chosen = picked[i][picked[i] <= positions[i]]
+        rows = latents[chosen]
+        weights = torch.softmax(query[:, i] @ rows.t() * scale, dim=-1)
+        out.append(weights @ rows[:, :rank])
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 33])  # one query split among the threads, and many
+@pytest.mark.parametrize("heads, rank, rope", [(8, 128, 32), (5, 40, 8), (17, 200, 16)])
+def test_attend_matches_softmax_over_the_chosen_rows(n, heads, rank, rope):
+    gen = torch.Generator().manual_seed(n + heads)
+    total, k = 900, 300
+    query = torch.randn(heads, n, rank + rope, generator=gen)
+    latents = torch.randn(total, rank + rope, generator=gen)
+    positions = torch.randint(k, total, (n,), generator=gen)
+    positions[0] = 100  # filler: entries after the query's own are skipped
+    picked = torch.stack([torch.randperm(total, generator=gen)[:k] for _ in range(n)])
+    got = dsa_cpu.attend(query, latents, picked, positions, rank, 0.05)
+    torch.testing.assert_close(got, reference_attend(query, latents, picked, positions, rank, 0.05),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_a_query_whose_every_entry_is_filler_gets_zeros_not_nan():
+    query, latents = torch.randn(4, 1, 24), torch.randn(50, 24)
+    got = dsa_cpu.attend(query, latents, torch.tensor([[30, 40, 45]]), torch.tensor([20]), 16, 0.1)
+    assert torch.equal(got, torch.zeros(4, 1, 16))
