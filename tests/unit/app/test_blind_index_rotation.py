@@ -140,3 +140,26 @@ def test_the_current_key_alone_is_what_writers_see(env):
     assert settings.blind_index_key.get_secret_value() == NEW  # e.g. the knowledge base's terms
     assert BlindIndex([NEW, OLD]).candidates("p", "v") == [BlindIndex(NEW)("p", "v"),
                                                            BlindIndex(OLD)("p", "v")]
+
+
+def test_the_cli_re_keys_an_api_key_made_by_the_cli(env):
+    import os
+    import subprocess
+    import sys
+
+    from app import create_app
+
+    app = create_app(settings_from(env, blind_index_key=OLD))
+    created = app.test_cli_runner().invoke(args=["apikeys", "create", "crm"])
+    assert created.exit_code == 0, created.output
+    key = created.stdout.strip()
+    app.extensions["services"].db.dispose()
+
+    run = subprocess.run([sys.executable, "-m", "app.cli", "keys", "rotate-index", "--batch-size", "2"],
+                         env={**os.environ, **env, "BLIND_INDEX_KEY": f"{NEW},{OLD}"},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "api_keys.key_hash: 1" in run.stdout and "can be removed" in run.stdout
+    assert NEW not in run.stdout + run.stderr and OLD not in run.stdout + run.stderr
+    new = services_with(env, NEW)
+    assert authenticate(new.db, new.blind_index, key).name == "crm"
