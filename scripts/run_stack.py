@@ -1,6 +1,7 @@
 """``make run``: the whole stack on this machine, with the WeCom emulator in front.
 
-Starts, in order: migrations, the WeCom emulator (port 8081), gunicorn with the callback (8080),
+Starts, in order: migrations, the handbook loaded into the knowledge base (``kb add``, left
+alone when unchanged), the WeCom emulator (port 8081), gunicorn with the callback (8080),
 a Celery worker and Celery beat, then asks the emulator to verify the callback URL as WeCom's
 console does, and prints the chat page to open. Ctrl-C stops everything.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +46,27 @@ def load_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+HANDBOOK = ROOT / "inference" / "demo" / "corpus" / "company.md"
+HANDBOOK_TITLE = "星河科技员工手册 Employee Handbook"
+
+
+def handbook_contact(path: Path = HANDBOOK) -> str | None:
+    """Whom the bot names when the knowledge base has no answer, as the handbook says
+    ("Feedback on wrong answers: 「IT服务台」 or ext. 8100 (the bot is run by IT)")."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = re.search(r"Feedback on wrong answers:\s*(.+?)\s*\(", text)
+    return f"IT 服务台 / the IT help desk: {found.group(1)}" if found else None
+
+
+def load_handbook(env: dict[str, str]) -> None:
+    """The demo's knowledge base: the handbook, added once (unchanged on later starts)."""
+    subprocess.run([sys.executable, "-m", "app.cli", "kb", "add", str(HANDBOOK),
+                    "--title", HANDBOOK_TITLE], env=env, check=True)
+
+
 def stack_env() -> dict[str, str]:
     env = dict(os.environ)
     for key, value in load_env_file(ROOT / "var" / "dev.env").items():
@@ -58,6 +81,9 @@ def stack_env() -> dict[str, str]:
     # endpoint beside gunicorn's /metrics (docs/observability.md).
     env.setdefault("LOG_FORMAT", "text")
     env.setdefault("METRICS_PORT", "9808")
+    contact = handbook_contact()
+    if contact:
+        env.setdefault("KB_FALLBACK_CONTACT", contact)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -96,6 +122,7 @@ def main() -> None:
     env = stack_env()
     os.chdir(ROOT)
     subprocess.run([sys.executable, "-m", "app.cli", "migrate"], env=env, check=True)
+    load_handbook(env)
     supervisor = Supervisor(programs(env), env=env, cwd=ROOT)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # unwinds to stop() below

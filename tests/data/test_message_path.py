@@ -205,6 +205,13 @@ def test_database_holds_no_message_text_reply_or_user_id(app, services, env):
     for n, text in enumerate(SENTINEL_TEXTS):
         post_message(client, services, text, 100 + n)
         processor.process(ids_of(services)[-1])
+    # A knowledge base document: its title, file name, text and sections are sealed, its index
+    # holds keyed term hashes only.
+    from app.knowledge.store import KnowledgeStore
+
+    KnowledgeStore(services).add(
+        "# SENTINEL-KB-TITLE 手册\n\n## SENTINEL-KB-SECTION\n\nSENTINEL-KB-TEXT 机密条款 bonus.\n".encode(),
+        "SENTINEL-KB 手册", filename="SENTINEL-KB.md", departments=[9])
     # Rotation rewrites every sealed column; the dump must stay clean after it too.
     rotated = rotate_with_new_primary(services, env)
     dump = all_text(services.db.engine)

@@ -4,7 +4,8 @@ One run through the real stack with sentinel values: the CorpSecret, callback to
 data keys, blind-index key, SECRET_KEY, an API key, an admin password, the access_token WeCom
 issued, and a message text (which the fake model echoes into the reply). Then every captured log
 (gunicorn with its access log, the Celery worker and beat, the in-process emulator and test
-servers), a pg_dump of the database and every Redis value are searched for them.
+servers), a pg_dump of the database (the knowledge base's tables too, with a document holding
+the text) and every Redis value are searched for them.
 """
 
 import glob
@@ -90,6 +91,15 @@ def test_no_secret_or_message_text_in_logs_database_or_redis(stack, captured):
     wait_for(lambda: any(TEXT in r for r in stack.replies(user)), timeout=60, what="the answer")
     wait_for(lambda: stack.outbox_rows()[-1]["status"] == "answered", timeout=30, what="answered")
 
+    # A knowledge base document holding the text: sealed, its index keyed term hashes only.
+    from app.knowledge.store import KnowledgeStore
+    from app.services import Services
+    from tests.support.env import settings_from
+
+    KnowledgeStore(Services(settings_from(env), db)).add(
+        f"# {TEXT} 手册\n\n## {TEXT}\n\n{TEXT} 内部条款 bonus.\n".encode(), f"{TEXT} 手册",
+        filename=f"{TEXT}.md", departments=[2])
+
     base = stack.callback_url.rsplit("/wecom/", 1)[0]
     api = requests.post(f"{base}/v1/chat/completions", timeout=30,
                         headers={"Authorization": f"Bearer {api_key}"},
@@ -112,6 +122,7 @@ def test_no_secret_or_message_text_in_logs_database_or_redis(stack, captured):
     places["database dump"] = pg_dump(stack.db.url)
     places["redis"] = "\n".join(repr(stack.redis.dump(k)) for k in stack.redis.scan_iter())
     assert "inbound_messages" in places["database dump"] and "POST /wecom/callback" in places["web"]
+    assert "kb_chunks" in places["database dump"] and "kb_postings" in places["database dump"]
     assert "Task worker.tasks.handle_message" in places["worker"]
     assert "message/send msgid=" in places["in-process (emulator, model)"]  # the capture works
 

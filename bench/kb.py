@@ -1,0 +1,200 @@
+"""Knowledge base: indexing speed, retrieval latency at 1k/10k/100k chunks, recall on the demo.
+
+``python -m bench.kb [--sizes 1000,10000,100000] [--dbs sqlite,postgresql] [--queries 200]``
+
+For each database and size, a fresh database (a SQLite file; a throwaway PostgreSQL database
+at ``BENCH_PG``, default the local server) is migrated and filled with synthetic documents of
+100 chunks, generated from the demo corpus' own words (jieba words of the handbook and the Q&A,
+drawn with their frequencies, Chinese and English mixed as the handbook is), 10 % of them
+visible to one of ten departments; the handbook itself is added too. Indexing runs the real
+path (chunking, segmentation, term hashing, sealing, the transaction): chunks per second.
+Retrieval times ``Retriever.search`` (visibility filter, postings, BM25, decrypting the top
+passages) for the demo's questions asked as a member of department 3: p50 and p95.
+
+Recall@5 uses the handbook alone: for each held-out paraphrase (``heldout_pairs``, greetings and
+small talk left out) the gold passage is the one the item's English answer retrieves first (the
+handbook is written in English with Chinese names; the Chinese answers are translations), and a
+hit is gold among the five best. It also reports, at ``KB_MIN_SCORE``, how many of those
+questions are answered (not declined) and how many of a list of questions the handbook does not
+answer are declined.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections import Counter
+
+from app import migrate
+from app.db import Database
+from app.knowledge.parsing import Block, Parsed
+from app.knowledge.retrieval import Retriever
+from app.knowledge.store import KnowledgeStore
+from app.knowledge.terms import terms
+from app.services import Services
+from inference.demo.corpus import COMPANY_PATH, load_qa
+from tests.support.env import make_env, settings_from
+
+PG_SERVER = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+CHUNKS_PER_DOC = 100
+OUT_OF_SCOPE = [
+    "can I bring my dog to the office?", "公司股票期权怎么行权", "明天上海天气怎么样", "食堂周五有火锅吗",
+    "how do I apply for a patent?", "公司年会在哪里举办", "我可以在工位养猫吗", "What is the CEO's name?",
+    "怎么申请公司宿舍", "公司给家属报销健身房会员吗", "Is there a company choir?", "怎么修改工资卡开户行",
+    "What programming language should I learn?", "推荐一家附近好吃的川菜馆", "how do I file my personal taxes?",
+    "公司明年上市吗", "who won the football match last night?", "帮我写一首关于春天的诗",
+    "what is the stock price today?", "电梯坏了找谁修", "can I sublet my desk?", "公司有托儿所吗",
+    "how do I get a company credit card?", "团建预算是多少", "does the company sponsor MBA degrees?",
+    "怎么申请专利奖金", "is there a nap room?", "公司有班车去杭州吗", "can I work from Bali for a month?",
+    "年终奖什么时候发",
+]
+
+
+def words_of_corpus() -> tuple[list[str], list[int]]:
+    text = COMPANY_PATH.read_text(encoding="utf-8")
+    for item in load_qa():
+        text += "\n" + item["question"] + "\n" + item["answer"]
+    counts = Counter(t for t in terms(text) if not t.startswith("~"))
+    words = list(counts)
+    return words, [counts[w] for w in words]
+
+
+def synthetic_parsed(rng: random.Random, words, weights, n_chunks: int) -> Parsed:
+    blocks = []
+    for i in range(n_chunks):
+        blocks.append(Block(f"Section {i} " + " ".join(rng.choices(words, weights, k=3)), 2))
+        picked = rng.choices(words, weights, k=rng.randint(50, 90))
+        blocks.append(Block("".join(w if not w.isascii() else f" {w} " for w in picked).strip()))
+    return Parsed("markdown", blocks)
+
+
+def fresh_database(kind: str, tmp: str):
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp}/kb-{uuid.uuid4().hex[:8]}.sqlite3"
+        migrate.upgrade(url)
+        return url, lambda: None
+    import sqlalchemy as sa
+
+    name = f"bench_kb_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = PG_SERVER.rsplit("/", 1)[0] + f"/{name}"
+    migrate.upgrade(url)
+
+    def drop():
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return url, drop
+
+
+def services_for(url: str, **overrides) -> Services:
+    env = make_env(DATABASE_URL=url, **overrides)
+    return Services(settings_from(env), Database(url))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def bench_size(kind: str, size: int, queries: list[str], tmp: str) -> dict:
+    url, drop = fresh_database(kind, tmp)
+    try:
+        services = services_for(url)
+        store = KnowledgeStore(services)
+        store.add(COMPANY_PATH.read_bytes(), "Handbook", filename="company.md")
+        rng = random.Random(size)
+        words, weights = words_of_corpus()
+        n_docs = max(1, size // CHUNKS_PER_DOC)
+        started = time.perf_counter()
+        chunks = 0
+        for d in range(n_docs):
+            parsed = synthetic_parsed(rng, words, weights, CHUNKS_PER_DOC)
+            prepared = store.prepare_parsed(parsed)
+            departments = [d % 10 + 1] if d % 10 == 0 else []
+            store.write(prepared, f"doc {d}", departments=departments, audit=False)
+            chunks += len(prepared.chunks)
+        index_s = time.perf_counter() - started
+        if kind == "postgresql":
+            with services.db.engine.connect() as conn:
+                conn.exec_driver_sql("ANALYZE")
+                conn.commit()
+        retriever = Retriever(services)
+        for q in queries[:20]:  # warm caches
+            retriever.search(q, [3])
+        times = []
+        for q in queries:
+            t = time.perf_counter()
+            retriever.search(q, [3])
+            times.append((time.perf_counter() - t) * 1000)
+        services.db.dispose()
+        return {"db": kind, "chunks": chunks, "index_chunks_per_s": chunks / index_s,
+                "p50_ms": statistics.median(times), "p95_ms": percentile(times, 0.95),
+                "queries": len(times)}
+    finally:
+        drop()
+
+
+def recall(tmp: str) -> dict:
+    url, drop = fresh_database("sqlite", tmp)
+    try:
+        services = services_for(url)
+        KnowledgeStore(services).add(COMPANY_PATH.read_bytes(), "Handbook", filename="company.md")
+        retriever = Retriever(services)
+        qa = load_qa()
+        slug = lambda item: item["id"].rsplit("-", 1)[0]  # noqa: E731
+        english = {slug(i): i["answer"] for i in qa if i["lang"] == "en"}
+        hits = total = answered = 0
+        for item in qa:
+            if item["topic"] in ("greeting", "smalltalk"):
+                continue
+            gold = retriever.search(english.get(slug(item), item["answer"]), [], top_k=1,
+                                    min_score=0).candidates
+            if not gold:
+                continue
+            for question in item["heldout"]:
+                result = retriever.search(question, [], top_k=5, min_score=0)
+                total += 1
+                hits += gold[0].chunk_id in [p.chunk_id for p in result.candidates]
+                answered += retriever.search(question, []).found
+        declined = sum(not retriever.search(q, []).found for q in OUT_OF_SCOPE)
+        return {"recall_at_5": hits / total, "questions": total, "answered": answered / total,
+                "out_of_scope_declined": declined / len(OUT_OF_SCOPE),
+                "out_of_scope": len(OUT_OF_SCOPE), "min_score": services.settings.kb_min_score}
+    finally:
+        drop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--dbs", default="sqlite,postgresql")
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    rng = random.Random(7)
+    questions = [item["question"] for item in load_qa()]
+    queries = rng.sample(questions, min(args.queries, len(questions)))
+    with tempfile.TemporaryDirectory() as tmp:
+        r = recall(tmp)
+        print(f"recall@5 on the held-out paraphrases: {r['recall_at_5']:.1%} of {r['questions']}; "
+              f"at KB_MIN_SCORE {r['min_score']}: {r['answered']:.1%} answered, "
+              f"{r['out_of_scope_declined']:.1%} of {r['out_of_scope']} out-of-scope declined",
+              flush=True)
+        print(f"{'db':<11} {'chunks':>8} {'index chunks/s':>15} {'p50 ms':>8} {'p95 ms':>8}", flush=True)
+        for kind in args.dbs.split(","):
+            for size in (int(s) for s in args.sizes.split(",")):
+                row = bench_size(kind, size, queries, tmp)
+                print(f"{row['db']:<11} {row['chunks']:>8} {row['index_chunks_per_s']:>15.0f} "
+                      f"{row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
