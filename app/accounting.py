@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -281,10 +281,13 @@ def retire_price(session: Session, price_id: int, now: datetime | None = None) -
     return price
 
 
-def applicable_budgets(session: Session, user_hash: str, department: str,
+def applicable_budgets(session: Session, user_hash: str | Sequence[str], department: str,
                        api_key_id: str | None = None) -> list[Budget]:
+    """``user_hash`` may list the user's blind index under every key of the ring (a budget set
+    under an older key still applies until ``keys rotate-index`` moves it)."""
+    hashes = [user_hash] if isinstance(user_hash, str) else list(user_hash)
     scopes = [and_(Budget.scope == BudgetScope.GLOBAL),
-              and_(Budget.scope == BudgetScope.USER, Budget.scope_value == user_hash)]
+              and_(Budget.scope == BudgetScope.USER, Budget.scope_value.in_(hashes))]
     if department:
         scopes.append(and_(Budget.scope == BudgetScope.DEPARTMENT, Budget.scope_value == department))
     if api_key_id:
@@ -346,12 +349,14 @@ class Accounting:
 
     def reserve(self, user_hash: str, department: str, model: str, prompt_tokens: int,
                 max_new_tokens: int, api_key_id: str | None = None,
-                message_id: int | None = None, now: datetime | None = None) -> Admission:
+                message_id: int | None = None, now: datetime | None = None,
+                user_hashes: Sequence[str] = ()) -> Admission:
+        """``user_hashes``: the user's blind index under the ring's other keys (their budgets apply)."""
         now = now or utcnow()
         base = {"user_hash": user_hash, "department": department, "api_key_id": api_key_id,
                 "model": model, "message_id": message_id, "prompt_tokens": prompt_tokens}
         with self.db.transaction() as session:
-            budgets = applicable_budgets(session, user_hash, department, api_key_id)
+            budgets = applicable_budgets(session, [user_hash, *user_hashes], department, api_key_id)
             if not budgets:
                 return Admission(True, **base)
             worst = worst_case(price_for(session, model, now), prompt_tokens, max_new_tokens)
@@ -515,18 +520,21 @@ class Accounting:
         return len(charged)
 
     # -- reading -------------------------------------------------------------------------------
-    def user_spend(self, session: Session, user_hash: str, since: date) -> Decimal:
+    def user_spend(self, session: Session, user_hash: str | Sequence[str], since: date) -> Decimal:
+        """``user_hash`` may list the user's blind index under every key of the ring."""
+        hashes = [user_hash] if isinstance(user_hash, str) else list(user_hash)
         total = session.scalar(select(func.sum(UsageDaily.cost)).where(
-            UsageDaily.user_hash == user_hash, UsageDaily.day >= since))
+            UsageDaily.user_hash.in_(hashes), UsageDaily.day >= since))
         return total or Decimal(0)
 
     def budget_status(self, user_hash: str, department: str, api_key_id: str | None = None,
-                      now: datetime | None = None) -> list[dict]:
+                      now: datetime | None = None, user_hashes: Sequence[str] = ()) -> list[dict]:
         """Each applicable budget with its spend in the current period."""
         now = now or utcnow()
         out = []
         with self.db.session() as session:
-            for budget in applicable_budgets(session, user_hash, department, api_key_id):
+            for budget in applicable_budgets(session, [user_hash, *user_hashes], department,
+                                             api_key_id):
                 start = period_start(budget.period, now, self.tz)
                 row = session.get(BudgetPeriod, (budget.id, start))
                 spent = row.spent if row else Decimal(0)

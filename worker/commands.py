@@ -72,16 +72,17 @@ def _usage(context: CommandContext) -> str:
     accounting = meter.accounting
     department = meter.department_of(context.user_hash, context.user_id)
     today = local_day(utcnow(), accounting.tz)
+    # The user under every key of the blind-index ring (one until a key rotation is under way).
+    hashes = meter.services.blind_index.candidates("wecom-user", context.user_id)
     with accounting.db.session() as session:
-        spent_today = accounting.user_spend(session, context.user_hash, today)
-        spent_month = accounting.user_spend(session, context.user_hash, today.replace(day=1))
-        spent_week = accounting.user_spend(session, context.user_hash,
-                                           today - timedelta(days=today.weekday()))
+        spent_today = accounting.user_spend(session, hashes, today)
+        spent_month = accounting.user_spend(session, hashes, today.replace(day=1))
+        spent_week = accounting.user_spend(session, hashes, today - timedelta(days=today.weekday()))
     currency = accounting.currency
     lines = ["我的用量 / My usage:",
              f"今日 today {spent_today:.4f} {currency} · 本周 this week {spent_week:.4f} · "
              f"本月 this month {spent_month:.4f}"]
-    statuses = accounting.budget_status(context.user_hash, department)
+    statuses = accounting.budget_status(context.user_hash, department, user_hashes=hashes)
     if not statuses:
         lines.append("没有设置预算上限。No budget limit applies to you.")
     for status in statuses:

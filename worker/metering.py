@@ -82,9 +82,9 @@ class Meter:
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
                 model: str) -> Charge:
         department = self.department_of(row.user_hash, user_id)
-        admission = self.accounting.reserve(row.user_hash, department, model,
-                                            estimate_prompt_tokens(messages), max_new_tokens,
-                                            message_id=row.id)
+        admission = self.accounting.reserve(
+            row.user_hash, department, model, estimate_prompt_tokens(messages), max_new_tokens,
+            message_id=row.id, user_hashes=self.services.blind_index.candidates("wecom-user", user_id))
         if admission.allowed:
             return Charge(admission)
         budget = admission.blocked_by

@@ -163,3 +163,19 @@ def test_the_cli_re_keys_an_api_key_made_by_the_cli(env):
     assert NEW not in run.stdout + run.stderr and OLD not in run.stdout + run.stderr
     new = services_with(env, NEW)
     assert authenticate(new.db, new.blind_index, key).name == "crm"
+
+
+def test_a_budget_set_under_the_old_key_still_blocks_before_rotate_index(env):
+    old = services_with(env, OLD)
+    with old.db.transaction() as session:
+        set_price(session, "glm", 1, 1, 1, valid_from=utcnow() - timedelta(days=1))
+        set_budget(session, "user", user_hash(old.blind_index, USER), "day", "0.000001")
+    both = services_with(env, f"{NEW},{OLD}")
+    accounting = Accounting(both.db, both.settings.timezone)
+    ring = both.blind_index.candidates("wecom-user", USER)
+    for _ in range(2):  # the new digest alone would never meet the budget
+        assert accounting.reserve(ring[0], "rd", "glm", 10, 10).allowed
+    assert accounting.reserve(ring[0], "rd", "glm", 10, 10, user_hashes=ring).allowed  # as the worker asks
+    blocked = accounting.reserve(ring[0], "rd", "glm", 10, 10, user_hashes=ring)  # now over its limit
+    assert not blocked.allowed and blocked.blocked_by.scope == "user"
+    assert [s["budget"].scope for s in accounting.budget_status(ring[0], "rd", user_hashes=ring)] == ["user"]
