@@ -50,6 +50,9 @@ def export_key(secret: bytes | str) -> bytes:
 
 def sign(manifest: dict, secret: bytes | str) -> str:
     unsigned = {k: v for k, v in manifest.items() if k != "signature"}
+    # The same user's blind index under BLIND_INDEX_KEY's older keys: audit rows keep the one
+    # they were written with (``keys rotate-index`` cannot move what the chain seals).
+    older_actors: tuple[str, ...] = ()
     canonical = json.dumps(unsigned, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hmac.new(export_key(secret), canonical.encode(), hashlib.sha256).hexdigest()
 
@@ -66,7 +69,7 @@ class ExportQuery:
         if self.event_type:
             out.append(AuditEvent.event_type == self.event_type)
         if self.actor:
-            out.append(AuditEvent.actor == self.actor)
+            out.append(AuditEvent.actor.in_((self.actor, *self.older_actors)))
         return out
 
     def as_json(self) -> dict:

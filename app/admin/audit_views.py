@@ -61,7 +61,10 @@ def _query(form: AuditFilterForm) -> ExportQuery:
     since = form.since.data or today - timedelta(days=30)
     until = (form.until.data or today) + timedelta(days=1)
     return ExportQuery(_local_midnight(since, tz), _local_midnight(until, tz),
-                       form.type.data or None, _actor(form.user.data))
+    actor = _actor(form.user.data)
+    older = tuple(services().blind_index.candidates("wecom-user", form.user.data.strip())[1:]) \
+        if actor and form.user.data.strip() != actor else ()
+                       form.type.data or None, actor, older)
 
 
 def _local_midnight(day: date, tz) -> datetime:

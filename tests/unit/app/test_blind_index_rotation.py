@@ -179,3 +179,26 @@ def test_a_budget_set_under_the_old_key_still_blocks_before_rotate_index(env):
     blocked = accounting.reserve(ring[0], "rd", "glm", 10, 10, user_hashes=ring)  # now over its limit
     assert not blocked.allowed and blocked.blocked_by.scope == "user"
     assert [s["budget"].scope for s in accounting.budget_status(ring[0], "rd", user_hashes=ring)] == ["user"]
+
+
+def test_the_audit_search_by_user_id_finds_events_under_every_key(env):
+    from flask import request
+
+    from app import create_app
+    from app.admin.audit_export import ExportQuery
+    from app.admin.audit_views import AuditFilterForm, _query
+    from app.audit import EventType
+    from app.models import AuditEvent
+
+    old = services_with(env, OLD)
+    with old.db.transaction() as session:
+        old.audit.append(session, EventType.MESSAGE_RECEIVED, actor=user_hash(old.blind_index, USER),
+                         outcome="accepted", payload={"message_id": 1})
+    app = create_app(settings_from(env, blind_index_key=f"{NEW},{OLD}"))
+    with app.test_request_context(f"/admin/audit?user={USER}"):
+        query = _query(AuditFilterForm(request.args))
+    assert isinstance(query, ExportQuery) and query.actor == BlindIndex(NEW)("wecom-user", USER)
+    assert query.older_actors == (user_hash(old.blind_index, USER),)
+    with old.db.session() as session:
+        assert len(session.scalars(select(AuditEvent).where(*query.conditions())).all()) == 1
+    app.extensions["services"].db.dispose()
