@@ -122,7 +122,11 @@ class AuditChain(Base):
     last_hash: Mapped[str] = mapped_column(String(64))
     anchor_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     anchor_hash: Mapped[str] = mapped_column(String(64))
-    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)  # when sealed
+    # app.audit_head: the id of the chain key that sealed the head, and the head's MAC over all
+    # of the above (None only before the first append since migration 0007).
+    key_id: Mapped[str | None] = mapped_column(String(16))
+    head_mac: Mapped[str | None] = mapped_column(String(64))
 
 
 # -- accounting (app.accounting) -------------------------------------------------------------------
