@@ -282,6 +282,13 @@ class Settings(BaseSettings):
                                 description="relevance threshold (share of the question's weight a "
                                             "passage matches); below it: 'not found'")
     kb_fallback_contact: str = Field(default="", description="the team named when nothing is found")
+    kb_min_similarity: float = Field(default=0.6, ge=-1, le=1,
+                                     description="cosine from which a dense match is relevant")
+    embeddings_base_url: str = Field(default="", description="OpenAI-compatible /v1 with /embeddings; "
+                                                             "empty: BM25 only")
+    embeddings_api_key: SecretStr = SecretStr("")
+    embeddings_model: str = ""
+    embeddings_timeout_s: float = Field(default=30.0, gt=0)
 
     # -- OpenAI-compatible API (app/api) -------------------------------------------------------
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")

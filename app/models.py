@@ -416,6 +416,8 @@ class KnowledgeChunk(Base):
     text_enc: Mapped[str] = mapped_column(Text)
     tokens: Mapped[int] = mapped_column(Integer)
     length: Mapped[int] = mapped_column(Integer)
+    # the chunk's embedding (float32, unit length), sealed; None without an embeddings server
+    vector_enc: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (Index("ix_kb_chunks_document", "document_id"),)
 
@@ -439,5 +441,5 @@ class KnowledgePosting(Base):
 
 ENCRYPTED_COLUMNS.update({
     KnowledgeDocument.__tablename__: ("id", ("title_enc", "filename_enc", "content_enc")),
-    KnowledgeChunk.__tablename__: ("id", ("section_enc", "text_enc")),
+    KnowledgeChunk.__tablename__: ("id", ("section_enc", "text_enc", "vector_enc")),
 })

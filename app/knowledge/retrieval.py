@@ -4,6 +4,10 @@ Visibility is part of the SQL that reads the postings (``document_id IN (visible
 so a passage of another department is never scored, counted in a term's document frequency, or
 even read: the collection statistics (N, average length) are those of the visible documents.
 
+With an embeddings server (``EMBEDDINGS_BASE_URL``) the question's vector is compared with the
+visible chunks' vectors too (``app.knowledge.embeddings``) and the two rankings are fused by
+reciprocal rank.
+
 Scoring is Okapi BM25 (k1 1.2, b 0.75) over the query's term hashes. Whether the best passage is
 relevant at all is a separate, length-independent number, its *coverage*: the share of the
 question's IDF weight that the passage matches, a term no visible passage holds weighing the
@@ -18,6 +22,7 @@ follow-up, is searched together with the conversation's previous question.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import Counter
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import or_, select
 
+from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.terms import CJK as CJK_CHAR
 from app.knowledge.terms import terms
@@ -36,7 +42,9 @@ from app.models import (
     KnowledgeVisibility,
 )
 
+log = logging.getLogger(__name__)
 K1, B = 1.2, 0.75
+RRF_K = 60  # reciprocal rank fusion's constant (Cormack et al.)
 BIGRAM_WEIGHT = 0.5
 GLOSSARY_WEIGHT = 0.6  # an equivalent from the other language (app.knowledge.glossary)
 EVERYTHING = None  # departments=EVERYTHING: no visibility filter (an admin's test box only)
@@ -54,6 +62,7 @@ class Passage:
     text: str
     score: float  # BM25
     coverage: float  # 0..1, compared with KB_MIN_SCORE
+    similarity: float | None = None  # cosine of the dense vectors, when they are on
 
     @property
     def source(self) -> str:
@@ -127,6 +136,15 @@ def _coverage(words: list[_Word], idf: dict[int, float], matched: set[int]) -> f
     return got / total if total else 0.0
 
 
+def vector_index(services) -> VectorIndex:
+    """The process's one in-memory vector matrix (app.knowledge.embeddings)."""
+    index = getattr(services, "_kb_vector_index", None)
+    if index is None:
+        index = VectorIndex(services)
+        services._kb_vector_index = index
+    return index
+
+
 def _visible_documents(departments):
     query = select(KnowledgeDocument.id)
     if departments is EVERYTHING:
@@ -147,6 +165,8 @@ class Retriever:
         self.settings = services.settings
         self.cipher = services.cipher
         self.hasher = term_hasher(services)
+        self.embedder = client_from(self.settings)
+        self.vectors = vector_index(services)
 
     def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
                top_k: int | None = None, min_score: float | None = None) -> SearchResult:
@@ -203,12 +223,44 @@ class Retriever:
                 norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avgdl))
                 scores[chunk_id] = scores.get(chunk_id, 0.0) + idf[term] * norm * weights[term]
                 matched.setdefault(chunk_id, set()).add(term)
-            best = sorted(scores, key=lambda c: (-scores[c], c))[:top_k]
-            coverage = {c: _coverage(words, idf, matched[c]) for c in best}
-            passages = self._passages(session, best, scores, coverage)
-        return SearchResult(query, [p for p in passages if p.coverage >= threshold], passages)
+            ranked = sorted(scores, key=lambda c: (-scores[c], c))
+            dense = self._dense(session, query, visible, top_k * 5)
+            if dense is None:
+                best = ranked[:top_k]
+                coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in best}
+                passages = self._passages(session, best, scores, coverage)
+                return SearchResult(query, [p for p in passages if p.coverage >= threshold],
+                                    passages)
+            # Reciprocal rank fusion of the two rankings; a passage is relevant when either side
+            # finds it so (BM25's coverage, or the cosine over KB_MIN_SIMILARITY).
+            cosine = dict(dense)
+            fused: dict[int, float] = {}
+            for ranking in (ranked[:top_k * 5], [c for c, _ in dense]):
+                for rank, chunk_id in enumerate(ranking):
+                    fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (RRF_K + rank + 1)
+            best = sorted(fused, key=lambda c: (-fused[c], c))[:top_k]
+            coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in best}
+            passages = self._passages(session, best, {c: scores.get(c, 0.0) for c in best},
+                                      coverage, cosine)
+        minimum = self.settings.kb_min_similarity
+        return SearchResult(query, [p for p in passages if p.coverage >= threshold
+                                    or (p.similarity is not None and p.similarity >= minimum)],
+                            passages)
 
-    def _passages(self, session, chunk_ids, scores, coverage) -> list[Passage]:
+    def _dense(self, session, query: str, visible, limit: int) -> list[tuple[int, float]] | None:
+        """The dense ranking, or None without an embeddings server (or when it fails: BM25
+        alone answers then, and the log says so)."""
+        if self.embedder is None:
+            return None
+        try:
+            [vector] = self.embedder.embed([query])
+        except EmbeddingError as exc:
+            log.warning("dense retrieval skipped: %s", exc)
+            return None
+        ids = set(session.scalars(visible))
+        return self.vectors.search(session, vector, ids, limit)
+
+    def _passages(self, session, chunk_ids, scores, coverage, cosine=None) -> list[Passage]:
         if not chunk_ids:
             return []
         rows = session.execute(
@@ -228,5 +280,6 @@ class Retriever:
                 section=self.cipher.decrypt(r.section_enc, "kb_chunks", "section_enc", chunk_id),
                 text=self.cipher.decrypt(r.text_enc, "kb_chunks", "text_enc", chunk_id),
                 score=scores[chunk_id],
-                coverage=coverage[chunk_id]))
+                coverage=coverage[chunk_id],
+                similarity=None if cosine is None else cosine.get(chunk_id)))
         return out

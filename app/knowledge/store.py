@@ -23,6 +23,7 @@ from sqlalchemy import delete, insert, select
 from app.audit import EventType
 from app.db import utcnow
 from app.knowledge.chunking import Chunk, chunk_blocks
+from app.knowledge.embeddings import EmbeddingError, client_from, seal_vector
 from app.knowledge.parsing import Parsed, UploadError, parse
 from app.knowledge.terms import TermHasher, terms
 from app.models import (
@@ -68,6 +69,7 @@ class Prepared:
     chunks: list[Chunk]
     postings: list[dict[int, int]]  # per chunk: term hash -> frequency
     lengths: list[int]
+    vectors: list | None = None  # per chunk, when an embeddings server is configured
 
 
 @dataclass
@@ -136,6 +138,7 @@ class KnowledgeStore:
         self.settings = services.settings
         self.cipher = services.cipher
         self.hasher = term_hasher(services)
+        self.embedder = client_from(self.settings)
 
     # -- preparing -----------------------------------------------------------------------------
     def prepare(self, data: bytes, filename: str | None = None) -> Prepared:
@@ -157,7 +160,13 @@ class KnowledgeStore:
                 hashed[key] = hashed.get(key, 0) + tf
             postings.append(hashed)
             lengths.append(sum(counts.values()))
-        return Prepared(parsed, chunks, postings, lengths)
+        vectors = None
+        if self.embedder is not None:
+            try:
+                vectors = self.embedder.embed([c.indexed_text for c in chunks])
+            except EmbeddingError as exc:
+                raise UploadError(f"{exc}: try again, or unset EMBEDDINGS_BASE_URL") from None
+        return Prepared(parsed, chunks, postings, lengths, vectors)
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, data: bytes, title: str, *, filename: str | None = None,
@@ -242,14 +251,16 @@ class KnowledgeStore:
         base = document_id * CHUNK_ID_SPAN
         cipher = self.cipher
         chunk_rows, posting_rows = [], []
-        for chunk, hashed, length in zip(prepared.chunks, prepared.postings, prepared.lengths,
-                                         strict=True):
+        vectors = prepared.vectors or [None] * len(prepared.chunks)
+        for chunk, hashed, length, vector in zip(prepared.chunks, prepared.postings,
+                                                 prepared.lengths, vectors, strict=True):
             chunk_id = base + chunk.ordinal
             chunk_rows.append({
                 "id": chunk_id, "document_id": document_id, "ordinal": chunk.ordinal,
                 "section_enc": cipher.encrypt(chunk.section, CHUNKS, "section_enc", chunk_id),
                 "text_enc": cipher.encrypt(chunk.text, CHUNKS, "text_enc", chunk_id),
-                "tokens": chunk.tokens, "length": length})
+                "tokens": chunk.tokens, "length": length,
+                "vector_enc": None if vector is None else seal_vector(cipher, vector, chunk_id)})
             posting_rows.extend((term, chunk_id, document_id, tf, length)
                                 for term, tf in hashed.items())
         if departments:

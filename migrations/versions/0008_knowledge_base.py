@@ -53,6 +53,7 @@ def upgrade() -> None:
     sa.Column('text_enc', sa.Text(), nullable=False),
     sa.Column('tokens', sa.Integer(), nullable=False),
     sa.Column('length', sa.Integer(), nullable=False),
+    sa.Column('vector_enc', sa.Text(), nullable=True),
     sa.ForeignKeyConstraint(['document_id'], ['kb_documents.id'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id')
     )

@@ -336,3 +336,51 @@ def test_migration_matches_the_models_and_is_reversible(database_url):
     finally:
         engine.dispose()
     migrate.upgrade(database_url)
+
+
+# -- dense vectors ---------------------------------------------------------------------------------
+CONCEPTS = {"pet": ("pet", "宠物", "dog", "狗", "猫"), "money": ("bonus", "奖金", "口令", "code"),
+            "home": ("remote", "居家", "在家", "home")}
+
+
+def concept_vectors(texts):
+    """A stand-in embedding model: one dimension per concept, plus one for everything else."""
+    import numpy as np
+
+    out = []
+    for text in texts:
+        lowered = text.lower()
+        v = np.array([sum(lowered.count(w) for w in words) for words in CONCEPTS.values()] + [0.3],
+                     dtype=np.float32)
+        out.append(v / np.linalg.norm(v))
+    return out
+
+
+def test_dense_vectors_are_sealed_fused_and_scoped(services, monkeypatch):
+    from app.knowledge import embeddings
+
+    monkeypatch.setattr(services.settings, "embeddings_base_url", "http://127.0.0.1:9/v1")
+    monkeypatch.setattr(services.settings, "kb_min_similarity", 0.9)
+    monkeypatch.setattr(embeddings.EmbeddingClient, "embed", lambda self, texts: concept_vectors(texts))
+    store = KnowledgeStore(services)
+    store.add(b"# Office\n\n## Pets\n\nDogs may come to the office on Fridays.\n", "Office rules")
+    store.add(FINANCE_ONLY.encode(), "财务制度", departments=[FINANCE])
+    with services.db.session() as session:
+        sealed = session.scalars(select(KnowledgeChunk.vector_enc)).all()
+    assert sealed and all(v.startswith("v1:") for v in sealed)
+    retriever = Retriever(services)
+    # no word in common ("宠物" is in no document): found by its vector alone
+    result = retriever.search("可以带宠物吗", [])
+    assert result.found and result.passages[0].section == "Pets"
+    assert result.passages[0].similarity > 0.9 and result.passages[0].coverage < 0.25
+    # the finance passage's vector matches "奖金" best, but only its department sees it
+    assert all(SENTINEL not in p.text for p in retriever.search("奖金", [SALES], min_score=0).candidates)
+    assert SENTINEL in retriever.search("奖金", [FINANCE]).passages[0].text
+    # the embeddings server failing: BM25 alone answers
+    def down(self, texts):
+        raise embeddings.EmbeddingError("embeddings server: ConnectionError")
+
+    monkeypatch.setattr(embeddings.EmbeddingClient, "embed", down)
+    assert Retriever(services).search("Dogs office Fridays", []).passages[0].section == "Pets"
+    with pytest.raises(UploadError, match="embeddings server"):
+        store.add(b"# New\n\ntext here\n", "New doc")

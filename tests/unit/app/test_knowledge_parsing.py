@@ -213,3 +213,40 @@ def test_term_hashes_are_keyed_64_bit_integers():
     a, b = TermHasher(b"k" * 32), TermHasher(b"j" * 32)
     assert a("年假") == a("年假") != b("年假")
     assert -(2**63) <= a("vpn") < 2**63
+
+
+def test_embedding_client_batches_orders_and_normalizes():
+    import numpy as np
+
+    from app.knowledge.embeddings import EmbeddingClient, EmbeddingError
+
+    calls = []
+
+    class Session:
+        def post(self, url, json, headers, timeout):
+            calls.append((url, json, headers))
+
+            class Resp:
+                def raise_for_status(self):
+                    pass
+
+                def json(self):
+                    data = [{"index": i, "embedding": [3.0, 4.0 + i]} for i in range(len(json["input"]))]
+                    return {"data": list(reversed(data))}
+
+            return Resp()
+
+    client = EmbeddingClient("http://emb:8000/v1/", "bge-m3", "k", session=Session())
+    vectors = client.embed([f"t{i}" for i in range(70)])
+    assert len(vectors) == 70 and len(calls) == 2  # batches of 64
+    assert calls[0][0] == "http://emb:8000/v1/embeddings" and calls[0][2] == {"Authorization": "Bearer k"}
+    assert np.allclose(vectors[0], [0.6, 0.8]) and abs(np.linalg.norm(vectors[5]) - 1) < 1e-6
+
+    class Broken:
+        def post(self, *a, **k):
+            import requests
+
+            raise requests.ConnectionError("down")
+
+    with pytest.raises(EmbeddingError):
+        EmbeddingClient("http://x/v1", "m", session=Broken()).embed(["a"])
