@@ -494,9 +494,10 @@ def kb_search(question: str, departments: tuple[int, ...], everything: bool,
     if result.query != question:
         click.echo(f"searched with the previous question: {result.query!r}")
     for rank, p in enumerate(result.candidates, 1):
-        mark = "" if p.coverage >= threshold else "  (below KB_MIN_SCORE)"
-        click.echo(f"#{rank} bm25 {p.score:.2f} coverage {p.coverage:.2f}{mark}  [{p.document_id}] "
-                   f"{p.source}")
+        mark = "" if p in result.passages else "  (not relevant: below KB_MIN_SCORE)"
+        cosine = "" if p.similarity is None else f" cosine {p.similarity:.2f}"
+        click.echo(f"#{rank} bm25 {p.score:.2f} coverage {p.coverage:.2f}{cosine}{mark}  "
+                   f"[{p.document_id}] {p.source}")
         click.echo("    " + p.text.replace("\n", "\n    "))
     if not result.found:
         click.echo(f"nothing relevant (no passage reaches KB_MIN_SCORE {threshold}): "

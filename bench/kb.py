@@ -1,6 +1,7 @@
 """Knowledge base: indexing speed, retrieval latency at 1k/10k/100k chunks, recall on the demo.
 
-``python -m bench.kb [--sizes 1000,10000,100000] [--dbs sqlite,postgresql] [--queries 200]``
+``python -m bench.kb [--sizes 1000,10000,100000] [--dbs sqlite,postgresql] [--queries 200]
+[--recall-only]``
 
 For each database and size, a fresh database (a SQLite file; a throwaway PostgreSQL database
 at ``BENCH_PG``, default the local server) is migrated and filled with synthetic documents of
@@ -153,6 +154,7 @@ def recall(tmp: str) -> dict:
         slug = lambda item: item["id"].rsplit("-", 1)[0]  # noqa: E731
         english = {slug(i): i["answer"] for i in qa if i["lang"] == "en"}
         hits = total = answered = 0
+        in_scope: list[float] = []  # the best passage's coverage, per held-out question
         for item in qa:
             if item["topic"] in ("greeting", "smalltalk"):
                 continue
@@ -165,10 +167,17 @@ def recall(tmp: str) -> dict:
                 total += 1
                 hits += gold[0].chunk_id in [p.chunk_id for p in result.candidates]
                 answered += retriever.search(question, []).found
+                in_scope.append(max((p.coverage for p in result.candidates), default=0.0))
         declined = sum(not retriever.search(q, []).found for q in OUT_OF_SCOPE)
+        out_scope = [max((p.coverage for p in retriever.search(q, [], min_score=0).candidates),
+                         default=0.0) for q in OUT_OF_SCOPE]
+        sweep = {t: (sum(c >= t for c in in_scope) / len(in_scope),
+                     sum(c < t for c in out_scope) / len(out_scope))
+                 for t in (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5)}
         return {"recall_at_5": hits / total, "questions": total, "answered": answered / total,
                 "out_of_scope_declined": declined / len(OUT_OF_SCOPE),
-                "out_of_scope": len(OUT_OF_SCOPE), "min_score": services.settings.kb_min_score}
+                "out_of_scope": len(OUT_OF_SCOPE), "min_score": services.settings.kb_min_score,
+                "sweep": sweep}
     finally:
         drop()
 
@@ -178,6 +187,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--dbs", default="sqlite,postgresql")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--recall-only", action="store_true", help="skip the latency tables")
     args = parser.parse_args()
     rng = random.Random(7)
     questions = [item["question"] for item in load_qa()]
@@ -188,6 +198,10 @@ def main() -> None:
               f"at KB_MIN_SCORE {r['min_score']}: {r['answered']:.1%} answered, "
               f"{r['out_of_scope_declined']:.1%} of {r['out_of_scope']} out-of-scope declined",
               flush=True)
+        print("KB_MIN_SCORE sweep (held-out answered / out-of-scope declined): " + ", ".join(
+            f"{t}: {a:.0%}/{d:.0%}" for t, (a, d) in r["sweep"].items()), flush=True)
+        if args.recall_only:
+            return
         print(f"{'db':<11} {'chunks':>8} {'index chunks/s':>15} {'p50 ms':>8} {'p95 ms':>8}", flush=True)
         for kind in args.dbs.split(","):
             for size in (int(s) for s in args.sizes.split(",")):

@@ -9,6 +9,5 @@
 - ``prompt``: numbered passages into the model's messages, the sources line, the "not found" reply.
 
 Nothing here stores a word of a document in clear: text is AES-GCM sealed like messages, and the
-index holds HMACs of terms (``docs/knowledge.md`` in the README's Knowledge base section says what
-that still reveals).
+index holds HMACs of terms (``docs/knowledge.md`` says what that still reveals).
 """

@@ -25,7 +25,7 @@ from app.db import utcnow
 from app.knowledge.chunking import Chunk, chunk_blocks
 from app.knowledge.embeddings import EmbeddingError, client_from, seal_vector
 from app.knowledge.parsing import Parsed, UploadError, parse
-from app.knowledge.terms import TermHasher, terms
+from app.knowledge.terms import INDEX_VERSION, TermHasher, terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
@@ -191,7 +191,8 @@ class KnowledgeStore:
         parsed = prepared.parsed
         text = parsed.text
         visibility = KnowledgeVisibility.DEPARTMENTS if departments else KnowledgeVisibility.ALL
-        content_hash = bi("kb-content", f"{parsed.doc_type}\x00{visibility}\x00"
+        content_hash = bi("kb-content", f"{INDEX_VERSION}\x00{self.settings.kb_chunk_tokens}\x00"
+                                        f"{bool(self.embedder)}\x00{parsed.doc_type}\x00{visibility}\x00"
                                         f"{','.join(map(str, departments))}\x00{text}")
         now = utcnow()
         with self.services.db.transaction() as session:

@@ -20,6 +20,9 @@ import re
 import threading
 from collections import Counter
 
+# Part of every document's content hash: a change to how terms are made re-indexes a document on
+# its next upload (``make run``'s handbook); ``kb reindex`` does every document at once.
+INDEX_VERSION = "2"
 _JIEBA_LOCK = threading.Lock()
 _jieba = None
 
@@ -61,12 +64,22 @@ CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 
 
 def _stem(word: str) -> str:
-    """English plurals folded ("days" -> "day", "policies" -> "policy"): enough for a handbook."""
+    """A light English stemmer, the same on both sides: plurals, -ed, -ing and a final -e folded
+    ("days" -> "day", "policies" -> "policy", "changed"/"changing"/"change" -> "chang")."""
+    if not word.isalpha() or len(word) <= 3:
+        return word
     if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")) \
-            and not word[-2].isdigit():
-        return word[:-1]
+        word = word[:-3] + "y"
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    if len(word) > 5 and word.endswith("ing"):
+        word = word[:-3]
+    elif len(word) > 4 and word.endswith("ed"):
+        word = word[:-2]
+    if len(word) > 3 and word[-1] == word[-2] and word[-1] not in "lsz":
+        word = word[:-1]  # "stopped" -> "stopp" -> "stop"
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
     return word
 
 

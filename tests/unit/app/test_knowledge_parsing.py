@@ -203,7 +203,7 @@ def test_count_tokens_cjk_chars_and_words():
 # -- terms -----------------------------------------------------------------------------------------
 def test_terms_segment_chinese_and_lowercase_english_without_stopwords():
     found = terms("VPN 密码忘了怎么办？The Annual Leave days")
-    assert {"vpn", "密码", "annual", "leave", "day"} <= set(found)
+    assert {"vpn", "密码", "annual", "leav", "day"} <= set(found)  # stemmed like the documents
     assert not {"the", "怎么办", "了"} & set(found)
     assert "~密码" in found  # character pairs back up jieba's cuts
     assert "it" in terms("IT help desk")
