@@ -4,17 +4,19 @@ Each event row carries ``seq`` (1, 2, 3, ... without gaps), time, actor (a user'
 an admin's name), type, outcome, request id, a request fingerprint and the payload, AES-GCM
 sealed to ``audit_events.payload_enc:<seq>``. ``row_hash`` is HMAC-SHA256 over a canonical
 serialization of all of those columns *and* ``prev_hash`` (the previous row's ``row_hash``), keyed
-by a key derived from ``SECRET_KEY``: without the server secret a row cannot be changed, inserted,
-moved or dropped and the chain re-sealed to hide it.
+by a key derived from ``SECRET_KEY`` (``app.audit_keys``): without the server secret a row cannot
+be changed, inserted, moved or dropped and the chain re-sealed to hide it.
 
 Appending is serialized by the chain's head row (``audit_chain``, id 1): on PostgreSQL
 ``SELECT ... FOR UPDATE``, on SQLite a write to it first, which takes SQLite's single write lock
-(what ``BEGIN IMMEDIATE`` would). The head holds the last link and the purge anchor: ``purge``
-deletes a prefix of old rows and records the last purged row's seq and hash, so the rest of the
-chain still verifies from there.
-
-Limit, by design: an attacker who can write the database could drop the newest rows and set the
-head back; exports (which carry the head) and off-site copies of the head catch that.
+(what ``BEGIN IMMEDIATE`` would). The head holds the last link and the purge anchor and carries
+its own MAC (``app.audit_head``), so an insider who can write the database cannot move it to a
+truncated tail, reset it, or re-anchor it. What changes the chain's shape is itself a sealed
+event that ``verify`` checks (``app.audit_checks``): ``audit_purge`` (the anchor a purge left),
+``key_rotation`` with a ``chain_key`` (written by the first append under a new ``SECRET_KEY``;
+the old key is good only for rows before it) and ``audit_checkpoint`` (every
+``AUDIT_CHECKPOINT_MINUTES``, so a head replayed from before a cut tail shows as stale). The head
+may also be copied outside the database (``AUDIT_HEAD_FILE``) and compared by ``verify``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import hashlib
 import hmac
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -30,6 +33,9 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from app.audit_checks import ChainChecks
+from app.audit_head import Head, HeadFile
+from app.audit_keys import ChainKeys, chain_key
 from app.db import utcnow
 from app.driver_sql import DriverStatements
 from app.models import AuditChain, AuditEvent
@@ -40,6 +46,7 @@ TABLE = AuditEvent.__tablename__
 GENESIS = "0" * 64
 MIN_RETENTION_DAYS = 180
 MOVE_SEARCH = 64  # how far from its place verify looks for a moved row's original seq
+__all__ = ["AuditLog", "ChainBroken", "Event", "EventType", "chain_key", "request_fingerprint"]
 
 
 class EventType:
@@ -51,10 +58,12 @@ class EventType:
     ADMIN_LOGIN = "admin_login"
     ADMIN_CHANGE = "admin_change"
     EXPORT = "export"
-    KEY_ROTATION = "key_rotation"
+    KEY_ROTATION = "key_rotation"  # data keys (keys rotate) or, with a chain_key, SECRET_KEY
     API_REQUEST = "api_request"  # one per authenticated /v1 call (app.api)
+    AUDIT_PURGE = "audit_purge"  # the anchor a purge left (through_seq, anchor_hash)
+    AUDIT_CHECKPOINT = "audit_checkpoint"  # the beat's periodic reseal of the head
     ALL = (MESSAGE_RECEIVED, REPLY_SENT, REPLY_FAILED, BUDGET_ALERT, BUDGET_BLOCK, ADMIN_LOGIN,
-           ADMIN_CHANGE, EXPORT, KEY_ROTATION, API_REQUEST)
+           ADMIN_CHANGE, EXPORT, KEY_ROTATION, API_REQUEST, AUDIT_PURGE, AUDIT_CHECKPOINT)
 
 
 def request_fingerprint(secret: bytes | str, remote_addr: str | None, user_agent: str | None,
@@ -67,11 +76,6 @@ def request_fingerprint(secret: bytes | str, remote_addr: str | None, user_agent
     hour = (at or utcnow()).astimezone(UTC).strftime("%Y%m%d%H")
     message = "\n".join([remote_addr or "", user_agent or "", hour]).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
-
-
-def chain_key(secret: bytes | str) -> bytes:
-    key = secret.encode() if isinstance(secret, str) else secret
-    return hmac.new(key, b"audit-chain-v1", hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,8 @@ class EventRow:
 
 @dataclass(frozen=True)
 class Issue:
-    kind: str  # changed | inserted | deleted | reordered | head | anchor
+    kind: str  # changed | inserted | deleted | reordered | head | anchor | link | key | purge
+    #   | stale | payload | external (app.audit_checks, AuditLog._check_copy)
     seq: int
     detail: str
 
@@ -132,29 +137,32 @@ class ChainBroken(RuntimeError):
 
 
 class AuditLog:
-    def __init__(self, cipher: FieldCipher, secret: bytes | str, previous_secrets: list = ()):
-        """``previous_secrets``: SECRET_KEYs before a rotation, whose rows still verify."""
+    def __init__(self, cipher: FieldCipher, secret: bytes | str, previous_secrets: list = (), *,
+                 checkpoint_minutes: int = 0, head_file: str | None = None):
+        """``previous_secrets``: SECRET_KEYs before a rotation, whose rows still verify (up to
+        the rotation event). ``checkpoint_minutes``: how often the beat writes a checkpoint; 0:
+        none, and no staleness check. ``head_file``: the head's copy outside the database."""
         self.cipher = cipher
-        self._key = chain_key(secret)
-        self._old_keys = [chain_key(old) for old in previous_secrets]
+        self.keys = ChainKeys(secret, previous_secrets)
+        self.checkpoint_minutes = checkpoint_minutes
+        self.head_file = HeadFile(head_file) if head_file else None
 
     # -- sealing -------------------------------------------------------------------------------
     def seal(self, row: AuditEvent, seq: int | None = None, key: bytes | None = None) -> str:
         """The row's MAC as if it stood at ``seq`` (default: where it stands), under the
         current chain key unless ``key`` names an old one."""
-        fields = [
-            "audit-v1", row.seq if seq is None else seq,
-            row.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
-            row.event_type, row.actor, row.outcome, row.request_id or "", row.fingerprint or "",
-            row.payload_enc, row.prev_hash,
-        ]
-        canonical = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
-        return hmac.new(key or self._key, canonical, hashlib.sha256).hexdigest()
+        return hmac.new(key or self.keys.current, _canonical(row, seq), hashlib.sha256).hexdigest()
+
+    def signer(self, row: AuditEvent, seq: int | None = None) -> int | None:
+        """The rank of the chain key whose MAC the row carries for ``seq`` (0: the current)."""
+        return self.keys.signer(_canonical(row, seq), row.row_hash)
 
     def sealed(self, row: AuditEvent, seq: int | None = None) -> bool:
         """Whether the row's MAC is right for ``seq`` under the current or an earlier key."""
-        return any(hmac.compare_digest(self.seal(row, seq, key), row.row_hash)
-                   for key in (self._key, *self._old_keys))
+        return self.signer(row, seq) is not None
+
+    def head_mac(self, head: Head) -> str:
+        return self.keys.mac(head.canonical())
 
     def payload_of(self, row: AuditEvent) -> dict:
         return json.loads(self.cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.seq))
@@ -172,7 +180,9 @@ class AuditLog:
         Three statements however many events (the callback's group commit writes one per
         message), on the driver's cursor (``app.driver_sql``): move the head's seq past them all,
         which locks the head row until commit (PostgreSQL's row lock; SQLite's one write lock),
-        insert the sealed rows, and move the head's hash. Returns what was written.
+        insert the sealed rows, and move the head's hash and MAC. The first append under a new
+        SECRET_KEY writes the chain-key ``key_rotation`` event first (one statement more).
+        Returns what was written (the caller's events).
         """
         for event in events:
             if event.event_type not in EventType.ALL:
@@ -180,9 +190,14 @@ class AuditLog:
         if not events:
             return []
         sql = DriverStatements(session)
-        [(last_seq, prev_hash)] = sql.execute(
-            "UPDATE audit_chain SET last_seq = last_seq + ? WHERE id = 1 RETURNING last_seq, last_hash",
-            (len(events),))
+        [(last_seq, prev_hash, anchor_seq, anchor_hash, key_id)] = sql.execute(
+            "UPDATE audit_chain SET last_seq = last_seq + ? WHERE id = 1 "
+            "RETURNING last_seq, last_hash, anchor_seq, anchor_hash, key_id", (len(events),))
+        rotation = self._rotation(key_id, last_seq - len(events))
+        if rotation is not None:
+            [(last_seq,)] = sql.execute(
+                "UPDATE audit_chain SET last_seq = last_seq + 1 WHERE id = 1 RETURNING last_seq")
+            events = [rotation, *events]
         rows, now = [], utcnow()
         for seq, event in enumerate(events, start=last_seq - len(events) + 1):
             row = EventRow(
@@ -199,19 +214,56 @@ class AuditLog:
         sql.executemany(_INSERT_EVENT, [(
             row.seq, stored_at, row.event_type, row.actor, row.outcome, row.request_id, row.fingerprint,
             row.payload_enc, row.prev_hash, row.row_hash) for row in rows])
-        sql.execute("UPDATE audit_chain SET last_hash = ?, updated_at = ? WHERE id = 1", (prev_hash, stored_at))
-        return rows
+        head = Head(last_seq, prev_hash, anchor_seq, anchor_hash, self.keys.current_id, now)
+        sql.execute("UPDATE audit_chain SET last_hash = ?, updated_at = ?, key_id = ?, head_mac = ? "
+                    "WHERE id = 1", (prev_hash, stored_at, head.key_id, self.head_mac(head)))
+        return rows[1:] if rotation is not None else rows
+
+    def _rotation(self, head_key_id: str | None, before_seq: int) -> Event | None:
+        """The chain-key rotation event to write first, when the head was sealed under another
+        key (or, upgraded from before head MACs, under none) and the chain has rows."""
+        if head_key_id == self.keys.current_id or (head_key_id is None and before_seq == 0):
+            return None
+        return Event(EventType.KEY_ROTATION, "system", payload={
+            "chain_key": self.keys.current_id, "previous_chain_key": head_key_id})
 
     def record(self, db, event_type: str, **kwargs) -> AuditEvent:
         """Append in a transaction of its own (worker events, CLI commands)."""
         with db.transaction() as session:
-            return self.append(session, event_type, **kwargs)
+            row = self.append(session, event_type, **kwargs)
+        self.publish_head(db)
+        return row
+
+    def checkpoint(self, db) -> int:
+        """Write an ``audit_checkpoint`` event (the beat, every AUDIT_CHECKPOINT_MINUTES): it
+        reseals the head, so a head replayed from before a cut tail looks stale. Its seq."""
+        with db.transaction() as session:
+            row = self.append(session, EventType.AUDIT_CHECKPOINT, actor="system",
+                              payload={"interval_minutes": self.checkpoint_minutes})
+        self.publish_head(db)
+        return row.seq
+
+    def publish_head(self, db) -> None:
+        """Copy the committed head outside the database (when AUDIT_HEAD_FILE is set)."""
+        if self.head_file is None:
+            return
+        with db.reader() as session:
+            head = Head.of(session.get(AuditChain, 1, populate_existing=True))
+        self.head_file.write(head)
 
     # -- verifying -----------------------------------------------------------------------------
-    def verify(self, session: Session, batch: int = 2000) -> VerifyReport:
-        """Walk the chain and name every changed, inserted, deleted or reordered row."""
+    def check(self, db, now: datetime | None = None) -> VerifyReport:
+        """``verify`` in a reader session of its own, on one snapshot (PostgreSQL: REPEATABLE
+        READ, so appends committed meanwhile do not look like rows past the head)."""
+        with snapshot(db) as session:
+            return self.verify(session, now=now)
+
+    def verify(self, session: Session, batch: int = 2000, now: datetime | None = None) -> VerifyReport:
+        """Walk the chain and name every changed, inserted, deleted or reordered row, every
+        broken link, retired key, unsealed/stale head and unrecorded purge."""
         head = session.get(AuditChain, 1, populate_existing=True)
         report = VerifyReport(anchor_seq=head.anchor_seq)
+        checks = ChainChecks(self.keys, self.payload_of, Issue)
         span = max(head.last_seq - head.anchor_seq, 0)
         seen = bytearray(span)  # which written seqs (anchor+1 .. last) we found
         forged: list[AuditEvent] = []
@@ -226,11 +278,14 @@ class AuditLog:
                 report.rows += 1
                 report.first_seq = row.seq if report.first_seq is None else report.first_seq
                 report.last_seq = row.seq
-                written = self._written_seq(session, row)
+                rank = self.signer(row)
+                written = row.seq if rank is not None else self._moved_from(session, row)
                 if written is None:
                     forged.append(row)
                     continue
-                if written != row.seq:
+                if rank is not None:
+                    checks.row(row, rank)
+                else:
                     moves.append((row.seq, written))
                 self._mark(report, seen, head, written, row)
             after = rows[-1].seq
@@ -247,13 +302,17 @@ class AuditLog:
         report.issues += _move_issues(moves)
         report.issues += _missing_issues(seen, head.anchor_seq)
         self._check_ends(session, head, report)
+        checks.head(Head.of(head), head.head_mac, now or utcnow(), self._max_head_age())
+        report.issues += checks.issues
+        report.issues += self._check_copy(session, head)
         report.issues.sort(key=lambda issue: (issue.seq, issue.kind))
         return report
 
-    def _written_seq(self, session: Session, row: AuditEvent) -> int | None:
-        """The seq the row was sealed at: its own, another (it was moved), or None (forged)."""
-        if self.sealed(row):
-            return row.seq
+    def _max_head_age(self) -> timedelta | None:
+        return timedelta(minutes=2 * self.checkpoint_minutes) if self.checkpoint_minutes else None
+
+    def _moved_from(self, session: Session, row: AuditEvent) -> int | None:
+        """The other seq a row that does not verify at its own was sealed at; None (forged)."""
         candidates = list(range(max(row.seq - MOVE_SEARCH, 1), row.seq + MOVE_SEARCH + 1))
         predecessor = session.scalar(select(AuditEvent.seq).where(AuditEvent.row_hash == row.prev_hash))
         if predecessor is not None:
@@ -290,6 +349,8 @@ class AuditLog:
         return "inserted" if links_past or at_end else "changed"
 
     def _check_ends(self, session: Session, head: AuditChain, report: VerifyReport) -> None:
+        """The chain's two ends against the head: the first row links to the anchor, the head
+        names the last row (the head's MAC only says the head is ours, not that it fits)."""
         first = session.get(AuditEvent, head.anchor_seq + 1)
         if first is not None and first.prev_hash != head.anchor_hash and self._intact(first):
             report.issues.append(Issue("anchor", first.seq, "does not link to the purge anchor"))
@@ -300,27 +361,68 @@ class AuditLog:
     def _intact(self, row: AuditEvent) -> bool:
         return self.sealed(row)
 
-    # -- retention -----------------------------------------------------------------------------
-    def purge(self, session: Session, retention_days: int, now: datetime | None = None) -> int:
-        """Delete the events older than the retention; the chain then starts at a new anchor.
+    def _check_copy(self, session: Session, head: AuditChain) -> list[Issue]:
+        """The head against its copy outside the database: the copy may lag, never lead."""
+        if self.head_file is None:
+            return []
+        path = self.head_file.path
+        try:
+            copy = self.head_file.read()
+        except ValueError as exc:
+            return [Issue("external", head.last_seq, str(exc))]
+        if copy is None:
+            return [Issue("external", head.last_seq, f"no head copy at {path} (never written, or removed)")]
+        if copy.last_seq > head.last_seq:
+            return [Issue("external", copy.last_seq, f"the head copy at {path} names seq "
+                          f"{copy.last_seq} (sealed {copy.sealed_at}); the chain ends at "
+                          f"{head.last_seq}: its newest events were cut off")]
+        if copy.last_seq > head.anchor_seq:
+            stored = session.scalar(select(AuditEvent.row_hash).where(AuditEvent.seq == copy.last_seq))
+            if stored != copy.last_hash:
+                return [Issue("external", copy.last_seq, f"the head copy at {path} names another "
+                              f"row at seq {copy.last_seq}: the chain was rewritten from there")]
+        return []
 
-        Refuses a broken chain: anchoring on a tampered row would launder the tampering.
+    # -- retention -----------------------------------------------------------------------------
+    def purge(self, db, retention_days: int, now: datetime | None = None) -> int:
+        """Delete the events older than the retention; the chain then starts at a new anchor,
+        which a sealed ``audit_purge`` event records.
+
+        Refuses a broken chain: anchoring on a tampered row would launder the tampering. The
+        chain is verified *outside* the chain lock (appends go on meanwhile); the lock is then
+        held only to check that the new anchor row and the old anchor are still what was
+        verified, delete, move the anchor and append the purge event.
         """
         if retention_days < MIN_RETENTION_DAYS:
             raise ValueError(f"retention must be at least {MIN_RETENTION_DAYS} days")
         cutoff = (now or utcnow()) - timedelta(days=retention_days)
-        head = lock_head(session)
-        last = session.scalar(select(func.max(AuditEvent.seq)).where(AuditEvent.created_at < cutoff))
-        if last is None:
-            return 0
-        report = self.verify(session)
-        if not report.ok:
-            raise ChainBroken(report)
-        head = session.get(AuditChain, 1, populate_existing=True)
-        anchor_hash = session.scalar(select(AuditEvent.row_hash).where(AuditEvent.seq == last))
-        deleted = session.execute(delete(AuditEvent).where(AuditEvent.seq <= last)).rowcount
-        head.anchor_seq, head.anchor_hash, head.updated_at = last, anchor_hash, utcnow()
-        session.flush()
+        with snapshot(db) as session:
+            last = session.scalar(select(func.max(AuditEvent.seq)).where(AuditEvent.created_at < cutoff))
+            if last is None:
+                return 0
+            report = self.verify(session, now=now)
+            if not report.ok:
+                raise ChainBroken(report)
+            anchor_hash = session.scalar(select(AuditEvent.row_hash).where(AuditEvent.seq == last))
+            verified = session.get(AuditChain, 1)
+            old_anchor = (verified.anchor_seq, verified.anchor_hash)
+        with db.transaction() as session:
+            head = lock_head(session)
+            if (head.anchor_seq, head.anchor_hash) != old_anchor:
+                log.info("audit purge: another purge moved the anchor meanwhile; nothing done")
+                return 0
+            now_hash = session.scalar(select(AuditEvent.row_hash).where(AuditEvent.seq == last))
+            if now_hash != anchor_hash:
+                raise ChainBroken(VerifyReport(anchor_seq=head.anchor_seq, issues=[
+                    Issue("changed", last, "changed while the purge verified the chain")]))
+            deleted = session.execute(delete(AuditEvent).where(AuditEvent.seq <= last)).rowcount
+            session.execute(update(AuditChain).where(AuditChain.id == 1)
+                            .values(anchor_seq=last, anchor_hash=anchor_hash)
+                            .execution_options(synchronize_session=False))
+            self.append(session, EventType.AUDIT_PURGE, actor="system", payload={
+                "through_seq": last, "anchor_hash": anchor_hash, "deleted": deleted,
+                "retention_days": retention_days, "cutoff": cutoff.astimezone(UTC).isoformat()})
+        self.publish_head(db)
         log.info("audit purge: %d events up to seq %d (older than %s)", deleted, last, cutoff)
         return deleted
 
@@ -351,7 +453,7 @@ class AuditLog:
                     row.payload_enc = self.cipher.encrypt(plain, TABLE, "payload_enc", row.seq)
                     rotated += 1
                     relinking = True
-                elif not relinking and not hmac.compare_digest(self.seal(row), row.row_hash):
+                elif not relinking and self.signer(row) != 0:
                     relinking = True  # sealed under an earlier SECRET_KEY: re-seal from here on
                 if relinking:
                     row.prev_hash = prev
@@ -359,9 +461,29 @@ class AuditLog:
                 prev = row.row_hash
             after = rows[-1].seq
             session.flush()
-        head.last_hash = prev
+        head.last_hash, head.key_id, head.updated_at = prev, self.keys.current_id, utcnow()
+        head.head_mac = self.head_mac(Head.of(head))
         session.flush()
         return rotated
+
+
+def _canonical(row, seq: int | None) -> bytes:
+    fields = [
+        "audit-v1", row.seq if seq is None else seq,
+        row.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
+        row.event_type, row.actor, row.outcome, row.request_id or "", row.fingerprint or "",
+        row.payload_enc, row.prev_hash,
+    ]
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@contextmanager
+def snapshot(db):
+    """A reader session that sees one snapshot of the database for all its statements."""
+    with db.reader() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        yield session
 
 
 _EVENT_COLUMNS = ("seq", "created_at", "event_type", "actor", "outcome", "request_id", "fingerprint",

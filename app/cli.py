@@ -2,8 +2,10 @@
 
 - ``migrate``: bring the schema to the newest revision;
 - ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
-- ``audit verify`` / ``audit purge``: check the hash chain, drop events past the retention;
-- ``audit export --out FILE`` / ``audit verify-export FILE``: the signed compliance zip;
+- ``audit verify`` / ``audit purge`` / ``audit checkpoint``: check the hash chain, drop events
+  past the retention, seal a checkpoint now;
+- ``audit export --out FILE`` / ``audit verify-export FILE [--public-key PEM]`` /
+  ``audit public-key``: the Ed25519-signed compliance zip, checked with the public key alone;
 - ``prices set`` / ``prices list``: the versioned price table;
 - ``budgets set`` / ``budgets list``: budgets per scope and period;
 - ``users create NAME --role admin|finance|auditor`` / ``users list`` / ``users unlock``.
@@ -103,10 +105,10 @@ def audit() -> None:
 
 @audit.command()
 def verify() -> None:
-    """Check the chain; name every changed, deleted, inserted or reordered row (exit 1)."""
+    """Check the chain, its head and its sealed purge/rotation/checkpoint events; name every
+    changed, deleted, inserted or reordered row and every other problem (exit 1)."""
     services = _services()
-    with services.db.reader() as session:
-        report = services.audit.verify(session)
+    report = services.audit.check(services.db)
     for issue in report.issues:
         click.echo(str(issue), err=True)
     span = f"seq {report.first_seq}..{report.last_seq}" if report.rows else "no events"
@@ -127,8 +129,7 @@ def purge(days: int | None) -> None:
     if days < MIN_RETENTION_DAYS:
         raise click.BadParameter(f"must be at least {MIN_RETENTION_DAYS}", param_hint="--days")
     try:
-        with services.db.transaction() as session:
-            removed = services.audit.purge(session, days)
+        removed = services.audit.purge(services.db, days)
     except ChainBroken as exc:
         click.echo(str(exc), err=True)
         sys.exit(1)
@@ -163,11 +164,16 @@ def export(out_path, since, until, event_type, reason) -> None:
 
     from app.admin.audit_export import ExportQuery, count_rows, export_stream
     from app.audit import EventType
+    from app.audit_signing import SigningKeyMissing, signing_key
     from app.db import utcnow
 
     services = _services()
     if len(reason.strip()) < 10:
         raise click.BadParameter("give a real reason (at least 10 characters)", param_hint="--reason")
+    try:
+        signing_key(services.settings)
+    except SigningKeyMissing as exc:
+        raise click.ClickException(str(exc)) from None
     if event_type and event_type not in EventType.ALL:
         raise click.BadParameter(f"one of {', '.join(EventType.ALL)}", param_hint="--type")
     tz = services.settings.timezone
@@ -185,20 +191,54 @@ def export(out_path, since, until, event_type, reason) -> None:
     click.echo(f"wrote {out_path}: {total} events")
 
 
+@audit.command()
+def checkpoint() -> None:
+    """Seal a checkpoint event now (the beat does every AUDIT_CHECKPOINT_MINUTES)."""
+    services = _services()
+    seq = services.audit.checkpoint(services.db)
+    click.echo(f"audit checkpoint sealed at seq {seq}")
+
+
+@audit.command("public-key")
+def public_key() -> None:
+    """Print the PEM public key that verifies this server's exports (give it to auditors)."""
+    from app.audit_signing import SigningKeyMissing, public_pem, signing_key
+
+    try:
+        click.echo(public_pem(signing_key(_services().settings)), nl=False)
+    except SigningKeyMissing as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @audit.command("verify-export")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
-def verify_export(path) -> None:
+@click.option("--public-key", "public_key_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="the signer's PEM public key (no server settings needed); "
+                                 "default: this server's own")
+def verify_export(path, public_key_path) -> None:
     """Check an export's signature, checksums, row counts and chain links (exit 1 if not)."""
     from app.admin.audit_export import verify_export as check
 
-    settings = _services().settings
-    problems = check(path, settings.secret_key.get_secret_value(), settings.previous_secret_keys)
+    if public_key_path is not None:
+        with open(public_key_path, "rb") as pem:
+            key = pem.read()
+    else:
+        from app.audit_signing import SigningKeyMissing, signing_key
+
+        try:
+            key = signing_key(_services().settings).public_key()
+        except SigningKeyMissing as exc:
+            raise click.ClickException(f"{exc}; or give --public-key") from None
+    try:
+        problems = check(path, key)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--public-key") from None
     for problem in problems:
         click.echo(problem, err=True)
     if problems:
         click.echo(f"export BROKEN: {len(problems)} problem(s)", err=True)
         sys.exit(1)
-    click.echo("export ok: signature, checksums, row counts and links verify")
+    click.echo("export ok: Ed25519 signature, checksums, row counts and links verify")
 
 
 # -- prices ----------------------------------------------------------------------------------------

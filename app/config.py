@@ -224,6 +224,17 @@ class Settings(BaseSettings):
 
     # -- audit, accounting, budgets (see app/audit.py, app/accounting.py) ----------------------
     audit_retention_days: int = Field(default=180, description="never below 180 (6 months)")
+    audit_checkpoint_minutes: int = Field(
+        default=60, ge=0, le=1440,
+        description="the beat seals a checkpoint event this often; 'audit verify' reports a "
+                    "head sealed more than twice this long ago (a cut tail); 0 = neither")
+    audit_head_file: str | None = Field(
+        default=None, description="a copy of the chain head outside the database, compared by "
+                                  "'audit verify' (a path the database's users cannot write)")
+    audit_export_key: SecretStr | None = Field(
+        default=None, description="Ed25519 key signing exports: PKCS#8 PEM, or base64 of the "
+                                  "32-byte seed ('audit public-key' prints the public half)")
+    audit_export_key_file: str | None = Field(default=None, description="or a PEM file of it")
     company_timezone: str = "Asia/Shanghai"
     currency: str = "CNY"
     budget_thresholds: str = "50,80,100"
@@ -344,6 +355,20 @@ class Settings(BaseSettings):
     @classmethod
     def _keyring_parses(cls, value: SecretStr) -> SecretStr:
         parse_keyring(value.get_secret_value())
+        return value
+
+    @field_validator("audit_head_file", "audit_export_key", "audit_export_key_file", mode="before")
+    @classmethod
+    def _audit_blank_is_unset(cls, value):
+        return None if value is None or (isinstance(value, str) and not value.strip()) else value
+
+    @field_validator("audit_export_key")
+    @classmethod
+    def _export_key_loads(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            from app.audit_signing import private_key_from_text
+
+            private_key_from_text(value.get_secret_value())
         return value
 
     @field_validator("audit_retention_days")

@@ -38,8 +38,9 @@ class Services:
     def audit(self):
         from app.audit import AuditLog
 
-        return AuditLog(self.cipher, self.settings.secret_key.get_secret_value(),
-                        self.settings.previous_secret_keys)
+        s = self.settings
+        return AuditLog(self.cipher, s.secret_key.get_secret_value(), s.previous_secret_keys,
+                        checkpoint_minutes=s.audit_checkpoint_minutes, head_file=s.audit_head_file)
 
     @cached_property
     def intake(self):

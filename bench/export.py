@@ -37,6 +37,8 @@ import sqlalchemy as sa
 
 from app import migrate
 from app.audit import TABLE, EventRow, EventType
+from app.audit_head import Head
+from app.db import utcnow
 from app.models import AuditChain, AuditEvent
 from app.outbox import user_hash
 from app.services import Services
@@ -77,8 +79,10 @@ def seed(services: Services, rows: int, start: datetime, step: timedelta) -> flo
                 batch = []
         if batch:
             conn.execute(sa.insert(table), batch)
+        head = Head(rows, prev, 0, "0" * 64, audit.keys.current_id, utcnow())
         conn.execute(sa.update(AuditChain.__table__).where(AuditChain.id == 1)
-                     .values(last_seq=rows, last_hash=prev))
+                     .values(last_seq=rows, last_hash=prev, key_id=head.key_id,
+                             updated_at=head.sealed_at, head_mac=audit.head_mac(head)))
     return time.perf_counter() - began
 
 
@@ -132,10 +136,11 @@ def export_child(env: dict, since: datetime, until: datetime, out: str, trace: b
 
 def verify_child(env: dict, path: str) -> tuple[float, list[str]]:
     from app.admin.audit_export import verify_export
+    from app.audit_signing import signing_key
 
-    secret = settings_from(env).secret_key.get_secret_value()
+    public_key = signing_key(settings_from(env)).public_key()
     began = time.perf_counter()
-    problems = verify_export(path, secret)
+    problems = verify_export(path, public_key)
     return time.perf_counter() - began, problems
 
 

@@ -28,6 +28,8 @@ def dev_env(api_base: str = "http://127.0.0.1:8081") -> dict[str, str]:
         "DATA_KEYS": "k1:" + base64.b64encode(secrets.token_bytes(32)).decode(),
         "BLIND_INDEX_KEY": secrets.token_urlsafe(48),
         "SECRET_KEY": secrets.token_urlsafe(48),
+        # Ed25519 seed signing audit exports ('python -m app.cli audit public-key' for auditors)
+        "AUDIT_EXPORT_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
     }
 
 

@@ -25,6 +25,7 @@ broker.install()  # redis:// keeps one Redis client per channel (see the module)
 HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
 DATA_MAINTENANCE = "worker.tasks.data_maintenance"
+AUDIT_CHECKPOINT = "worker.tasks.audit_checkpoint"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -65,6 +66,11 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "sweep-outbox": {"task": SWEEP_OUTBOX, "schedule": settings.sweep_interval_s},
             "data-maintenance": {"task": DATA_MAINTENANCE, "schedule": 3600.0},
+            # A sealed checkpoint event: 'audit verify' then reports a head older than twice
+            # this (a tail cut off and an old head put back). 0 turns both off.
+            **({"audit-checkpoint": {"task": AUDIT_CHECKPOINT,
+                                     "schedule": settings.audit_checkpoint_minutes * 60.0}}
+               if settings.audit_checkpoint_minutes else {}),
         },
     )
     return app

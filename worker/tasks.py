@@ -15,7 +15,7 @@ from celery.exceptions import Retry
 from app.config import get_settings
 from app.services import Services
 from app.wecom.client import WeComClient
-from worker.celery_app import DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
+from worker.celery_app import AUDIT_CHECKPOINT, DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
 from worker.conversation import ConversationStore
 from worker.llm import make_backend
 from worker.processor import MessageProcessor
@@ -57,8 +57,7 @@ def data_maintenance() -> dict:
     if not lock.acquire():
         return {}
     try:
-        with services.db.transaction() as session:
-            purged = services.audit.purge(session, settings.audit_retention_days)
+        purged = services.audit.purge(services.db, settings.audit_retention_days)
         charged = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
         if purged or charged:
             log.info("data maintenance: purged %d audit events, charged %d expired reservations",
@@ -67,6 +66,12 @@ def data_maintenance() -> dict:
     finally:
         with suppress(Exception):  # the lock expires by itself
             lock.release()
+
+
+@shared_task(name=AUDIT_CHECKPOINT, acks_late=False)
+def audit_checkpoint() -> int:
+    """Every AUDIT_CHECKPOINT_MINUTES: a sealed checkpoint event reseals the chain head."""
+    return runtime().services.audit.checkpoint(runtime().services.db)
 
 
 @shared_task(bind=True, name=HANDLE_MESSAGE, max_retries=None, acks_late=True)

@@ -3,9 +3,9 @@
 The zip holds ``audit.csv`` and ``audit.jsonl`` (the same events, payloads decrypted) and
 ``manifest.json``: per-file SHA-256 and row counts, the time range and filters, the first and
 last chain hash of the exported rows, the chain head and the result of verifying the whole chain
-at export time, who exported and why, and ``signature``: HMAC-SHA256 over the canonical JSON of
-everything else, keyed by a key derived from ``SECRET_KEY`` (``export_key``). ``verify_export``
-checks all of it; a changed byte in any member, or a changed manifest, fails.
+at export time, who exported and why, and ``signature``: Ed25519 over the canonical JSON of
+everything else (``app.audit_signing``; the key ``AUDIT_EXPORT_KEY``). ``verify_export`` checks
+all of it with the public key alone; a changed byte in any member, or a changed manifest, fails.
 
 Constant memory: ``zipfile`` writes into ``_Sink``, an unseekable stream whose buffer the
 generator hands out and empties every ``CHUNK`` bytes (zipfile then writes data descriptors
@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
-import hmac
 import io
 import json
 import tempfile
@@ -32,29 +31,17 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 
+from app import audit_signing
+from app.audit import snapshot
 from app.db import utcnow
 from app.models import AuditChain, AuditEvent
 
-FORMAT = "wecom-bot-audit-export/1"
+FORMAT = "wecom-bot-audit-export/2"  # /1 was signed with an HMAC of SECRET_KEY
 CSV_NAME, JSONL_NAME, MANIFEST_NAME = "audit.csv", "audit.jsonl", "manifest.json"
 COLUMNS = ("seq", "created_at", "event_type", "actor", "outcome", "request_id", "fingerprint",
            "payload", "prev_hash", "row_hash")
 CHUNK = 64 * 1024
 BATCH = 500
-
-
-def export_key(secret: bytes | str) -> bytes:
-    key = secret.encode() if isinstance(secret, str) else secret
-    return hmac.new(key, b"audit-export-v1", hashlib.sha256).digest()
-
-
-def sign(manifest: dict, secret: bytes | str) -> str:
-    unsigned = {k: v for k, v in manifest.items() if k != "signature"}
-    # The same user's blind index under BLIND_INDEX_KEY's older keys: audit rows keep the one
-    # they were written with (``keys rotate-index`` cannot move what the chain seals).
-    older_actors: tuple[str, ...] = ()
-    canonical = json.dumps(unsigned, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hmac.new(export_key(secret), canonical.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -63,6 +50,9 @@ class ExportQuery:
     until: datetime  # exclusive
     event_type: str | None = None
     actor: str | None = None  # a blind index or an admin actor, as stored
+    # The same user's blind index under BLIND_INDEX_KEY's older keys: audit rows keep the one
+    # they were written with (``keys rotate-index`` cannot move what the chain seals).
+    older_actors: tuple[str, ...] = ()
 
     def conditions(self):
         out = [AuditEvent.created_at >= self.since, AuditEvent.created_at < self.until]
@@ -155,8 +145,9 @@ def _spool_writer(raw) -> gzip.GzipFile:
 
 def export_stream(services, query: ExportQuery, *, reason: str, exported_by: str,
                   progress: Callable[[int], None] | None = None) -> Iterator[bytes]:
-    """Yield the export zip's bytes, chunk by chunk."""
-    with services.db.reader() as session:
+    """Yield the export zip's bytes, chunk by chunk (``SigningKeyMissing`` before the first)."""
+    key = audit_signing.signing_key(services.settings)
+    with snapshot(services.db) as session:
         report = services.audit.verify(session)
         head = session.get(AuditChain, 1)
         head_seq, head_hash, anchor_seq = head.last_seq, head.last_hash, head.anchor_seq
@@ -211,9 +202,10 @@ def export_stream(services, query: ExportQuery, *, reason: str, exported_by: str
         "chain": {"verified": report.ok, "issues": [str(i) for i in report.issues[:50]],
                   "issue_count": len(report.issues), "head_seq": head_seq,
                   "head_hash": head_hash, "anchor_seq": anchor_seq},
-        "signature_alg": "HMAC-SHA256, key = HMAC-SHA256(SECRET_KEY, 'audit-export-v1')",
+        "signature_alg": audit_signing.ALGORITHM,
+        "signing_key_id": audit_signing.key_id(key.public_key()),
     }
-    manifest["signature"] = sign(manifest, services.settings.secret_key.get_secret_value())
+    manifest["signature"] = audit_signing.sign(manifest, key)
     archive.writestr(MANIFEST_NAME, json.dumps(manifest, ensure_ascii=False, indent=2,
                                                sort_keys=True))
     archive.close()
@@ -221,9 +213,11 @@ def export_stream(services, query: ExportQuery, *, reason: str, exported_by: str
 
 
 # -- verification ------------------------------------------------------------------------------------
-def verify_export(path_or_file, secret: bytes | str, previous_secrets: list = ()) -> list[str]:
-    """Every problem found in an export zip (an empty list: it is intact and ours). An export
-    signed before a SECRET_KEY rotation verifies with the earlier key in ``previous_secrets``."""
+def verify_export(path_or_file, public_key) -> list[str]:
+    """Every problem found in an export zip (an empty list: it is intact and signed by the
+    holder of ``public_key``'s private half: an Ed25519 public key, or its PEM)."""
+    if not isinstance(public_key, audit_signing.Ed25519PublicKey):
+        public_key = audit_signing.load_public_key(public_key)
     problems: list[str] = []
     try:
         archive = zipfile.ZipFile(path_or_file)
@@ -237,9 +231,13 @@ def verify_export(path_or_file, secret: bytes | str, previous_secrets: list = ()
             manifest = json.loads(archive.read(MANIFEST_NAME))
         except (ValueError, zipfile.BadZipFile) as exc:
             return [f"manifest.json does not parse: {exc}"]
-        signature = str(manifest.get("signature", ""))
-        if not any(hmac.compare_digest(signature, sign(manifest, key)) for key in (secret, *previous_secrets)):
-            problems.append("manifest signature does not verify (changed, or another server's key)")
+        if not isinstance(manifest, dict):
+            return ["manifest.json is not an object"]
+        if manifest.get("format") != FORMAT:
+            problems.append(f"format {manifest.get('format')!r}, not {FORMAT!r} (an HMAC-signed "
+                            "export from before Ed25519 cannot be checked with a public key)")
+        elif not audit_signing.verify(manifest, public_key):
+            problems.append("manifest signature does not verify (changed, or signed by another key)")
         expected = set(manifest.get("files", {})) | {MANIFEST_NAME}
         if names != expected:
             problems.append(f"unexpected members: {sorted(names ^ expected)}")

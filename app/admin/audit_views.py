@@ -19,6 +19,7 @@ from wtforms import DateField, SelectField, StringField, TextAreaField
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
+from app import audit_signing
 from app.admin import audit_admin, bp, roles_required, services
 from app.admin.audit_export import ExportQuery, export_stream
 from app.admin.limits import in_calendar
@@ -60,10 +61,10 @@ def _query(form: AuditFilterForm) -> ExportQuery:
     today = utcnow().astimezone(tz).date()
     since = form.since.data or today - timedelta(days=30)
     until = (form.until.data or today) + timedelta(days=1)
-    return ExportQuery(_local_midnight(since, tz), _local_midnight(until, tz),
     actor = _actor(form.user.data)
     older = tuple(services().blind_index.candidates("wecom-user", form.user.data.strip())[1:]) \
         if actor and form.user.data.strip() != actor else ()
+    return ExportQuery(_local_midnight(since, tz), _local_midnight(until, tz),
                        form.type.data or None, actor, older)
 
 
@@ -115,6 +116,12 @@ def audit_export():
         return render_template("admin/audit.html", form=AuditFilterForm(request.form),
                                export_form=form, events=[], next_args=None), 400
     svc = services()
+    try:
+        audit_signing.signing_key(svc.settings)
+    except audit_signing.SigningKeyMissing as exc:
+        flash(str(exc), "error")
+        return render_template("admin/audit.html", form=AuditFilterForm(request.form),
+                               export_form=form, events=[], next_args=None), 503
     query = _query(form)
     reason = form.reason.data.strip()
     with svc.db.transaction() as session:

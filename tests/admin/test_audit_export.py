@@ -6,10 +6,15 @@ import io
 import json
 import zipfile
 
+import pytest
+from click.testing import CliRunner
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select
 
+from app import audit_signing
 from app.admin import audit_export
 from app.audit import EventType
+from app.cli import cli
 from app.models import AuditEvent
 from app.outbox import user_hash
 from tests.admin.conftest import post
@@ -24,6 +29,10 @@ def _events(services, n=3):
         services.audit.append(session, EventType.REPLY_SENT,
                               actor=user_hash(services.blind_index, "lisi"), payload={"n": 1})
     return zhang
+
+
+def public_key(services):
+    return audit_signing.signing_key(services.settings).public_key()
 
 
 def _export(client, reason="quarterly compliance review Q4"):
@@ -53,8 +62,7 @@ def test_export_needs_a_reason_and_verifies(as_role, services):
     assert response.status_code == 200 and response.mimetype == "application/zip"
     assert "attachment" in response.headers["Content-Disposition"]
     data = response.get_data()
-    secret = services.settings.secret_key.get_secret_value()
-    assert audit_export.verify_export(io.BytesIO(data), secret) == []
+    assert audit_export.verify_export(io.BytesIO(data), public_key(services)) == []
 
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         manifest = json.loads(archive.read("manifest.json"))
@@ -69,11 +77,12 @@ def test_export_needs_a_reason_and_verifies(as_role, services):
     assert export_event["event_type"] == "export" and export_event["actor"] == "admin:otto"
     assert export_event["payload"]["reason"] == "quarterly compliance review Q4"
 
-    assert audit_export.verify_export(io.BytesIO(data), "another server's secret key......") == [
-        "manifest signature does not verify (changed, or another server's key)"]
-    # After a SECRET_KEY rotation the export still verifies with the old key named as previous.
-    assert audit_export.verify_export(io.BytesIO(data), "the rotated-to secret key.........",
-                                      [secret]) == []
+    assert manifest["signature_alg"] == "Ed25519"
+    assert manifest["signing_key_id"] == audit_signing.key_id(public_key(services))
+    # Another server's public key does not fit; SECRET_KEY plays no part in the signature.
+    other = Ed25519PrivateKey.generate().public_key()
+    assert audit_export.verify_export(io.BytesIO(data), other) == [
+        "manifest signature does not verify (changed, or signed by another key)"]
 
 
 def _rewrite(data: bytes, change) -> bytes:
@@ -131,7 +140,7 @@ def test_export_streams_in_bounded_chunks(services, monkeypatch):
     # Handed out as it is made (deflate emits ~16 KiB bursts), never the whole zip at once.
     assert len(sizes) >= 4 and max(sizes) < 32 * 1024 < sum(sizes)
     data = b"".join(chunks)
-    assert audit_export.verify_export(io.BytesIO(data), services.settings.secret_key.get_secret_value()) == []
+    assert audit_export.verify_export(io.BytesIO(data), public_key(services)) == []
 
 
 def test_cli_export_range_and_type(app, services, tmp_path):
@@ -155,3 +164,114 @@ def test_cli_export_range_and_type(app, services, tmp_path):
     junk.write_bytes(b"not a zip")
     broken = runner.invoke(args=["audit", "verify-export", str(junk)])
     assert broken.exit_code == 1 and "not a readable zip" in broken.output
+
+
+# -- an outside auditor: the public key alone ---------------------------------------------------
+@pytest.fixture
+def exported(app, services, tmp_path):
+    """An export and the server's public key as files, as an auditor receives them."""
+    _events(services)
+    runner = app.test_cli_runner()
+    out = tmp_path / "export.zip"
+    result = runner.invoke(args=["audit", "export", "--out", str(out), "--reason", "external audit 2026"])
+    assert result.exit_code == 0, result.output
+    pem = runner.invoke(args=["audit", "public-key"])
+    assert pem.exit_code == 0 and pem.output.startswith("-----BEGIN PUBLIC KEY-----")
+    key = tmp_path / "server.pub.pem"
+    key.write_text(pem.output)
+    return out, key
+
+
+def auditor_verifies(path, key):
+    """``verify-export --public-key`` outside the app: no settings, no server secret at hand."""
+    return CliRunner().invoke(cli, ["audit", "verify-export", str(path), "--public-key", str(key)],
+                              env={"SECRET_KEY": "", "DATA_KEYS": ""})
+
+
+def _jsonl_without_row(body: bytes, seq: int) -> bytes:
+    return b"".join(line for line in body.splitlines(keepends=True)
+                    if json.loads(line)["seq"] != seq)
+
+
+def _resigned(data: bytes, key: Ed25519PrivateKey, change) -> bytes:
+    """``change`` applied to audit.jsonl, the manifest's digests and counts made to fit, and
+    the manifest signed with ``key``: the best a forger without the server's key can do."""
+    import hashlib
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        body = change(archive.read("audit.jsonl"))
+        manifest = json.loads(archive.read("manifest.json"))
+    manifest["files"]["audit.jsonl"] = {"sha256": hashlib.sha256(body).hexdigest(),
+                                        "rows": len(body.splitlines())}
+    manifest["rows"] = len(body.splitlines())
+    manifest["signature"] = audit_signing.sign(manifest, key)
+    out = json.dumps(manifest).encode()
+    return _rewrite(data, lambda name, old: body if name == "audit.jsonl" else
+                    out if name == "manifest.json" else old)
+
+
+def test_an_auditor_verifies_with_the_public_key_alone(exported):
+    out, key = exported
+    result = auditor_verifies(out, key)
+    assert result.exit_code == 0, result.output
+    assert "export ok: Ed25519 signature" in result.output
+
+
+TAMPERS = {
+    "edited row": lambda data: _rewrite(data, lambda name, body: body.replace(b'"n": 1', b'"n": 2')
+                                        if name == "audit.jsonl" else body),
+    "removed row": lambda data: _rewrite(data, lambda name, body: _jsonl_without_row(body, 2)
+                                         if name == "audit.jsonl" else body),
+    "edited row, manifest re-signed by another key": lambda data: _resigned(
+        data, Ed25519PrivateKey.generate(), lambda body: body.replace(b'"n": 1', b'"n": 2')),
+    "removed row, manifest re-signed by another key": lambda data: _resigned(
+        data, Ed25519PrivateKey.generate(), lambda body: _jsonl_without_row(body, 2)),
+}
+
+
+@pytest.mark.parametrize("tamper", list(TAMPERS))
+def test_every_export_tamper_is_found_with_the_public_key(exported, tmp_path, tamper):
+    out, key = exported
+    forged = tmp_path / "forged.zip"
+    forged.write_bytes(TAMPERS[tamper](out.read_bytes()))
+    result = auditor_verifies(forged, key)
+    assert result.exit_code == 1 and "export BROKEN" in result.output, result.output
+
+
+def test_a_signature_swapped_from_another_export_is_found(app, exported, tmp_path):
+    out, key = exported
+    second = tmp_path / "second.zip"
+    assert app.test_cli_runner().invoke(args=["audit", "export", "--out", str(second), "--reason",
+                                              "a second, later export"]).exit_code == 0
+    with zipfile.ZipFile(second) as archive:
+        signature = json.loads(archive.read("manifest.json"))["signature"]
+
+    def swap(name, body):
+        if name != "manifest.json":
+            return body
+        manifest = json.loads(body)
+        assert manifest["signature"] != signature
+        manifest["signature"] = signature
+        return json.dumps(manifest).encode()
+
+    forged = tmp_path / "swapped.zip"
+    forged.write_bytes(_rewrite(out.read_bytes(), swap))
+    result = auditor_verifies(forged, key)
+    assert result.exit_code == 1 and "signature does not verify" in result.output
+
+
+def test_the_public_key_cannot_sign_and_another_server_key_does_not_verify(exported, tmp_path):
+    out, key = exported
+    public = audit_signing.load_public_key(key.read_bytes())
+    assert not hasattr(public, "sign")  # a verifier holds no signing capability
+    other = tmp_path / "other.pub.pem"
+    other.write_text(audit_signing.public_pem(Ed25519PrivateKey.generate()))
+    result = auditor_verifies(out, other)
+    assert result.exit_code == 1 and "signature does not verify" in result.output
+
+
+def test_an_export_needs_a_signing_key(app, services, monkeypatch, tmp_path):
+    monkeypatch.setattr(services.settings, "audit_export_key", None)
+    result = app.test_cli_runner().invoke(args=["audit", "export", "--out", str(tmp_path / "x.zip"),
+                                                "--reason", "no key configured here"])
+    assert result.exit_code != 0 and "AUDIT_EXPORT_KEY" in result.output

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.admin.audit_export import verify_export
+from app.audit_signing import signing_key
 from app.models import AuditEvent, Budget, UsageRecord
 from tests.browser.conftest import sign_in
 
@@ -102,7 +103,7 @@ def test_auditor_exports_and_the_manifest_verifies(page, site, tmp_path):
     assert download.suggested_filename.startswith("audit-export-")
     path = tmp_path / download.suggested_filename
     download.save_as(path)
-    assert verify_export(path, site.secret) == []
+    assert verify_export(path, signing_key(site.services.settings).public_key()) == []
     with zipfile.ZipFile(path) as archive:
         manifest = json.loads(archive.read("manifest.json"))
     with site.services.db.session() as session:

@@ -143,15 +143,22 @@ def test_inserted_row_in_the_middle_is_named(chain):
 
 
 def test_a_head_that_names_another_row_is_named(chain):
-    """The chain's two ends are checked against the head row: the last row's hash..."""
+    """The chain's two ends are checked against the head row: the last row's hash...
+
+    The head's MAC catches a head changed without the key; resealing it here (as a bug, or a
+    holder of the key, could) leaves the end check alone to see that it names another row."""
     _tamper(chain.db, "UPDATE audit_chain SET last_hash = :h WHERE id = 1", h="e" * 64)
-    assert kinds(verify(chain)) == [("head", 30)]
+    assert kinds(verify(chain)) == [("head", 30), ("head", 30)]
+    reseal_head(chain)
+    report = verify(chain)
+    assert kinds(report) == [("head", 30)] and "names another row" in str(report.issues[0])
 
 
 def test_a_first_row_that_does_not_link_to_the_anchor_is_named(chain):
     """...and the first row's link to the purge anchor (the genesis hash before any purge)."""
     _tamper(chain.db, "UPDATE audit_chain SET anchor_hash = :h WHERE id = 1", h="e" * 64)
-    assert kinds(verify(chain)) == [("anchor", 1)]
+    reseal_head(chain)
+    assert kinds(verify(chain)) == [("anchor", 1), ("purge", 0)]
 
 
 def test_verify_cli_names_the_row_and_fails(chain):
@@ -171,11 +178,15 @@ def test_purge_keeps_the_chain_verifiable(chain):
     # Moving the time is itself tampering; re-seal those rows as if written then.
     _reseal_all(chain)
     assert verify(chain).ok
-    with chain.db.transaction() as session:
-        assert chain.audit.purge(session, 180) == 10
+    assert chain.audit.purge(chain.db, 180) == 10
     report = verify(chain)
     assert report.ok, report.issues
-    assert (report.anchor_seq, report.first_seq, report.rows) == (10, 11, 20)
+    # the 20 kept and the purge's own sealed event, which names the new anchor
+    assert (report.anchor_seq, report.first_seq, report.rows) == (10, 11, 21)
+    with chain.db.session() as session:
+        event = session.get(AuditEvent, 31)
+        assert event.event_type == "audit_purge"
+        assert chain.audit.payload_of(event)["through_seq"] == 10
     append_many(chain.db, chain.audit, 3)
     assert verify(chain).ok
     # Deleting the first row after the anchor is still found.
@@ -184,8 +195,8 @@ def test_purge_keeps_the_chain_verifiable(chain):
 
 
 def test_purge_refuses_short_retention_and_broken_chain(chain):
-    with pytest.raises(ValueError), chain.db.transaction() as session:
-        chain.audit.purge(session, 90)
+    with pytest.raises(ValueError):
+        chain.audit.purge(chain.db, 90)
     from app import create_app
 
     result = create_app(services=chain).test_cli_runner().invoke(args=["audit", "purge", "--days", "30"])
@@ -200,6 +211,22 @@ def _reseal_all(services) -> None:
             row.row_hash = services.audit.seal(row)
             prev = row.row_hash
         session.get(AuditChain, 1).last_hash = prev
+    reseal_head(services)
+
+
+def reseal_head(services, key: bytes | None = None) -> None:
+    """Give the head a MAC that holds for what it now says (under ``key``, else the current)."""
+    import hashlib
+    import hmac
+
+    from app.audit_head import Head
+    from app.audit_keys import key_id
+
+    key = key or services.audit.keys.current
+    with services.db.transaction() as session:
+        head = session.get(AuditChain, 1)
+        head.key_id = key_id(key)
+        head.head_mac = hmac.new(key, Head.of(head).canonical(), hashlib.sha256).hexdigest()
 
 
 def test_fingerprint_is_keyed_and_hourly():
@@ -229,7 +256,7 @@ def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
                                        now=utcnow() - timedelta(hours=2))
     assert tasks.data_maintenance() == {"purged": 5, "charged": 1}
     report = verify(chain)
-    assert report.ok and report.anchor_seq == 5 and report.rows == 25
+    assert report.ok and report.anchor_seq == 5 and report.rows == 26  # 25 + the purge's event
 
 
 def test_secret_key_rotation_keeps_the_chain_verifiable_and_rotate_reseals_it(env, db):
@@ -240,13 +267,20 @@ def test_secret_key_rotation_keeps_the_chain_verifiable_and_rotate_reseals_it(en
     append_many(db, before.audit, 4)
 
     alone = Services(settings_from({**env, "SECRET_KEY": new_secret}), db)
-    assert kinds(verify(alone)) == [("changed", 1), ("changed", 2), ("changed", 3), ("changed", 4)]
+    assert kinds(verify(alone)) == [("changed", 1), ("changed", 2), ("changed", 3), ("changed", 4),
+                                    ("head", 4)]
 
     rotated = Services(settings_from({**env, "SECRET_KEY": new_secret,
                                       "SECRET_KEY_PREVIOUS": old_secret}), db)
-    append_many(db, rotated.audit, 2)  # new rows under the new key, linked to the old ones
-    assert verify(rotated).ok and verify(rotated).rows == 6
+    # The first append under the new key seals the chain-key key_rotation event (seq 5) first;
+    # the new rows follow under the new key, linked to the old ones.
+    append_many(db, rotated.audit, 2)
+    assert verify(rotated).ok and verify(rotated).rows == 7
+    with db.session() as session:
+        event = session.get(AuditEvent, 5)
+        assert event.event_type == "key_rotation"
+        assert rotated.audit.payload_of(event)["chain_key"] == rotated.audit.keys.current_id
 
     rotate_keys(rotated)  # re-seals every row (and appends the key_rotation event) under the new key
-    assert verify(alone).ok and verify(alone).rows == 7
+    assert verify(alone).ok and verify(alone).rows == 8
     assert not verify(before).ok  # the old key alone no longer fits

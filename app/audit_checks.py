@@ -1,0 +1,103 @@
+"""What ``AuditLog.verify`` checks beyond each row's own MAC: links, keys, the head, the anchor.
+
+Fed the rows sealed at their own seq, in seq order, it checks that:
+
+- each row links to the row before it (``prev_hash``): a row edited and re-sealed with some
+  key still breaks the link to its successor;
+- no row is sealed with a key retired by an earlier ``key_rotation`` event of the chain key
+  (``app.audit_keys``: an old ``SECRET_KEY`` is good only for rows before its rotation);
+- the head carries a MAC, under a key not retired by then, and was sealed recently enough
+  (checkpoints reseal it every ``AUDIT_CHECKPOINT_MINUTES``; a head older than twice that is a
+  replayed old head over a cut tail, or checkpoints that stopped);
+- the purge anchor is the one the newest sealed ``audit_purge`` event names (genesis before any
+  purge): a purge done by hand, without its event, shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from app.audit_head import Head
+from app.audit_keys import ChainKeys
+
+GENESIS = "0" * 64
+KEY_ROTATION, AUDIT_PURGE = "key_rotation", "audit_purge"
+
+
+class ChainChecks:
+    def __init__(self, keys: ChainKeys, payload_of: Callable, issue: Callable):
+        self.keys = keys
+        self._payload_of = payload_of
+        self._issue = issue  # Issue's constructor (kind, seq, detail)
+        self.issues: list = []
+        self.allowed_rank = keys.oldest_rank  # before any rotation event: any key of the ring
+        self.rotated_at: int | None = None
+        self.previous: tuple[int, str] | None = None
+        self.purge: tuple[int, dict] | None = None
+
+    def row(self, row, rank: int) -> None:
+        """A row whose MAC holds at its own seq under the key of ``rank``, in seq order."""
+        self._key(row.seq, rank, "sealed")
+        if self.previous is not None and self.previous[0] == row.seq - 1 \
+                and row.prev_hash != self.previous[1]:
+            self._add("link", row.seq, f"does not link to seq {row.seq - 1} (re-sealed after a change?)")
+        self.previous = (row.seq, row.row_hash)
+        if row.event_type in (KEY_ROTATION, AUDIT_PURGE):
+            payload = self._payload(row)
+            if row.event_type == KEY_ROTATION and "chain_key" in payload:
+                self.allowed_rank, self.rotated_at = self.keys.rank(payload["chain_key"]), row.seq
+            elif row.event_type == AUDIT_PURGE:
+                self.purge = (row.seq, payload)
+
+    def head(self, head: Head, mac: str | None, now: datetime, max_age: timedelta | None) -> None:
+        if mac is None:
+            self._add("head", head.last_seq, "the chain head is not sealed: no event was ever "
+                      "written, or the head was reset")
+        else:
+            rank = self.keys.signer(head.canonical(), mac)
+            if rank is None:
+                self._add("head", head.last_seq, "the chain head's MAC does not verify: moved, "
+                          "reset or re-anchored without the chain key")
+            else:
+                self._key(head.last_seq, rank, "the chain head is sealed")
+                age = now - head.sealed_at
+                if max_age is not None and age > max_age:
+                    self._add("stale", head.last_seq, f"the chain head was last sealed "
+                              f"{_hours(age)} ago (checkpoints should reseal it every "
+                              f"{_hours(max_age / 2)}): newest events cut off, or checkpoints stopped")
+        self._anchor(head)
+
+    def _anchor(self, head: Head) -> None:
+        if head.anchor_seq == 0:
+            if head.anchor_hash != GENESIS:
+                self._add("purge", 0, "an anchor hash without any purge")
+            return
+        if self.purge is None:
+            self._add("purge", head.anchor_seq, "the chain starts after a purge no sealed "
+                      "audit_purge event records")
+            return
+        seq, payload = self.purge
+        if (payload.get("through_seq"), payload.get("anchor_hash")) != (head.anchor_seq, head.anchor_hash):
+            self._add("purge", head.anchor_seq, f"the anchor is not the one the newest purge "
+                      f"event (seq {seq}) records (through seq {payload.get('through_seq')})")
+
+    def _key(self, seq: int, rank: int, what: str) -> None:
+        if rank > self.allowed_rank:
+            self._add("key", seq, f"{what} with a chain key retired at seq {self.rotated_at}")
+
+    def _payload(self, row) -> dict:
+        try:
+            payload = self._payload_of(row)
+            return payload if isinstance(payload, dict) else {}
+        except Exception:  # noqa: BLE001 - a sealed row whose payload does not open is reported
+            self._add("payload", row.seq, "sealed, but its payload does not decrypt (a data key missing?)")
+            return {}
+
+    def _add(self, kind: str, seq: int, detail: str) -> None:
+        self.issues.append(self._issue(kind, seq, detail))
+
+
+def _hours(delta: timedelta) -> str:
+    minutes = int(delta.total_seconds() // 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
