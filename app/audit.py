@@ -461,7 +461,10 @@ class AuditLog:
                 prev = row.row_hash
             after = rows[-1].seq
             session.flush()
-        head.last_hash, head.key_id, head.updated_at = prev, self.keys.current_id, utcnow()
+        # key_id stays the key of the last append: when that was an earlier SECRET_KEY, the
+        # next append (keys rotate's own event) still writes the chain-key rotation event, so
+        # the earlier key stops being good for the rows after it.
+        head.last_hash, head.updated_at = prev, utcnow()
         head.head_mac = self.head_mac(Head.of(head))
         session.flush()
         return rotated

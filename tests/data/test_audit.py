@@ -284,3 +284,21 @@ def test_secret_key_rotation_keeps_the_chain_verifiable_and_rotate_reseals_it(en
     rotate_keys(rotated)  # re-seals every row (and appends the key_rotation event) under the new key
     assert verify(alone).ok and verify(alone).rows == 8
     assert not verify(before).ok  # the old key alone no longer fits
+
+
+def test_keys_rotate_right_after_a_secret_key_change_still_retires_the_old_key(env, db):
+    """No append between the SECRET_KEY change and ``keys rotate``: the re-sealed chain still
+    gets its chain-key rotation event, so the old key (if kept) is good for no later row."""
+    from app.security.rotation import rotate_keys
+
+    old_secret = env["SECRET_KEY"]
+    append_many(db, Services(settings_from(env), db).audit, 3)
+    rotated = Services(settings_from({**env, "SECRET_KEY": secrets.token_urlsafe(48),
+                                      "SECRET_KEY_PREVIOUS": old_secret}), db)
+    rotate_keys(rotated)
+    report = verify(rotated)
+    assert report.ok and report.rows == 5, report.issues
+    with db.session() as session:
+        rotation, data_keys = session.get(AuditEvent, 4), session.get(AuditEvent, 5)
+        assert rotated.audit.payload_of(rotation)["chain_key"] == rotated.audit.keys.current_id
+        assert data_keys.event_type == "key_rotation" and "rewritten" in rotated.audit.payload_of(data_keys)
