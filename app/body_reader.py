@@ -26,6 +26,7 @@ from flask import current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 CHUNK = 64 * 1024
+GRANULARITY_S = 0.25
 
 
 class BodyTooSlow(RequestTimeout):
@@ -72,7 +73,9 @@ class Watchdog:
                         entry[3] = FIRED
                         with contextlib.suppress(OSError):
                             entry[2].shutdown(socket.SHUT_RD)
-                self._changed.wait(self._heap[0][0] - now if self._heap else None)
+                # At most a few wake-ups a second however many requests come: a deadline is
+                # met within GRANULARITY_S, and finished reads leave the heap in batches.
+                self._changed.wait(max(self._heap[0][0] - now, GRANULARITY_S) if self._heap else None)
 
 
 WATCHDOG = Watchdog()
@@ -100,6 +103,9 @@ def read_body(limit: int | None = None, timeout_s: float | None = None) -> bytes
             if limit is not None and size > limit:
                 raise RequestEntityTooLarge()
             if time.monotonic() > deadline:
+                if sock is not None:  # else gunicorn would drain the rest of the slow body
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RD)
                 raise BodyTooSlow()
     except (RequestEntityTooLarge, BodyTooSlow):
         raise
