@@ -92,45 +92,44 @@ def is_short(question: str) -> bool:
 
 @dataclass(frozen=True)
 class _Word:
-    """A question's word for coverage: its hash, its weight, and the bigram hashes that stand in
-    for it when the documents cut it differently (all of them must match)."""
+    """A question's word for coverage, the bigrams that stand in for it when the documents cut
+    it differently (a word: all of them; a lone character: any), and its glossary equivalents
+    (each all-or-nothing)."""
 
-    key: int
+    term: str
     weight: float
-    bigrams: tuple[int, ...]
-    alternatives: tuple[tuple[int, ...], ...] = ()  # glossary equivalents, each all-or-nothing
+    bigrams: tuple[str, ...]
+    alternatives: tuple[tuple[str, ...], ...] = ()
 
 
-def _coverage_words(counts: Counter, hasher) -> list[_Word]:
+def _coverage_words(counts: Counter) -> list[_Word]:
     bigrams = [t[1:] for t in counts if t.startswith("~")]
     table = equivalents()
     words = []
     for term in counts:
         if term.startswith("~"):
             continue
-        alternatives = tuple(tuple(hasher(t) for t in alt) for alt in table.get(term, ()))
-        if CJK_CHAR.fullmatch(term):  # a lone character: weak evidence, any bigram with it
-            covering = tuple(hasher("~" + b) for b in bigrams if term in b)
-            words.append(_Word(hasher(term), 0.5, covering, alternatives))
+        alternatives = tuple(table.get(term, ()))
+        if CJK_CHAR.fullmatch(term):  # a lone character: weak evidence
+            words.append(_Word(term, 0.5, tuple("~" + b for b in bigrams if term in b), alternatives))
         elif CJK_CHAR.match(term):
-            words.append(_Word(hasher(term), 1.0,
-                               tuple(hasher("~" + term[i:i + 2]) for i in range(len(term) - 1)),
+            words.append(_Word(term, 1.0, tuple("~" + term[i:i + 2] for i in range(len(term) - 1)),
                                alternatives))
         else:
-            words.append(_Word(hasher(term), 1.0, (), alternatives))
+            words.append(_Word(term, 1.0, (), alternatives))
     return words
 
 
-def _coverage(words: list[_Word], idf: dict[int, float], matched: set[int]) -> float:
+def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> float:
     """The share of the question's words (IDF-weighted) the passage holds, 0..1."""
     total = got = 0.0
     for word in words:
-        weight = idf.get(word.key, 0.0) * word.weight
+        weight = idf.get(word.term, 0.0) * word.weight
         total += weight
-        if word.key in matched or any(all(h in matched for h in alt) for alt in word.alternatives):
+        if word.term in matched or any(all(t in matched for t in alt) for alt in word.alternatives):
             got += weight
         elif word.bigrams:
-            lone = word.weight < 1.0  # a character: any pair with it; a word: all its pairs
+            lone = word.weight < 1.0
             if (any if lone else all)(b in matched for b in word.bigrams):
                 got += weight
     return got / total if total else 0.0
@@ -159,12 +158,12 @@ def _visible_documents(departments):
 
 class Retriever:
     def __init__(self, services):
-        from app.knowledge.store import term_hasher
+        from app.knowledge.store import term_hashers
 
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hasher = term_hasher(services)
+        self.hashers = term_hashers(services)
         self.embedder = client_from(self.settings)
         self.vectors = vector_index(services)
 
@@ -191,15 +190,20 @@ class Retriever:
         counts = Counter(terms(query))
         if not counts:
             return SearchResult(query, [], [])
-        weights: dict[int, float] = {}  # term hash -> its weight in the BM25 sum
+        weights: dict[str, float] = {}  # term -> its weight in the BM25 sum
         for term in counts:
-            key = self.hasher(term)
-            weights[key] = max(weights.get(key, 0.0), BIGRAM_WEIGHT if term.startswith("~") else 1.0)
-        words = _coverage_words(counts, self.hasher)
+            weights[term] = BIGRAM_WEIGHT if term.startswith("~") else 1.0
+        words = _coverage_words(counts)
         for word in words:
             for alt in word.alternatives:
-                for key in alt:
-                    weights.setdefault(key, GLOSSARY_WEIGHT)
+                for term in alt:
+                    weights.setdefault(term, GLOSSARY_WEIGHT)
+        # Each term's hash under every key of the blind-index ring (current first): documents
+        # indexed before a new BLIND_INDEX_KEY are still found until ``kb reindex`` has run.
+        term_of: dict[int, str] = {}
+        for term in weights:
+            for hasher in self.hashers:
+                term_of.setdefault(hasher(term), term)
         visible = _visible_documents(departments)
         with self.services.db.reader() as session:
             stats = session.execute(
@@ -209,16 +213,16 @@ class Retriever:
             if not n_chunks:
                 return SearchResult(query, [], [])
             avgdl = max(sum(r.term_total for r in stats) / n_chunks, 1.0)
-            rows = session.execute(
+            rows = [(term_of[r.term], r.chunk_id, r.tf, r.dl) for r in session.execute(
                 select(KnowledgePosting.term, KnowledgePosting.chunk_id, KnowledgePosting.tf,
                        KnowledgePosting.dl)
-                .where(KnowledgePosting.term.in_(list(weights)),
-                       KnowledgePosting.document_id.in_(visible))).all()
-            df = Counter(r.term for r in rows)
+                .where(KnowledgePosting.term.in_(list(term_of)),
+                       KnowledgePosting.document_id.in_(visible)))]
+            df = Counter(term for term, *_ in rows)
             idf = {t: math.log(1 + (n_chunks - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
                    for t in weights}
             scores: dict[int, float] = {}
-            matched: dict[int, set[int]] = {}
+            matched: dict[int, set[str]] = {}
             for term, chunk_id, tf, dl in rows:
                 norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avgdl))
                 scores[chunk_id] = scores.get(chunk_id, 0.0) + idf[term] * norm * weights[term]

@@ -44,14 +44,25 @@ def normalize_title(title: str) -> str:
     return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", title)).strip().casefold()
 
 
+def term_hashers(services) -> list[TermHasher]:
+    """The term hashers, one per key of the blind-index ring (current first), each keyed by a
+    key derived from that blind-index key (its own domain). Documents are indexed with the
+    first; retrieval asks for all, so a new current BLIND_INDEX_KEY keeps older documents
+    findable until ``kb reindex`` moves them."""
+    hashers = getattr(services, "_kb_term_hashers", None)
+    if hashers is None:
+        bi = services.blind_index
+        under = getattr(bi, "under", None)
+        count = getattr(bi, "key_count", 1) if under else 1
+        hashers = [TermHasher(bytes.fromhex(under(i, "kb-term-key", "v1") if under
+                                            else bi("kb-term-key", "v1"))) for i in range(count)]
+        services._kb_term_hashers = hashers
+    return hashers
+
+
 def term_hasher(services) -> TermHasher:
-    """The index's term hashes, keyed by a key derived from the blind index's current key (its
-    own domain). A new current BLIND_INDEX_KEY therefore needs ``kb reindex``."""
-    hasher = getattr(services, "_kb_term_hasher", None)
-    if hasher is None:
-        hasher = TermHasher(bytes.fromhex(services.blind_index("kb-term-key", "v1")))
-        services._kb_term_hasher = hasher
-    return hasher
+    """The hasher documents are indexed with: the current key's."""
+    return term_hashers(services)[0]
 
 
 def title_hashes(blind_index, title: str) -> list[str]:

@@ -384,3 +384,22 @@ def test_dense_vectors_are_sealed_fused_and_scoped(services, monkeypatch):
     assert Retriever(services).search("Dogs office Fridays", []).passages[0].section == "Pets"
     with pytest.raises(UploadError, match="embeddings server"):
         store.add(b"# New\n\ntext here\n", "New doc")
+
+
+def test_a_new_blind_index_key_keeps_documents_found_until_reindexed(services, env, store, loaded):
+    import secrets
+
+    from app.services import Services
+    from tests.support.env import settings_from
+
+    old = env["BLIND_INDEX_KEY"]
+    new = secrets.token_urlsafe(48)
+    ring = Services(settings_from(env, blind_index_key=f"{new},{old}"), services.db)
+    assert Retriever(ring).search("第一年有几天年假", []).passages[0].section == "年假 Annual leave"
+    # found by its title under the old key, and indexed again under the new one
+    again = KnowledgeStore(ring).add(HANDBOOK.encode(), "员工手册")
+    assert (again.status, again.document_id) == ("replaced", loaded[0].document_id)
+    assert KnowledgeStore(ring).reindex() == 2
+    only_new = Services(settings_from(env, blind_index_key=new), services.db)
+    assert Retriever(only_new).search("第一年有几天年假", []).passages[0].section == "年假 Annual leave"
+    assert not Retriever(services).search("第一年有几天年假", []).found  # the old key alone: gone
