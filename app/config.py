@@ -351,6 +351,21 @@ class Settings(BaseSettings):
         decode_random_secret(value.get_secret_value())
         return value
 
+    @field_validator("blind_index_key")
+    @classmethod
+    def _blind_index_keys_random(cls, value: SecretStr) -> SecretStr:
+        split_blind_index_keys(value.get_secret_value())
+        return value
+
+    @model_validator(mode="after")
+    def _blind_index_current_key(self) -> Settings:
+        # ``blind_index_key`` keeps the current key alone (what every writer and the knowledge
+        # base's term hashes use); the older ones are only for lookups until ``rotate-index``.
+        keys = split_blind_index_keys(self.blind_index_key.get_secret_value())
+        self.blind_index_key = SecretStr(keys[0])
+        self._blind_index_older = keys[1:]
+        return self
+
     @field_validator("data_keys")
     @classmethod
     def _keyring_parses(cls, value: SecretStr) -> SecretStr:
@@ -376,21 +391,6 @@ class Settings(BaseSettings):
     def _retention_at_least_six_months(cls, value: int) -> int:
         if value < 180:
             raise ValueError("must be at least 180 days (the audit log is kept at least 6 months)")
-    @field_validator("blind_index_key")
-    @classmethod
-    def _blind_index_keys_random(cls, value: SecretStr) -> SecretStr:
-        split_blind_index_keys(value.get_secret_value())
-        return value
-
-    @model_validator(mode="after")
-    def _blind_index_current_key(self) -> Settings:
-        # ``blind_index_key`` keeps the current key alone (what every writer and the knowledge
-        # base's term hashes use); the older ones are only for lookups until ``rotate-index``.
-        keys = split_blind_index_keys(self.blind_index_key.get_secret_value())
-        self.blind_index_key = SecretStr(keys[0])
-        self._blind_index_older = keys[1:]
-        return self
-
         return value
 
     @field_validator("company_timezone")
@@ -456,6 +456,11 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def blind_index_keys(self) -> list[str]:
+        """BLIND_INDEX_KEY's keyring, current first: lookups try each, writes use the first."""
+        return [self.blind_index_key.get_secret_value(), *self._blind_index_older]
+
+    @property
     def previous_secret_keys(self) -> list[str]:
         return [k.strip() for k in self.secret_key_previous.get_secret_value().split(",") if k.strip()]
 
@@ -479,11 +484,6 @@ class Settings(BaseSettings):
     def alert_recipients(self) -> list[str]:
         return [u.strip() for u in self.alert_wecom_users.replace("|", ",").split(",") if u.strip()]
 
-
-    @property
-    def blind_index_keys(self) -> list[str]:
-        """BLIND_INDEX_KEY's keyring, current first: lookups try each, writes use the first."""
-        return [self.blind_index_key.get_secret_value(), *self._blind_index_older]
 
 def load_settings(**overrides) -> Settings:
     """Build the settings or raise ``ConfigError`` naming every bad variable."""

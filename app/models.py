@@ -282,26 +282,26 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))  # the key's first characters, for display
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
-    rate_limit_per_min: Mapped[int] = mapped_column(Integer, default=60)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The key's SHA-256, sealed (DATA_KEYS): what ``keys rotate-index`` re-computes ``key_hash``
     # from under a new BLIND_INDEX_KEY. None for a key made before migration 0009 until its
     # next use (app/api/keys.py). A hash, not the key: the database and DATA_KEYS together still
     # cannot call the API.
     key_seal: Mapped[str | None] = mapped_column(Text)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    rate_limit_per_min: Mapped[int] = mapped_column(Integer, default=60)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 # Every AES-GCM column: (table, primary key column, sealed columns). ``keys rotate`` walks these.
 ENCRYPTED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
     InboundMessage.__tablename__: ("id", ("user_enc", "payload_enc", "reply_enc")),
     AuditEvent.__tablename__: ("seq", ("payload_enc",)),
+    ApiKey.__tablename__: ("id", ("key_seal",)),
 }
 
 
 # -- admin accounts (app.admin) --------------------------------------------------------------------
-    ApiKey.__tablename__: ("id", ("key_seal",)),
 class AdminRole:
     ADMIN = "admin"  # budgets, prices, users
     FINANCE = "finance"  # cost views, cost export
