@@ -79,8 +79,6 @@ def rotate(batch_size: int) -> None:
     click.echo(f"all sealed columns now use key {services.cipher.primary_id!r}")
 
 
-# -- audit -----------------------------------------------------------------------------------------
-@click.group()
 @keys.command("rotate-index")
 @click.option("--batch-size", default=500, show_default=True, type=click.IntRange(1, 100_000))
 def rotate_index(batch_size: int) -> None:
@@ -99,6 +97,8 @@ def rotate_index(batch_size: int) -> None:
                "the older keys can be removed")
 
 
+# -- audit -----------------------------------------------------------------------------------------
+@click.group()
 def audit() -> None:
     """The hash-chained audit log."""
 
