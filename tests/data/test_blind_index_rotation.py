@@ -1,5 +1,6 @@
 """BLIND_INDEX_KEY as a keyring: rows and API keys written under the old key are found once a
-new key leads the ring, and still after ``keys rotate-index`` with the old key removed."""
+new key leads the ring, and still after ``keys rotate-index`` with the old key removed (each test
+on SQLite and PostgreSQL: ``env`` comes from tests/data/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from app import migrate
 from app.accounting import Accounting, Usage, applicable_budgets, set_budget, set_price
 from app.api.keys import authenticate, create_key, key_hash
 from app.config import ConfigError
@@ -23,17 +23,10 @@ from app.security.index_rotation import rotate_index
 from app.services import Services
 from app.wecom.messages import parse_message
 from tests.support.callbacks import text_message_xml
-from tests.support.env import make_env, settings_from
+from tests.support.env import settings_from
 
 OLD, NEW = secrets.token_urlsafe(48), secrets.token_urlsafe(48)
 USER = "zhangwei"
-
-
-@pytest.fixture
-def env(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ring.sqlite3'}"
-    migrate.upgrade(url)
-    return make_env(DATABASE_URL=url)
 
 
 def services_with(env, ring: str) -> Services:
