@@ -13,10 +13,13 @@ weights saved by transformers, ~220M parameters. Decode tokens/s:
 Runs are interleaved over ROUNDS and medians reported (a shared VM's bandwidth moves).
 Target (issue #21): at least 2x transformers at batch 1 and 16.
 
-`python -m bench.moe flash` runs the GLM-4.7-Flash section alone (`flash_main`, issue #22), no
-argument runs both: a scaled-down GLM-4.7-Flash (glm4_moe_lite: Multi-head Latent Attention over
-a cache of latents + the same MoE) decode at batch 1 and 16 against transformers `generate()`,
-and its KV bytes per token against per-head K/V.
+`python -m bench.moe flash` runs the GLM-4.7-Flash section alone (`flash_main`, issue #22): a
+scaled-down GLM-4.7-Flash (glm4_moe_lite: Multi-head Latent Attention over a cache of latents +
+the same MoE) decode at batch 1 and 16 against transformers `generate()`, and its KV bytes per
+token against per-head K/V. `python -m bench.moe mtp` runs the MTP section alone (`mtp_main`):
+the same model with an MTP layer written in as the published checkpoints carry it, speculative
+decoding against plain (greedy, one request, and the serving engine at batch 16). No argument
+runs all three.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import Glm4MoeConfig, Glm4MoeLiteConfig
 from transformers import Glm4MoeForCausalLM as HfGlm4Moe
 from transformers import Glm4MoeLiteForCausalLM as HfGlm4MoeLite
@@ -37,6 +41,7 @@ from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
 from inference.layers import linear
 from inference.layers.cache_layouts import cache_layout
+from inference.llm import LLM
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
 
@@ -181,6 +186,98 @@ def flash_main() -> None:
     print("\n".join(kv_bytes_lines(fp32)))
 
 
+# -- MTP speculative decoding (issue #22) --------------------------------------------------------
+
+MTP_TOKENS, MTP_KS = 64, (1, 2, 3, 4)
+
+
+def write_mtp_layer(path: str, drafts_follow: bool) -> None:
+    """Write layer `num_hidden_layers` (GLM's MTP layer, under the published names) into the
+    checkpoint at `path`: a copy of its last decoder layer plus `enorm`, `hnorm`, `eh_proj` and
+    `shared_head.norm`. Random weights make drafts nobody would accept, which only times the
+    machinery: with `drafts_follow` the model is made predictable and the layer made to predict
+    it. Every layer's writes to the residual stream are scaled down 1000x, so that the model's next
+    token is a fixed function f of its current one (the last hidden state is mostly that token's
+    embedding), and `eh_proj` is [I ; 0]: the layer carries the next token's embedding to the
+    shared head, which then says f(next), the token after next, as the model will. The model still
+    does all its work a step; only what it computes is simple."""
+    file = Path(path) / "model.safetensors"
+    state = load_file(file)
+    config = ModelConfig.from_pretrained(path)
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    if drafts_follow:
+        for name in state:
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                state[name] = state[name] / 1000
+    g = torch.Generator().manual_seed(3)
+    last, m = f"model.layers.{layers - 1}.", f"model.layers.{layers}."
+    mtp = {m + name.removeprefix(last): t.clone() for name, t in state.items() if name.startswith(last)}
+    for norm in ("enorm", "hnorm"):
+        mtp[f"{m}{norm}.weight"] = torch.ones(hidden)
+    mtp[f"{m}shared_head.norm.weight"] = state["model.norm.weight"].clone()
+    mtp[f"{m}eh_proj.weight"] = (torch.cat((torch.eye(hidden), torch.zeros(hidden, hidden)), dim=1) if drafts_follow
+                                 else torch.randn(hidden, 2 * hidden, generator=g) / (2 * hidden) ** 0.5)
+    save_file({**state, **mtp}, file, metadata={"format": "pt"})
+
+
+def timed_generation(llm: LLM, prompt: list[int], k: int) -> tuple[float, object]:
+    params = SamplingParams(temperature=0, max_tokens=MTP_TOKENS, ignore_eos=True)
+    generation = llm.stream(prompt, params, speculative_k=k)
+    start = time.perf_counter()
+    for _ in generation:
+        pass
+    return time.perf_counter() - start, generation
+
+
+def timed_engine(model, prompts: list[list[int]], k: int) -> tuple[float, object]:
+    params = SamplingParams(temperature=0, max_tokens=MTP_TOKENS, ignore_eos=True)
+    args = EngineArgs(max_num_seqs=BATCH, speculative_k=k, max_model_len=PROMPT + MTP_TOKENS + 16)
+    engine = LLMEngine(model, args=args, eos_token_ids=[])
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return time.perf_counter() - start, engine.speculative_stats
+
+
+def mtp_main() -> None:
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    config = Glm4MoeLiteConfig(**FLASH_SHAPED)
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(2, config.vocab_size, (BATCH, PROMPT), generator=g).tolist()
+    print(f"GLM-4.7-Flash-shaped (bench.moe flash's model) with an MTP layer; greedy, {PROMPT}-token prompts, "
+          f"{MTP_TOKENS} new tokens (prefill included); fp32")
+    print(f"\n{'MTP layer':>22} {'':>9} {'k':>2} {'s':>7} {'tok/s':>8} {'x plain':>8} {'accepted':>9} {'tok/round':>10}")
+    for drafts_follow in (True, False):
+        torch.manual_seed(0)
+        hf = HfGlm4MoeLite(config).eval()
+        with tempfile.TemporaryDirectory() as path:
+            hf.save_pretrained(path)
+            write_mtp_layer(path, drafts_follow)
+            model = load_model(path, ModelConfig.from_pretrained(path), "cpu")
+        llm = LLM(model, eos_token_ids=[])
+        name = "drafts that follow" if drafts_follow else "random (rejected)"
+        timed_generation(llm, prompts[0], 2)  # warm-up
+        plain = statistics.median(timed_generation(llm, prompts[0], 0)[0] for _ in range(ROUNDS))
+        print(f"{name:>22} {'batch 1':>9} {0:>2} {plain:7.2f} {MTP_TOKENS / plain:8.1f} {1:8.2f}x {'':>9} {'':>10}")
+        for k in MTP_KS:
+            runs = [timed_generation(llm, prompts[0], k) for _ in range(ROUNDS)]
+            took = statistics.median(t for t, _ in runs)
+            stats = runs[0][1].speculative_stats
+            rate = sum(stats.accepted) / max(1, sum(stats.proposed))
+            print(f"{name:>22} {'batch 1':>9} {k:>2} {took:7.2f} {MTP_TOKENS / took:8.1f} {plain / took:7.2f}x "
+                  f"{rate:8.0%} {stats.emitted / max(1, stats.rounds):10.2f}")
+        plain_b, _ = timed_engine(model, prompts, 0)
+        print(f"{name:>22} {f'batch {BATCH}':>9} {0:>2} {plain_b:7.2f} {BATCH * MTP_TOKENS / plain_b:8.1f} "
+              f"{1:8.2f}x {'':>9} {'':>10}")
+        took, stats = timed_engine(model, prompts, 2)
+        rate = sum(stats.accepted) / max(1, sum(stats.proposed))
+        print(f"{name:>22} {f'batch {BATCH}':>9} {2:>2} {took:7.2f} {BATCH * MTP_TOKENS / took:8.1f} "
+              f"{plain_b / took:7.2f}x {rate:8.0%} {stats.emitted / max(1, stats.rounds):10.2f}")
+    print(f"(batch 1: medians of {ROUNDS} runs; batch {BATCH}: the serving engine, one run each)")
+
+
 def report(runs: dict) -> None:
     """Warm each run up, time them in interleaved rounds and print the medians."""
     for run in runs.values():  # warm-up: first calls choose kernels and make weight copies
@@ -203,7 +300,6 @@ def report(runs: dict) -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] != ["flash"]:
-        main()
-    if sys.argv[1:] in ([], ["flash"]):
-        flash_main()
+    sections = {"air": main, "flash": flash_main, "mtp": mtp_main}
+    for name in sys.argv[1:] or sections:
+        sections[name]()
