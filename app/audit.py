@@ -262,6 +262,8 @@ class AuditLog:
         """Walk the chain and name every changed, inserted, deleted or reordered row, every
         broken link, retired key, unsealed/stale head and unrecorded purge."""
         head = session.get(AuditChain, 1, populate_existing=True)
+        if head is None:  # appends fail without it; say so rather than walk nothing
+            return VerifyReport(issues=[Issue("head", 0, "the chain head row (audit_chain id 1) is missing")])
         report = VerifyReport(anchor_seq=head.anchor_seq)
         checks = ChainChecks(self.keys, self.payload_of, Issue)
         span = max(head.last_seq - head.anchor_seq, 0)

@@ -119,6 +119,13 @@ def test_every_event_deleted_and_the_head_anchored_past_them(guarded):
     assert ("head", 30) in found and ("purge", 30) in found
 
 
+def test_the_head_row_deleted(guarded):
+    sql(guarded, "DELETE FROM audit_chain")
+    assert broken(guarded) == [("head", 0)]
+    with pytest.raises(ValueError):  # and nothing appends without it
+        append_many(guarded.db, guarded.audit, 1)
+
+
 def test_one_event_edited(guarded):
     sql(guarded, "UPDATE audit_events SET actor = 'someone else' WHERE seq = 12")
     assert broken(guarded) == [("changed", 12)]
