@@ -244,12 +244,19 @@ class AuditLog:
         return row.seq
 
     def publish_head(self, db) -> None:
-        """Copy the committed head outside the database (when AUDIT_HEAD_FILE is set)."""
+        """Copy the committed head outside the database (when AUDIT_HEAD_FILE is set).
+
+        A copy that cannot be written is logged, not raised: the event is committed already,
+        and a caller that retried on the error would write it twice; ``verify`` reports the
+        copy as missing or behind."""
         if self.head_file is None:
             return
         with db.reader() as session:
             head = Head.of(session.get(AuditChain, 1, populate_existing=True))
-        self.head_file.write(head)
+        try:
+            self.head_file.write(head)
+        except OSError as exc:
+            log.warning("audit head copy not written to %s: %s", self.head_file.path, exc)
 
     # -- verifying -----------------------------------------------------------------------------
     def check(self, db, now: datetime | None = None) -> VerifyReport:

@@ -74,6 +74,8 @@ class HeadFile:
                             str(data["sealed_at"]))
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise ValueError(f"{self.path} cannot be read: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{self.path} is not a head copy: {exc}") from None
 

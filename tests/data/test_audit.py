@@ -161,6 +161,30 @@ def test_a_first_row_that_does_not_link_to_the_anchor_is_named(chain):
     assert kinds(verify(chain)) == [("anchor", 1), ("purge", 0)]
 
 
+def test_a_chain_from_before_migration_0007_is_sealed_by_its_next_append(chain):
+    """Upgraded rows carry no head MAC: verify says so until the next append seals the head,
+    which first writes the chain-key rotation event naming the key in use from then on."""
+    _tamper(chain.db, "UPDATE audit_chain SET key_id = NULL, head_mac = NULL WHERE id = 1")
+    report = verify(chain)
+    assert kinds(report) == [("head", 30)] and "not sealed" in str(report.issues[0])
+    append_many(chain.db, chain.audit, 1)
+    report = verify(chain)
+    assert report.ok and report.rows == 32, report.issues
+    with chain.db.session() as session:
+        event = session.get(AuditEvent, 31)
+        assert chain.audit.payload_of(event) == {"chain_key": chain.audit.keys.current_id,
+                                                 "previous_chain_key": None}
+
+
+def test_a_head_copy_that_cannot_be_written_does_not_fail_the_event(env, db, tmp_path, caplog):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    services = Services(settings_from(env, audit_head_file=str(blocked / "head.json")), db)
+    services.audit.record(db, EventType.ADMIN_CHANGE, actor="cli", payload={})
+    assert "audit head copy not written" in caplog.text
+    assert [i.kind for i in verify(services).issues] == ["external"]
+
+
 def test_verify_cli_names_the_row_and_fails(chain):
     from app import create_app
 
