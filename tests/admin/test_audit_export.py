@@ -270,8 +270,12 @@ def test_the_public_key_cannot_sign_and_another_server_key_does_not_verify(expor
     assert result.exit_code == 1 and "signature does not verify" in result.output
 
 
-def test_an_export_needs_a_signing_key(app, services, monkeypatch, tmp_path):
+def test_an_export_needs_a_signing_key(app, as_role, services, monkeypatch, tmp_path):
     monkeypatch.setattr(services.settings, "audit_export_key", None)
     result = app.test_cli_runner().invoke(args=["audit", "export", "--out", str(tmp_path / "x.zip"),
                                                 "--reason", "no key configured here"])
     assert result.exit_code != 0 and "AUDIT_EXPORT_KEY" in result.output
+    refused = _export(as_role("auditor"))
+    assert refused.status_code == 503 and "AUDIT_EXPORT_KEY" in refused.get_data(as_text=True)
+    with services.db.session() as session:  # refused before the export event is written
+        assert not session.scalars(select(AuditEvent).where(AuditEvent.event_type == "export")).all()
