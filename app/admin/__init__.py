@@ -1,14 +1,16 @@
 """The admin area under ``/admin``: login, dashboard, budgets and prices, audit, exports.
 
 One blueprint (``admin``) with its ``templates/`` and ``static/`` beside it; the views live in
-one module per page group (``auth``, ``dashboard``, ``budgets``, ``audit_views``, ``finance``).
+one module per page group (``auth``, ``dashboard``, ``budgets``, ``audit_views``, ``finance``,
+``knowledge``).
 
 Security: local accounts (``accounts.py``), Flask-Login sessions in a signed cookie (HttpOnly,
 SameSite=Lax, Secure unless ``SESSION_COOKIE_SECURE=false``) that name a session kept
 server-side (``sessions.py``: revoked at logout, an absolute lifetime), CSRF tokens (Flask-WTF) on every
 form of the app except the WeCom callback blueprint, which WeCom signs itself. Roles:
-``admin`` (budgets, prices, users; may read the dashboard), ``finance`` (dashboard, cost export),
-``auditor`` (audit search and export). Every admin action is an audit event.
+``admin`` (budgets, prices, users, the knowledge base; may read the dashboard), ``finance``
+(dashboard, cost export), ``auditor`` (audit search and export). Every admin action is an audit
+event.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def init_app(app, services) -> None:
     )
     app.session_interface = AdminSessions()
     login_manager.init_app(app)
+    from app.admin import knowledge
+
+    app.before_request(knowledge.upload_limit)  # before CSRF's check, which reads the body
     csrf.init_app(app)
     from app import aibot_callback, api, callback
 
