@@ -36,11 +36,23 @@ def dev_env(api_base: str = "http://127.0.0.1:8081") -> dict[str, str]:
 def main(path: str = "var/dev.env") -> None:
     target = Path(path)
     if target.exists():
+        add_missing(target)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("".join(f"{k}={v}\n" for k, v in dev_env().items()))
     target.chmod(0o600)
     print(f"wrote fresh secrets to {target}")
+
+
+def add_missing(target: Path) -> None:
+    """Give a file made by an earlier version the variables added since (never changing one
+    it has: its secrets seal the local database's rows)."""
+    present = {line.split("=", 1)[0] for line in target.read_text().splitlines() if "=" in line}
+    missing = {k: v for k, v in dev_env().items() if k not in present}
+    if missing:
+        with target.open("a") as out:
+            out.write("".join(f"{k}={v}\n" for k, v in missing.items()))
+        print(f"added {', '.join(missing)} to {target}")
 
 
 if __name__ == "__main__":
