@@ -5,7 +5,11 @@ Same SHA1 signature and AES as the self-built app (``crypto.py``), but:
 * the receive id is "" (the bot belongs to no CorpID);
 * WeCom POSTs ``{"encrypt": "..."}`` and the plaintext is JSON: ``msgid``, ``aibotid``,
   ``chattype`` (``single``/``group``), ``chatid`` (groups), ``from.userid``, ``response_url``,
-  ``msgtype`` (``text``, ``mixed``, ``image``, ``voice``, ``file``, ``stream``, ``event``);
+  ``msgtype`` (``text``, ``mixed``, ``image``, ``voice``, ``file``, ``stream``, ``event``):
+  ``text.content``; ``voice.content`` (WeCom's own transcript of the voice message);
+  ``image.url`` and ``file.url`` (the bytes behind them AES-256-CBC encrypted with the bot's
+  EncodingAESKey, IV its first 16 bytes: ``crypto.decrypt_media``); ``mixed.msg_item``, a list
+  of ``text`` and ``image`` items in the order written;
 * the reply is the HTTP body, JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}`` around
   a ``{"msgtype": "stream", "stream": {"id", "finish", "content"}}`` message. While ``finish`` is
   false WeCom keeps POSTing ``msgtype: stream`` refresh callbacks carrying ``stream.id`` (about
@@ -25,8 +29,8 @@ from app import json_input
 from app.wecom.crypto import WeComCrypto
 from app.wecom.exceptions import MessageParseError
 
-#: The msgtypes that carry a question for the model.
-QUESTION_TYPES = ("text", "mixed")
+#: The msgtypes that carry a question for the model (text, a transcript, an image, a file).
+QUESTION_TYPES = ("text", "mixed", "voice", "image", "file")
 MAX_JSON_BYTES = 256 * 1024
 # WeCom separates an @mention from the text with a space or U+2005 (four-per-em space).
 _SPACES = " \t\u2005\u00a0\u3000"
@@ -53,6 +57,8 @@ class AibotMessage:
     create_time: int = 0
     agent_id: int | None = None  # the outbox's column; bots have none
     raw_types: tuple[str, ...] = field(default=())  # item types of a mixed message
+    image_urls: tuple[str, ...] = field(default=())  # image / mixed: encrypted image URLs
+    file_url: str = ""  # file: the encrypted file's URL
 
     @property
     def is_group(self) -> bool:
@@ -123,15 +129,33 @@ def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
         items = (data.get("mixed") or {}).get("msg_item") if isinstance(data.get("mixed"), dict) else None
         if not isinstance(items, list):
             raise MessageParseError("mixed message without msg_item list")
-        texts, kinds = [], []
+        texts, kinds, images = [], [], []
         for item in items:
             if not isinstance(item, dict):
                 raise MessageParseError("mixed msg_item entries must be objects")
             kinds.append(_string(item, "msgtype"))
             if item.get("msgtype") == "text" and isinstance(item.get("text"), dict):
                 texts.append(_string(item["text"], "content"))
-        return AibotMessage(**fields, content="\n".join(t for t in texts if t), raw_types=tuple(kinds))
-    return AibotMessage(**fields)  # image, voice, file, ...: no text for the model
+            if item.get("msgtype") == "image" and isinstance(item.get("image"), dict):
+                images.append(_string(item["image"], "url"))
+        return AibotMessage(**fields, content="\n".join(t for t in texts if t), raw_types=tuple(kinds),
+                            image_urls=tuple(url for url in images if url))
+    if msg_type == "voice":
+        voice = data.get("voice") if isinstance(data.get("voice"), dict) else {}
+        return AibotMessage(**fields, content=_string(voice, "content"))
+    if msg_type == "image":
+        image = data.get("image") if isinstance(data.get("image"), dict) else {}
+        url = _string(image, "url")
+        if not url:
+            raise MessageParseError("image message without image.url")
+        return AibotMessage(**fields, content="", image_urls=(url,))
+    if msg_type == "file":
+        file = data.get("file") if isinstance(data.get("file"), dict) else {}
+        url = _string(file, "url")
+        if not url:
+            raise MessageParseError("file message without file.url")
+        return AibotMessage(**fields, content="", file_url=url)
+    return AibotMessage(**fields)  # video, ...: no text for the model
 
 
 def _string(data: dict, key: str) -> str:

@@ -1,4 +1,4 @@
-"""WeCom server API for one self-built app: access_token, message/send, user/get.
+"""WeCom server API for one self-built app: access_token, message/send, user/get, media/get.
 
 The access_token (gettoken, valid ``expires_in`` = 7200 s) is cached once for all processes in
 Redis, refreshed ``token_refresh_margin`` seconds early. When it is missing, one process fetches
@@ -12,20 +12,26 @@ Error policy (codes in ``exceptions.py``):
   here: a send whose answer was lost may have been delivered, the caller retries with backoff
   (45009 and 429 are marked ``rate_limited``: the caller waits for WeCom's limit window);
 * 60020 ``UntrustedIPError``, 81013 ``NoValidReceiverError``, ``invaliduser``/``unlicenseduser``
-  naming the receiver ``InvalidUserError``/``UnlicensedUserError``; any other code
-  ``WeComAPIError``.
+  naming the receiver ``InvalidUserError``/``UnlicensedUserError``; 40007 (a media_id unknown
+  or past its 3 days) ``InvalidMediaError``; any other code ``WeComAPIError``;
+* media/get answers the bytes themselves, or WeCom's JSON error with HTTP 200: the body is read
+  only up to the caller's byte limit (``MediaRejectedError`` beyond it, or for a content type
+  the caller does not accept).
 
 Neither the secret nor a token is ever logged or put in an exception message.
 """
 
 from __future__ import annotations
 
+import json as json_module
 import logging
 import re
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 from redis.exceptions import RedisError
@@ -33,6 +39,7 @@ from redis.exceptions import RedisError
 from app.wecom.exceptions import (
     TOKEN_ERRCODES,
     InvalidUserError,
+    MediaRejectedError,
     UnlicensedUserError,
     WeComAPIError,
     WeComTransientError,
@@ -59,6 +66,41 @@ return 0
 def redact(text: str) -> str:
     """``text`` with any access_token/corpsecret query value masked (requests puts URLs in errors)."""
     return _SECRET_IN_URL.sub(r"\1=***", text)
+
+
+@dataclass(frozen=True)
+class Media:
+    """A file from media/get: its bytes, type (lower case, no parameters) and name, if told."""
+
+    data: bytes
+    content_type: str
+    filename: str = ""
+
+
+_FILENAME = re.compile(r"""filename\*?=(?:UTF-8'')?"?([^";]+)"?""", re.IGNORECASE)
+
+
+def _filename(disposition: str | None) -> str:
+    """The file name of a ``Content-Disposition`` header (WeCom: ``attachment; filename="a.pdf"``)."""
+    match = _FILENAME.search(disposition or "")
+    return unquote(match.group(1)).strip()[:200] if match else ""
+
+
+def read_limited(response: requests.Response, max_bytes: int, what: str) -> bytes:
+    """The body of a streamed ``response``, refused once it passes ``max_bytes``."""
+    declared = response.headers.get("Content-Length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        response.close()
+        raise MediaRejectedError(f"{what} is {int(declared)} bytes, over the {max_bytes} limit",
+                                 too_large=True)
+    parts, size = [], 0
+    for part in response.iter_content(64 * 1024):
+        size += len(part)
+        if size > max_bytes:
+            response.close()
+            raise MediaRejectedError(f"{what} is over the {max_bytes} byte limit", too_large=True)
+        parts.append(part)
+    return b"".join(parts)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -329,3 +371,66 @@ class WeComClient:
         if not userid:
             raise ValueError("userid is empty")
         return self._call("GET", "/cgi-bin/user/get", params={"userid": userid})
+
+    # --- media/get -----------------------------------------------------------------------------
+
+    def get_media(self, media_id: str, *, max_bytes: int,
+                  accept: tuple[str, ...] = ()) -> Media:
+        """A temporary media (a callback's image, voice or file) by ``media_id``.
+
+        ``accept``: content type prefixes taken (``("image/",)``); empty takes any. A body over
+        ``max_bytes`` is refused while it is read, never held whole.
+        """
+        if not media_id:
+            raise ValueError("media_id is empty")
+        token = self.access_token()
+        for attempt in (0, 1):
+            response = self._get_stream("/cgi-bin/media/get",
+                                        {"access_token": token, "media_id": media_id})
+            content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if content_type in ("application/json", "text/plain"):
+                # WeCom's errors come as JSON with HTTP 200 (text/plain from some front ends).
+                body = read_limited(response, 64 * 1024, "media/get error")
+                try:
+                    data = json_module.loads(body)
+                except ValueError:
+                    data = None
+                if isinstance(data, dict) and int(data.get("errcode", 0) or 0) != 0:
+                    errcode = int(data["errcode"])
+                    if errcode in TOKEN_ERRCODES and attempt == 0:
+                        logger.info("WeCom rejected the access_token (errcode %s); refreshing once", errcode)
+                        token = self._refresh(rejected=token)
+                        continue
+                    raise api_error(errcode, str(data.get("errmsg", "")), data)
+                if accept and not any(content_type.startswith(a) for a in accept):
+                    raise MediaRejectedError(f"media is {content_type}, not {'/'.join(accept)}")
+                if len(body) > max_bytes:
+                    raise MediaRejectedError(f"media is over the {max_bytes} byte limit", too_large=True)
+                return Media(body, content_type, _filename(response.headers.get("Content-Disposition")))
+            if accept and not any(content_type.startswith(a) for a in accept):
+                response.close()
+                raise MediaRejectedError(f"media is {content_type or 'untyped'}, not {'/'.join(accept)}")
+            data = read_limited(response, max_bytes, "media")
+            return Media(data, content_type, _filename(response.headers.get("Content-Disposition")))
+        raise WeComAPIError(-1, "media/get: the token was refused twice", {})  # pragma: no cover
+
+    def _get_stream(self, path: str, params: dict) -> requests.Response:
+        try:
+            response = self.session.get(self.api_base + path, params=params, timeout=self.timeout,
+                                        stream=True)
+        except requests.Timeout as exc:
+            raise WeComTransientError(None, f"timeout calling {path}: {redact(str(exc))}") from None
+        except requests.RequestException as exc:
+            raise WeComTransientError(
+                None, f"{type(exc).__name__} calling {path}: {redact(str(exc))}") from None
+        if response.status_code == 429:
+            response.close()
+            raise WeComTransientError(None, f"HTTP 429 from {path}", rate_limited=True,
+                                      retry_after=_retry_after(response.headers.get("Retry-After")))
+        if response.status_code >= 500:
+            response.close()
+            raise WeComTransientError(None, f"HTTP {response.status_code} from {path}")
+        if response.status_code != 200:
+            response.close()
+            raise WeComAPIError(-response.status_code, f"HTTP {response.status_code} from {path}", {})
+        return response

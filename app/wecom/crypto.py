@@ -174,3 +174,19 @@ def extract_encrypt(post_body: bytes | str) -> str:
     if not isinstance(encrypt, str) or not encrypt.strip():
         raise ParseXmlError("no Encrypt element")
     return encrypt.strip()
+
+
+def encrypt_media(key: bytes, data: bytes) -> bytes:
+    """The AI bot's encrypted media (an image or file URL's bytes): AES-256-CBC with the bot's
+    EncodingAESKey, IV = key[:16], PKCS#7 padded to 32 bytes; no random prefix, no receive id."""
+    encryptor = Cipher(algorithms.AES(key), modes.CBC(key[:16])).encryptor()
+    return encryptor.update(pkcs7_pad(data)) + encryptor.finalize()
+
+
+def decrypt_media(key: bytes, data: bytes) -> bytes:
+    """The other side of ``encrypt_media``; ``DecryptAesError``/``IllegalBufferError`` when the
+    bytes were not encrypted with this key."""
+    if not data or len(data) % 16:
+        raise DecryptAesError("encrypted media is not whole AES blocks")
+    decryptor = Cipher(algorithms.AES(key), modes.CBC(key[:16])).decryptor()
+    return pkcs7_unpad(decryptor.update(data) + decryptor.finalize())

@@ -135,6 +135,19 @@ class UnlicensedUserError(InvalidUserError):
     """The receiver is in the app's visible range but has no basic licence (``unlicenseduser``)."""
 
 
+class InvalidMediaError(WeComAPIError):
+    """40007 invalid media_id: unknown, or expired (a media_id lives 3 days): ask for it again."""
+
+
+class MediaRejectedError(WeComAPIError):
+    """media/get answered bytes the caller will not take: over its size limit, or not of the
+    content type it expects (``errcode`` -2: no WeCom errcode, the client's own refusal)."""
+
+    def __init__(self, errmsg: str, *, too_large: bool = False):
+        super().__init__(-2, errmsg, {})
+        self.too_large = too_large
+
+
 class InvalidContentError(WeComAPIError):
     """44004 (empty text content) or 45002 (content over WeCom's size limit): fix the message."""
 
@@ -154,6 +167,7 @@ _ERRCODE_CLASSES: dict[int, type[WeComAPIError]] = {
     81013: NoValidReceiverError,
     40003: InvalidUserError,
     60111: InvalidUserError,
+    40007: InvalidMediaError,
     44004: InvalidContentError,
     45002: InvalidContentError,
 }

@@ -9,8 +9,10 @@ What WeCom sends (接收消息与事件, docs 90239 message formats and 90240 ev
   unanswered callback up to 3 times, so ``dedup_key`` is built from MsgId for messages and from
   FromUserName + CreateTime + Event for events.
 
-Anything else (a message type or event this module does not model, such as ``file`` sent by some
-clients or the contact/approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
+``file`` is not on WeCom's list of app messages (90239), but some clients send one (``MediaId``,
+sometimes ``Title``/``FileName``); it is read as ``FileMessage`` so an employee's PDF is not lost.
+Anything else (a message type or event this module does not model, such as the contact/approval
+events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
 of its fields in ``raw``: new WeCom features must never break the callback.
 
 Parsing (``xmlparse``) refuses any DTD before a declaration in it is read, which refuses
@@ -73,6 +75,12 @@ class ImageMessage(Message):
 class VoiceMessage(Message):
     media_id: str
     format: str  # amr or speex
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FileMessage(Message):
+    media_id: str
+    file_name: str = ""  # when the callback names it; media/get's Content-Disposition does too
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,6 +258,9 @@ def _parse_user_message(f: dict[str, Any], common: dict[str, Any]) -> Message:
         return ImageMessage(**common, pic_url=_optional(f, "PicUrl"), media_id=_required(f, "MediaId"))
     if msg_type == "voice":
         return VoiceMessage(**common, media_id=_required(f, "MediaId"), format=_optional(f, "Format"))
+    if msg_type == "file":
+        return FileMessage(**common, media_id=_required(f, "MediaId"),
+                           file_name=_optional(f, "FileName") or _optional(f, "Title"))
     if msg_type == "video":
         return VideoMessage(
             **common, media_id=_required(f, "MediaId"), thumb_media_id=_optional(f, "ThumbMediaId")

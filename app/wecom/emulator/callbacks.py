@@ -25,7 +25,7 @@ from app.wecom.exceptions import WeComCryptoError
 
 log = logging.getLogger("app.wecom.emulator")
 
-MESSAGE_TYPES = ("text", "image", "voice", "video", "location", "link")
+MESSAGE_TYPES = ("text", "image", "voice", "video", "location", "link", "file")
 EVENTS = ("subscribe", "unsubscribe", "enter_agent", "LOCATION", "click", "view")
 
 _ENVELOPE = ("<xml><ToUserName><![CDATA[{corp}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]>"
@@ -68,10 +68,12 @@ def build_callback_xml(corp_id: str, agent_id: int, spec: dict, create_time: int
             fields.append(("Content", spec.get("content", ""), True))
         elif kind == "image":
             fields += [("PicUrl", spec.get("pic_url", "https://wework.qpic.cn/emulator/0"), True),
-                       ("MediaId", spec.get("media_id", "emulator-media-id"), True)]
+                       ("MediaId", spec.get("media_id", "emulator-image"), True)]
         elif kind == "voice":
-            fields += [("MediaId", spec.get("media_id", "emulator-media-id"), True),
+            fields += [("MediaId", spec.get("media_id", "emulator-voice"), True),
                        ("Format", spec.get("format", "amr"), True)]
+        elif kind == "file":  # not on WeCom's 90239 list, but some clients send it: MediaId alone
+            fields.append(("MediaId", spec.get("media_id", "emulator-file"), True))
         elif kind == "video":
             fields += [("MediaId", spec.get("media_id", "emulator-media-id"), True),
                        ("ThumbMediaId", spec.get("thumb_media_id", "emulator-thumb-id"), True)]

@@ -9,7 +9,7 @@ from pathlib import Path
 from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from app.wecom.emulator import admin, api
+from app.wecom.emulator import admin, api, media
 from app.wecom.emulator.aibot import AibotDeliverer
 from app.wecom.emulator.callbacks import CallbackDeliverer
 from app.wecom.emulator.config import EmulatorConfig, UnsafeToRun, loopback
@@ -49,6 +49,8 @@ def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, Emulat
     app.extensions["wecom_emulator_aibot"] = AibotDeliverer(state)
     app.register_blueprint(api.bp)
     app.register_blueprint(admin.bp)
+    app.extensions["wecom_emulator_media"] = media.MediaStore()
+    app.register_blueprint(media.bp)
     return app, state
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 from app.wecom.emulator.config import EmulatorConfig
 
-FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list")
+FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get")
 _MAX_TOKENS = 1000
 
 

@@ -161,13 +161,13 @@ def test_template_card_event():
 
 def test_unknown_message_type_is_kept_and_logged_without_content(caplog):
     caplog.set_level(logging.INFO, logger="app.wecom.messages")
-    parsed = parse_message(msg("file", "<MediaId><![CDATA[secret-media]]></MediaId>"
-                                       "<FileName><![CDATA[薪资.xlsx]]></FileName>"))
+    parsed = parse_message(msg("chatrecord", "<MediaId><![CDATA[secret-media]]></MediaId>"
+                                             "<FileName><![CDATA[薪资.xlsx]]></FileName>"))
     assert isinstance(parsed, m.UnknownMessage)
-    assert parsed.msg_type == "file"
+    assert parsed.msg_type == "chatrecord"
     assert parsed.raw["FileName"] == "薪资.xlsx" and parsed.raw["MsgId"] == "1234567890123456"
     assert parsed.dedup_key == "msg:1234567890123456"
-    assert "'file'" in caplog.text
+    assert "'chatrecord'" in caplog.text
     assert "薪资" not in caplog.text and "ZhangSan" not in caplog.text and "secret" not in caplog.text
 
 
