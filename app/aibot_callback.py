@@ -29,7 +29,6 @@ from app.callback import (
     _crypto_rejection,
     _query,
     check_timestamp,
-    enqueue,
     fingerprint,
     read_signed_body,
 )
@@ -37,6 +36,7 @@ from app.intake import IntakeUnavailable
 from app.models import MessageStatus
 from app.wecom import aibot
 from app.wecom.exceptions import MessageParseError, WeComCryptoError
+from worker.celery_app import HANDLE_MESSAGE
 
 log = logging.getLogger(__name__)
 bp = Blueprint("aibot", __name__)
@@ -119,39 +119,63 @@ def new_stream_id() -> str:
 
 def question(message: aibot.AibotMessage) -> dict | None:
     services = _services()
-    settings = services.settings
+    asked = askable(message, services.settings)
+    if not isinstance(asked, aibot.AibotMessage):
+        if asked is None:
+            log.info("group message without @mention ignored request_id=%s", g.request_id)
+        return asked
+    try:
+        accepted = submit(services, asked, g.request_id, fingerprint(), new_stream_id())
+    except IntakeUnavailable as exc:
+        log.warning("outbox write failed request_id=%s: %s", g.request_id, exc)
+        raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
+    if not accepted.created:
+        log.info("duplicate aibot callback message_id=%s request_id=%s", accepted.id, g.request_id)
+        return refresh(accepted.stream_id)
+    return aibot.stream_message(accepted.stream_id, services.settings.aibot_thinking_text, False)
+
+
+def askable(message: aibot.AibotMessage, settings) -> aibot.AibotMessage | dict | None:
+    """The question as the model gets it (a group's @mention stripped); or a finished reply
+    for what cannot be asked; or None when there is nothing to say (a group message not
+    addressed to the bot, an empty text). Both the callback and the long connection use it."""
     content = message.content or ""
     if message.is_group:
         content = aibot.strip_mention(content, settings.aibot_name)
         if content is None:
-            log.info("group message without @mention ignored request_id=%s", g.request_id)
             return None
-    if not content.strip():
+    if not content.strip() and not (message.image_urls or message.file_url):  # worker/media.py
         if message.msg_type == "mixed":
             return aibot.stream_message(new_stream_id(), UNSUPPORTED_NOTICE, True)
         return None
-    message = dataclasses.replace(message, content=content)
-    try:
-        accepted = services.intake.accept(
-            outbox.Arrival(message, g.request_id, CHANNEL, new_stream_id(), enqueue=False), fingerprint())
-    except IntakeUnavailable as exc:
-        log.warning("outbox write failed request_id=%s: %s", g.request_id, exc)
-        raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
+    return dataclasses.replace(message, content=content)
 
+
+def submit(services, message: aibot.AibotMessage, request_id: str | None, fingerprint_: str | None,
+           stream_id: str) -> outbox.Accepted:
+    """Write the question to the outbox (dedup by msgid: a retry, or the same message by the
+    other channel or another replica, finds the first row and its stream), open a new row's
+    stream and publish its task; ``IntakeUnavailable`` when the write failed."""
+    accepted = services.intake.accept(
+        outbox.Arrival(message, request_id, CHANNEL, stream_id, enqueue=False), fingerprint_)
     if not accepted.created:
-        log.info("duplicate aibot callback message_id=%s request_id=%s", accepted.id, g.request_id)
-        return refresh(accepted.stream_id)
+        return accepted
     try:
         services.streams.open(accepted.stream_id, accepted.id, time.time())
     except redis.RedisError:  # refreshes fall back to the outbox row until the worker writes
         log.warning("stream not opened in Redis message_id=%s", accepted.id)
-    enqueue(accepted.id)  # after the stream exists, which the worker writes to
-    return aibot.stream_message(accepted.stream_id, settings.aibot_thinking_text, False)
+    try:  # after the stream exists, which the worker writes to
+        services.publisher.send(HANDLE_MESSAGE, [accepted.id],
+                                headers={"request_id": request_id} if request_id else None)
+    except Exception:  # noqa: BLE001 - any broker failure must leave the row to the sweeper
+        log.warning("enqueue failed, left for the sweeper message_id=%s", accepted.id)
+    return accepted
 
 
-def refresh(stream_id: str) -> dict:
-    """WeCom's poll: the stream's text so far, finished when the answer is complete."""
-    services = _services()
+def refresh(stream_id: str, services=None) -> dict:
+    """WeCom's poll: the stream's text so far, finished when the answer is complete (the long
+    connection asks the same for the streams it pushes, with its own ``services``)."""
+    services = services or _services()
     settings = services.settings
     try:
         state = services.streams.get(stream_id)
@@ -159,7 +183,7 @@ def refresh(stream_id: str) -> dict:
         log.warning("stream state unavailable, answering from the outbox")
         state = None
     if state is None:
-        return aibot.stream_message(stream_id, *_from_outbox(stream_id))
+        return aibot.stream_message(stream_id, *_from_outbox(stream_id, services))
     if state.finished:
         return aibot.stream_message(stream_id, state.text, True)
     if state.age_s() > settings.aibot_stream_deadline_s + CALLBACK_GRACE_S:
@@ -174,9 +198,8 @@ def refresh(stream_id: str) -> dict:
     return aibot.stream_message(stream_id, state.text or settings.aibot_thinking_text, False)
 
 
-def _from_outbox(stream_id: str) -> tuple[str, bool]:
+def _from_outbox(stream_id: str, services) -> tuple[str, bool]:
     """(content, finish) from the durable row, when Redis has no state for the stream."""
-    services = _services()
     settings = services.settings
     try:
         with services.db.session() as session:
@@ -184,7 +207,7 @@ def _from_outbox(stream_id: str) -> tuple[str, bool]:
             if row is not None:
                 session.expunge(row)
     except SQLAlchemyError:
-        log.exception("outbox read failed request_id=%s", g.request_id)
+        log.exception("outbox read failed stream_id=%s", stream_id)
         raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
     if row is None:
         return "", True  # not ours, or long gone: finished, so WeCom stops asking

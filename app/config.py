@@ -168,6 +168,16 @@ class Settings(BaseSettings):
     aibot_stream_ttl_s: int = Field(default=900, ge=360)
     aibot_refresh_throttle_s: float = Field(default=0.2, ge=0, le=5)
     aibot_thinking_text: str = ""
+    # -- the AI bot's long connection (python -m app.aibot_connection, docs/aibot.md): the bot
+    # dials out over a WebSocket, no public URL; off unless the bot id and secret are both set.
+    aibot_bot_id: str = ""
+    aibot_secret: SecretStr | None = None
+    aibot_ws_url: str = Field(default="wss://openws.work.weixin.qq.com",
+                              description="WeCom's long-connection endpoint (the emulator's in dev)")
+    aibot_ws_heartbeat_s: float = Field(default=30.0, gt=0, le=120)
+    aibot_ws_lease_s: float = Field(default=5.0, ge=1, le=60,
+                                    description="the Redis lease a connection holder renews")
+    aibot_ws_backoff_max_s: float = Field(default=30.0, ge=1, le=600)
 
     # -- storage and queue ---------------------------------------------------------------------
     database_url: str = "sqlite:///var/wecom-bot.sqlite3"
@@ -325,7 +335,7 @@ class Settings(BaseSettings):
         refuse_low_entropy(key)
         return value
 
-    @field_validator("aibot_token", "aibot_encoding_aes_key", "intake_socket", mode="before")
+    @field_validator("aibot_token", "aibot_encoding_aes_key", "aibot_secret", "intake_socket", mode="before")
     @classmethod
     def _blank_is_unset(cls, value):
         return None if value is None or (isinstance(value, str) and not value.strip()) else value
@@ -337,7 +347,7 @@ class Settings(BaseSettings):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("wecom_token", "wecom_secret", "aibot_token", "metrics_token")
+    @field_validator("wecom_token", "wecom_secret", "aibot_token", "aibot_secret", "metrics_token")
     @classmethod
     def _not_a_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
         # WeCom's console makes these (the Token may be typed in): refused only as placeholders.
@@ -448,6 +458,11 @@ class Settings(BaseSettings):
     @property
     def aibot_enabled(self) -> bool:
         return self.aibot_token is not None and self.aibot_encoding_aes_key is not None
+
+    @property
+    def aibot_ws_enabled(self) -> bool:
+        """The long connection: a bot id and its secret (the callback's token and key not needed)."""
+        return bool(self.aibot_bot_id.strip()) and self.aibot_secret is not None
 
     @model_validator(mode="after")
     def _broker_defaults_to_redis(self) -> Settings:

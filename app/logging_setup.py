@@ -196,7 +196,7 @@ def configure(settings, stream=None) -> logging.Handler:
                      *[part.partition(":")[2].strip()
                        for part in s.data_keys.get_secret_value().replace("\n", ",").split(",")],
                      *[secret.get_secret_value() for secret in (s.aibot_token, s.aibot_encoding_aes_key,
-                                                                s.audit_export_key)
+                                                                s.aibot_secret, s.audit_export_key)
                        if secret is not None],
                      *[_url_password(url) for url in (s.database_url, s.redis_url, s.celery_broker_url)])
     _install_record_factory()

@@ -1,0 +1,445 @@
+"""The AI bot's long connection: ``python -m app.aibot_connection`` (docs/aibot.md).
+
+The bot dials out to WeCom over a WebSocket (``AIBOT_WS_URL``), subscribes with ``AIBOT_BOT_ID``
+and ``AIBOT_SECRET`` and receives its messages there instead of at ``/wecom/aibot``; the frames
+are ``app.wecom.aibot_ws``. Run it on as many machines as you like: one holds the connection.
+
+**One holder.** WeCom keeps one connection per bot, so replicas contend for a Redis lease
+(``aibot:ws:lease``, ``SET NX PX AIBOT_WS_LEASE_S``). The holder renews it every third of its
+life on a thread of its own and closes the WebSocket as soon as a renewal fails or has not
+succeeded for 80 % of the lease (a holder cut off from Redis fences itself before anyone else
+can take over); the others try every half second, so a holder that dies (SIGKILL included) is
+replaced within about ``AIBOT_WS_LEASE_S`` + 0.5 s. A clean stop deletes the lease at once.
+
+**Messages** go the callback's way (``app.aibot_callback.askable`` and ``submit``): a group
+message only when @mentioned, the outbox row deduplicated by msgid (a message delivered twice, to
+two replicas, or by callback and connection, is one row), the worker's task. ``enter_chat`` gets
+the welcome text (``aibot_respond_welcome_msg``).
+
+**Replies** are the stream the worker writes to Redis for the callback's refresh polls
+(``app.aibot_streams``); nothing in the worker changes. The holder pushes each stream instead of
+waiting to be polled: a Redis hash ``aibot:ws:pending`` (stream id -> the message's ``req_id``)
+lists the streams it still owes WeCom, and every ``PUMP_S`` it sends each one's text when it has
+changed (``aibot_respond_msg``, the whole text so far), its last frame with ``finish``, and drops
+the entry once WeCom has acknowledged every frame of that req_id. The entry is written *before*
+the outbox row, so a holder killed at any point leaves it for the next holder, which sends the
+stream's current text and goes on (a stream is replaced by its id, so a frame sent again shows
+nothing twice); a message whose row was never written ends as an empty finished stream (WeCom's
+own redelivery then brings it again: the emulator re-pushes a message no frame answered).
+
+Never logged: the secret, message contents (frames by cmd and req_id only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from app import aibot_callback
+from app.callback import CallbackRejected
+from app.intake import IntakeUnavailable
+from app.logging_setup import request_id_var
+from app.wecom import aibot, aibot_ws
+from app.wecom.exceptions import MessageParseError
+
+log = logging.getLogger(__name__)
+LEASE_KEY = "aibot:ws:lease"
+PENDING_KEY = "aibot:ws:pending"
+PUMP_S = 0.2  # how often the holder looks for new stream text (WeCom's own polls: about 1 s)
+ACQUIRE_EVERY_S = 0.5
+SUBSCRIBE_TIMEOUT_S = 10.0
+STORAGE_NOTICE = ("抱歉，系统暂时繁忙，请稍后再发一次。\n"
+                  "Sorry, the service is busy right now. Please send your message again shortly.")
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Lease:
+    """The Redis lease that makes one replica the connection holder."""
+
+    def __init__(self, client: redis.Redis, ttl_s: float, key: str = LEASE_KEY, clock=time.monotonic):
+        self.redis, self.ttl_ms, self.key, self.clock = client, int(ttl_s * 1000), key, clock
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
+        self._renew, self._release = client.register_script(_RENEW), client.register_script(_RELEASE)
+        self.renewed_at = 0.0
+
+    def acquire(self) -> bool:
+        if self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            self.renewed_at = self.clock()
+            return True
+        return False
+
+    def renew(self) -> bool:
+        """Extend the lease; False when it is no longer ours (expired and taken)."""
+        before = self.clock()
+        if self._renew(keys=[self.key], args=[self.token, self.ttl_ms]):
+            self.renewed_at = before
+            return True
+        return False
+
+    def fresh(self) -> bool:
+        """Still safely ours: renewed within 80 % of its life (by our own clock)."""
+        return self.clock() - self.renewed_at < 0.8 * self.ttl_ms / 1000
+
+    def release(self) -> None:
+        try:
+            self._release(keys=[self.key], args=[self.token])
+        except redis.RedisError:
+            log.warning("lease not released (it expires by itself)")
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews the lease every third of its life; sets ``lost`` when it is gone or unsure."""
+
+    def __init__(self, lease: Lease, stopping: threading.Event):
+        super().__init__(name="aibot-lease", daemon=True)
+        self.lease, self.stopping = lease, stopping
+        self.lost = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        interval = self.lease.ttl_ms / 3000
+        while not (self.done.wait(interval) or self.lost.is_set()):
+            try:
+                if not self.lease.renew():
+                    log.warning("connection lease lost to another replica")
+                    self.lost.set()
+            except redis.RedisError as exc:
+                log.warning("lease renewal failed: %s", type(exc).__name__)
+            if not self.lease.fresh():
+                log.warning("lease not renewed in time: giving the connection up")
+                self.lost.set()
+
+
+@dataclass
+class Pending:
+    """The streams the holder still owes WeCom (stream id -> req_id), kept in Redis."""
+
+    client: redis.Redis
+    key: str = PENDING_KEY
+
+    def add(self, stream_id: str, req_id: str, msg_id: str) -> None:
+        self.client.hset(self.key, stream_id, json.dumps({"req_id": req_id, "msgid": msg_id,
+                                                          "since": time.time()}))
+
+    def get(self, stream_id: str) -> dict | None:
+        raw = self.client.hget(self.key, stream_id)
+        return json.loads(raw) if raw else None
+
+    def remove(self, stream_id: str) -> None:
+        self.client.hdel(self.key, stream_id)
+
+    def all(self) -> dict[str, dict]:
+        out = {}
+        for stream_id, raw in self.client.hgetall(self.key).items():
+            try:
+                out[stream_id.decode()] = json.loads(raw)
+            except ValueError:
+                self.client.hdel(self.key, stream_id)
+        return out
+
+
+class ConnectionClosed(Exception):
+    """The session ends (the reason says why); the holder reconnects after a backoff."""
+
+
+@dataclass
+class _Sent:
+    content: str | None = None
+    finish: bool = False
+
+
+@dataclass
+class Session:
+    """One WebSocket: subscribe, then frames in, stream frames out, pings, until it ends."""
+
+    holder: Holder
+    ws: object
+    heartbeat: aibot_ws.Heartbeat
+    sent: dict[str, _Sent] = field(default_factory=dict)  # stream id -> last frame sent
+    unacked: dict[str, int] = field(default_factory=dict)  # req_id -> respond frames awaiting ack
+    finished: dict[str, str] = field(default_factory=dict)  # req_id -> its stream, finish sent
+
+    def send(self, frame: aibot_ws.Frame) -> None:
+        self.ws.send(frame.encode())
+
+    def subscribe(self, bot_id: str, secret: str) -> None:
+        frame = aibot_ws.subscribe(bot_id, secret)
+        self.send(frame)
+        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                answer = aibot_ws.decode(self.ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+            except TimeoutError:
+                break
+            except aibot_ws.FrameError as exc:
+                log.warning("unreadable frame before the subscription was acknowledged: %s", exc)
+                continue
+            if answer.is_ack and answer.req_id == frame.req_id:
+                if answer.errcode != 0:
+                    raise ConnectionClosed(f"subscription refused errcode={answer.errcode} "
+                                           f"errmsg={answer.errmsg!r}")
+                return
+        raise ConnectionClosed("subscription not acknowledged")
+
+    def loop(self) -> None:
+        holder = self.holder
+        next_pump = 0.0
+        while True:
+            if holder.stopping.is_set():
+                raise ConnectionClosed("stopping")
+            if holder.keeper.lost.is_set():
+                raise ConnectionClosed("lease lost")
+            if self.heartbeat.due():
+                if self.heartbeat.dead:
+                    raise ConnectionClosed("heartbeat: pings unanswered")
+                self.send(aibot_ws.ping())
+                self.heartbeat.sent()
+            if time.monotonic() >= next_pump:
+                self.pump()
+                next_pump = time.monotonic() + PUMP_S
+            try:
+                raw = self.ws.recv(timeout=0.05)
+            except TimeoutError:
+                continue
+            try:
+                frame = aibot_ws.decode(raw)
+            except aibot_ws.FrameError as exc:
+                log.warning("unreadable frame ignored: %s", exc)
+                continue
+            self.handle(frame)
+
+    # -- frames from WeCom ---------------------------------------------------------------------
+    def handle(self, frame: aibot_ws.Frame) -> None:
+        if frame.is_ack:
+            self.acked(frame)
+        elif frame.cmd == aibot_ws.MSG_CALLBACK:
+            self.on_message(frame)
+        elif frame.cmd == aibot_ws.EVENT_CALLBACK:
+            self.on_event(frame)
+        else:
+            log.info("frame ignored cmd=%s", frame.cmd)
+
+    def acked(self, frame: aibot_ws.Frame) -> None:
+        if frame.req_id.startswith(aibot_ws.PING):
+            self.heartbeat.acked()
+            return
+        if frame.errcode:
+            log.warning("frame refused req_id=%s errcode=%s errmsg=%s", frame.req_id, frame.errcode,
+                        frame.errmsg)
+        left = self.unacked.get(frame.req_id, 0) - 1
+        if left > 0:
+            self.unacked[frame.req_id] = left
+            return
+        self.unacked.pop(frame.req_id, None)
+        stream_id = self.finished.pop(frame.req_id, None)
+        if stream_id is not None:  # WeCom has the whole answer: the stream is no longer owed
+            self.holder.pending.remove(stream_id)
+            self.sent.pop(stream_id, None)
+
+    def on_event(self, frame: aibot_ws.Frame) -> None:
+        kind = aibot_ws.event_type(frame)
+        if kind == "enter_chat":
+            self.send(aibot_ws.respond_welcome(frame.req_id, self.holder.services.settings.welcome_message))
+        elif kind == aibot_ws.DISCONNECTED_EVENT:
+            raise ConnectionClosed("WeCom: a newer connection of this bot replaced this one")
+        else:
+            log.info("event ignored eventtype=%s", kind or "?")
+
+    def on_message(self, frame: aibot_ws.Frame) -> None:
+        holder = self.holder
+        services = holder.services
+        request_id = "ws-" + secrets.token_hex(8)
+        token = request_id_var.set(request_id)
+        try:
+            try:
+                message = aibot.parse_message(json.dumps(frame.body or {}), int(time.time()))
+            except MessageParseError as exc:
+                log.warning("malformed message ignored req_id=%s: %s", frame.req_id, exc)
+                return
+            if message.msg_type == "event":
+                self.on_event(frame)
+                return
+            if message.msg_type not in aibot.QUESTION_TYPES:
+                self.respond(frame.req_id, aibot.stream_message(
+                    aibot_callback.new_stream_id(), aibot_callback.UNSUPPORTED_NOTICE, True))
+                return
+            asked = aibot_callback.askable(message, services.settings)
+            if asked is None:
+                log.info("group message without @mention ignored")
+                return
+            if isinstance(asked, dict):
+                self.respond(frame.req_id, asked)
+                return
+            stream_id = aibot_callback.new_stream_id()
+            holder.pending.add(stream_id, frame.req_id, message.msg_id)  # before the row: see above
+            try:
+                accepted = aibot_callback.submit(services, asked, request_id, None, stream_id)
+            except IntakeUnavailable as exc:
+                log.warning("outbox write failed: %s", exc)
+                holder.pending.remove(stream_id)
+                self.respond(frame.req_id, aibot.stream_message(stream_id, STORAGE_NOTICE, True))
+                return
+            if accepted.created:
+                log.info("aibot message accepted over the long connection message_id=%s", accepted.id)
+            else:
+                holder.pending.remove(stream_id)
+                log.info("duplicate aibot message message_id=%s", accepted.id)
+                owed = holder.pending.get(accepted.stream_id) if accepted.stream_id else None
+                if owed is None:
+                    return  # answered already (WeCom acknowledged its finish), or not ours
+                # WeCom delivered it again: answer on the req_id it gave this time.
+                holder.pending.add(accepted.stream_id, frame.req_id, message.msg_id)
+                self.sent.pop(accepted.stream_id, None)
+            self.pump()
+        finally:
+            request_id_var.reset(token)
+
+    def respond(self, req_id: str, message: dict) -> None:
+        stream = message["stream"]
+        self.send(aibot_ws.respond_stream(req_id, stream["id"], stream["content"], stream["finish"]))
+
+    # -- stream frames to WeCom ----------------------------------------------------------------
+    def pump(self) -> None:
+        """Push every owed stream whose text changed since the last frame; finish the done."""
+        holder = self.holder
+        try:
+            owed = holder.pending.all()
+        except redis.RedisError as exc:
+            log.warning("pending streams unavailable: %s", type(exc).__name__)
+            return
+        for stream_id, entry in owed.items():
+            req_id = entry.get("req_id")
+            if not req_id:
+                holder.pending.remove(stream_id)
+                continue
+            last = self.sent.setdefault(stream_id, _Sent())
+            if last.finish:
+                continue  # waiting for WeCom's ack
+            try:
+                reply = aibot_callback.refresh(stream_id, holder.services)["stream"]
+            except (CallbackRejected, redis.RedisError) as exc:
+                log.warning("stream state unavailable, retried: %s", type(exc).__name__)
+                continue
+            if reply["content"] == last.content and not reply["finish"]:
+                continue
+            self.send(aibot_ws.respond_stream(req_id, stream_id, reply["content"], reply["finish"]))
+            self.unacked[req_id] = self.unacked.get(req_id, 0) + 1
+            last.content, last.finish = reply["content"], reply["finish"]
+            if reply["finish"]:
+                self.finished[req_id] = stream_id
+                log.info("stream finished over the long connection req_id=%s", req_id)
+
+
+class Holder:
+    """Contend for the lease; while holding it, keep one subscribed WebSocket to WeCom."""
+
+    def __init__(self, services, connect=None, stopping: threading.Event | None = None):
+        s = services.settings
+        if not s.aibot_ws_enabled:
+            raise ValueError("the long connection needs AIBOT_BOT_ID and AIBOT_SECRET")
+        self.services = services
+        self.settings = s
+        self.stopping = stopping or threading.Event()
+        self.lease = Lease(services.redis, s.aibot_ws_lease_s)
+        self.pending = Pending(services.redis)
+        self.backoff = aibot_ws.Backoff(1.0, s.aibot_ws_backoff_max_s)
+        self.keeper: LeaseKeeper | None = None
+        self._connect = connect or _connect
+
+    def run(self) -> None:
+        log.info("long connection service started url=%s bot_id=%s", self.settings.aibot_ws_url,
+                 self.settings.aibot_bot_id)
+        while not self.stopping.is_set():
+            try:
+                held = self.lease.acquire()
+            except redis.RedisError as exc:
+                log.warning("lease unavailable: %s", type(exc).__name__)
+                held = False
+            if not held:
+                self.stopping.wait(ACQUIRE_EVERY_S)
+                continue
+            log.info("connection lease acquired holder=%s", self.lease.token)
+            self.keeper = LeaseKeeper(self.lease, self.stopping)
+            self.keeper.start()
+            try:
+                self.hold()
+            finally:
+                self.keeper.done.set()
+                self.keeper.join(5)
+                if self.stopping.is_set() or not self.keeper.lost.is_set():
+                    self.lease.release()
+        log.info("long connection service stopped")
+
+    def hold(self) -> None:
+        """Connect, subscribe and serve; reconnect with backoff while the lease is ours."""
+        keeper = self.keeper
+        while not (self.stopping.is_set() or keeper.lost.is_set()):
+            subscribed = False
+            try:
+                with self._connect(self.settings.aibot_ws_url) as ws:
+                    session = Session(self, ws, aibot_ws.Heartbeat(self.settings.aibot_ws_heartbeat_s))
+                    session.subscribe(self.settings.aibot_bot_id, self.settings.aibot_secret.get_secret_value())
+                    subscribed = True
+                    self.backoff.reset()
+                    log.info("subscribed to WeCom's long connection")
+                    session.loop()
+            except ConnectionClosed as exc:
+                log.info("long connection closed: %s", exc)
+            except (OSError, TimeoutError, _ws_errors()) as exc:
+                log.warning("long connection failed: %s", type(exc).__name__)
+            if self.stopping.is_set() or keeper.lost.is_set():
+                return
+            delay = self.backoff.next()  # after a subscription: short (the backoff was reset)
+            log.info("reconnecting in %.1f s (subscribed before: %s)", delay, subscribed)
+            if self.stopping.wait(delay):
+                return
+
+
+def _ws_errors():
+    from websockets.exceptions import WebSocketException
+
+    return WebSocketException
+
+
+def _connect(url: str):
+    from websockets.sync.client import connect
+
+    return connect(url, open_timeout=10, close_timeout=2, max_size=aibot_ws.MAX_FRAME_BYTES,
+                   user_agent_header="wecom-glm-bot")
+
+
+def main() -> None:
+    from app import logging_setup
+    from app.config import get_settings
+    from app.services import Services
+
+    settings = get_settings()
+    logging_setup.configure(settings)
+    if not settings.aibot_ws_enabled:
+        log.info("the AI bot's long connection is off (AIBOT_BOT_ID and AIBOT_SECRET unset)")
+        return
+    holder = Holder(Services(settings))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: holder.stopping.set())
+    holder.run()
+
+
+if __name__ == "__main__":
+    main()
