@@ -42,7 +42,7 @@ from app.wecom.exceptions import (
     WeComTransientError,
 )
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
-from worker import commands, retry_policy
+from worker import commands, media, retry_policy
 from worker.conversation import ConversationStore
 from worker.knowledge import Grounder
 from worker.llm import Generation, GenerationParams, LLMBackend, LLMError
@@ -59,7 +59,7 @@ UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你
 WELCOME_EVENTS = ("subscribe", "enter_agent")
 MAX_DRAIN = 20
 AIBOT = "aibot"  # the 智能机器人 channel: answered by streaming, not message/send
-QUESTION_TYPES = ("text", "mixed")
+QUESTION_TYPES = ("text", "mixed", "voice")  # voice: the AI bot's, WeCom's own transcript
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,7 @@ class MessageProcessor:
         self.meter = Meter(services, wecom)
         self.grounder = Grounder(services, wecom)
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
+        self.media = media.MediaHandler(self)  # voice, images, files (worker/media.py)
 
     @property
     def llm(self) -> LLMBackend:
@@ -335,6 +336,12 @@ class MessageProcessor:
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return self.settings.welcome_message, "text", {}
             return None
+        if media.handles(row, payload):
+            try:
+                return self.media.compose(row, user_id, payload, lease, stream,
+                                          self._conversation_key(row, payload))
+            except media.MediaUnavailable as exc:
+                raise TransientFailure(str(exc)) from exc
         if row.msg_type not in QUESTION_TYPES:
             return UNSUPPORTED_NOTICE, "text", {}
         text = (payload.get("content") or "").strip()
@@ -359,12 +366,13 @@ class MessageProcessor:
             return True
 
     def _generate(self, row, text: str, lease: LeaseKeeper, user_id: str = "",
-                  conversation: str | None = None, stream: StreamWriter | None = None):
+                  conversation: str | None = None, stream: StreamWriter | None = None,
+                  images: list[dict] | None = None, llm: LLMBackend | None = None):
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
         # The knowledge base: passages for the prompt, or "not found" without asking the model.
-        grounding = self.grounder.ground(row.user_hash, user_id, text, history)
+        grounding = None if images else self.grounder.ground(row.user_hash, user_id, text, history)
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
             return grounding.decline(), "text", {"model": "kb-not-found"}
@@ -373,10 +381,15 @@ class MessageProcessor:
         else:
             messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                         {"role": "user", "content": text}]
+        # The conversation's files (worker/media.py), and the images beside the question.
+        messages = media.with_files(messages, self.media.files.files(conversation or row.user_hash),
+                                    self.settings.file_context_max_chars)
+        if images:
+            messages[-1] = media.with_images(messages[-1], images)
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p)
         try:
-            llm = self.llm  # loaded on first use: a missing model fails here, like a call does
+            llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:
             raise _model_failure(exc) from exc
         charge = self.meter.reserve(row, user_id, messages, params.max_tokens, llm.model_name)
@@ -470,7 +483,7 @@ class MessageProcessor:
         stream = self._stream_of(row)
         if stream is not None:
             stream.finish(FAILURE_NOTICE if notify else "")  # WeCom stops polling either way
-        elif notify and row.msg_type == "text":
+        elif notify and row.msg_type in ("text", *media.MEDIA_TYPES):
             try:
                 user_id = self.services.cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
                 self.wecom.send(user_id, "text", FAILURE_NOTICE)

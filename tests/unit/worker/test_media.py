@@ -1,0 +1,254 @@
+"""worker/media.py: AMR decoding, image parts, file context and /forget, and every failure
+answered politely with its reason, against fakes of WeCom and the model and real Redis DB 13
+(the ASR and vision servers are the project's small test servers)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import types
+import wave
+
+import pytest
+import redis
+
+from app.security import FieldCipher
+from app.wecom.client import Media
+from app.wecom.emulator import media as samples
+from app.wecom.exceptions import InvalidMediaError, MediaRejectedError, WeComTransientError
+from tests.support.env import make_env, settings_from
+from tests.support.media_servers import FakeASRServer, FakeVisionServer
+from worker import commands, media
+
+REDIS_URL = "redis://127.0.0.1:6379/13"
+
+
+# -- pure parts ------------------------------------------------------------------------------------
+def test_amr_decodes_to_16k_mono_wav():
+    wav = media.to_wav(samples.amr_clip(2.0), media.find_decoder())
+    with wave.open(io.BytesIO(wav)) as w:
+        assert (w.getframerate(), w.getnchannels()) == (16000, 1)
+        assert 1.9 <= w.getnframes() / 16000 <= 2.2
+
+
+def test_garbage_and_no_decoder_are_refused():
+    with pytest.raises(ValueError):
+        media.to_wav(b"#!AMR\n" + os.urandom(10), media.find_decoder())
+    with pytest.raises(ValueError):
+        media.to_wav(b"not audio at all" * 10, media.find_decoder())
+    with pytest.raises(ValueError):
+        media.to_wav(samples.amr_clip(), None)
+
+
+def test_image_part_is_a_data_url_beside_the_text():
+    part = media.image_part(samples.png_image())
+    assert part["type"] == "image_url"
+    head, b64 = part["image_url"]["url"].split(",", 1)
+    assert head == "data:image/png;base64" and base64.b64decode(b64) == samples.png_image()
+    message = media.with_images({"role": "user", "content": "这是什么？"}, [part, part])
+    assert message["content"][0] == {"type": "text", "text": "这是什么？"}
+    assert [p["type"] for p in message["content"]] == ["text", "image_url", "image_url"]
+    with pytest.raises(media.MediaFailure):
+        media.image_part(b"%PDF-1.4 not an image")
+
+
+def test_files_go_after_the_system_prompt_newest_kept_when_short():
+    files = [{"name": "old.txt", "text": "A" * 50}, {"name": "new.pdf", "text": "B" * 50}]
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
+    out = media.with_files(messages, files, max_chars=60)
+    assert [m["role"] for m in out] == ["system", "system", "user"]
+    assert "### new.pdf\n" + "B" * 50 in out[1]["content"] and "A" * 11 not in out[1]["content"]
+    assert media.with_files(messages, [], 100) is messages
+
+
+# -- the handler against fakes ---------------------------------------------------------------------
+class FakeWeCom:
+    def __init__(self):
+        self.media: dict[str, Media | Exception] = {}
+        self.sent: list[str] = []
+
+    def get_media(self, media_id, *, max_bytes, accept=()):
+        found = self.media.get(media_id)
+        if isinstance(found, Exception):
+            raise found
+        if found is None:
+            raise InvalidMediaError(40007, "invalid media_id")
+        if len(found.data) > max_bytes:
+            raise MediaRejectedError("too big", too_large=True)
+        if accept and not found.content_type.startswith(accept):
+            raise MediaRejectedError("wrong type")
+        return found
+
+    def send(self, user, kind, content, **_):
+        self.sent.append(content)
+
+
+class FakeProcessor:
+    """What MediaHandler uses of MessageProcessor: services, wecom and _generate."""
+
+    def __init__(self, settings, client):
+        cipher = FieldCipher({"k1": os.urandom(32)})
+        self.services = types.SimpleNamespace(settings=settings, redis=client, cipher=cipher, aibot_crypto=None)
+        self.wecom = FakeWeCom()
+        self.generated: list[dict] = []
+
+    def _generate(self, row, text, lease, user_id="", conversation=None, stream=None, images=None, llm=None):
+        self.generated.append({"text": text, "images": images, "llm": llm})
+        if llm is not None:  # the vision model, for real
+            from worker.llm import GenerationParams
+
+            messages = [{"role": "user", "content": text}]
+            if images:
+                messages[-1] = media.with_images(messages[-1], images)
+            return llm.generate(messages, GenerationParams(max_tokens=64)).text, "text", {"model": "v"}
+        return f"answer to {text}", "text", {"model": "m"}
+
+
+class Lease:
+    def check(self):
+        pass
+
+
+def row(msg_type, channel="wecom", id_=1):
+    return types.SimpleNamespace(id=id_, msg_type=msg_type, channel=channel, user_hash="uh")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    asr, vision = FakeASRServer().start(), FakeVisionServer().start()
+    yield asr, vision
+    asr.stop()
+    vision.stop()
+
+
+@pytest.fixture
+def redis_client():
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def handler(redis_client, servers, **overrides):
+    asr, vision = servers
+    asr.fail_next = vision.fail_next = 0
+    values = {"asr_base_url": asr.url, "asr_model": "test-asr", "vision_model": "test-vision",
+              "vision_base_url": vision.url, "media_max_bytes": 64 * 1024, "asr_timeout_s": 2}
+    values.update(overrides)
+    processor = FakeProcessor(settings_from(make_env(), **values), redis_client)
+    processor.media = media.MediaHandler(processor)
+    return processor.media, processor
+
+
+def compose(h, r, payload, conversation="conv-1"):
+    return h.compose(r, "zhangsan", payload, Lease(), None, conversation)
+
+
+def test_voice_is_transcribed_heard_first_then_answered(redis_client, servers):
+    h, p = handler(redis_client, servers)
+    p.wecom.media["v1"] = Media(samples.amr_clip(1.0), "audio/amr", "voice.amr")
+    payload = {"media_id": "v1", "format": "amr"}
+    reply, kind, usage = compose(h, row("voice"), payload)
+    assert p.wecom.sent == ["🎤 年假有几天"]
+    assert reply == "answer to 年假有几天" and payload["content"] == "年假有几天"
+    assert servers[0].received[-1]["seconds"] >= 0.9
+    compose(h, row("voice"), payload)  # a retry: heard once
+    assert p.wecom.sent == ["🎤 年假有几天"]
+
+
+@pytest.mark.parametrize("setup, settings, reason, notice", [
+    ("expired", {}, "expired or unknown media_id", media.EXPIRED),
+    ("large", {}, "too large", "太大"),
+    ("speex", {}, "not decoded", media.VOICE_UNREADABLE),
+    ("ok", {"asr_base_url": ""}, "ASR_BASE_URL not set", media.VOICE_OFF),
+])
+def test_voice_failures_are_polite_and_recorded(redis_client, servers, setup, settings, reason, notice):
+    h, p = handler(redis_client, servers, **settings)
+    p.wecom.media.update({"large": Media(b"#!AMR\n" + bytes(70 * 1024), "audio/amr"),
+                          "speex": Media(os.urandom(2000), "audio/speex"),
+                          "ok": Media(samples.amr_clip(), "audio/amr")})
+    payload = {"media_id": setup}
+    reply, _, usage = compose(h, row("voice"), payload)
+    assert notice in reply and reason in usage["failure_reason"]
+    assert payload["content"] is None and p.generated == []
+
+
+def test_asr_or_wecom_down_is_retried_later(redis_client, servers):
+    h, p = handler(redis_client, servers)
+    p.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
+    servers[0].fail_next = 1
+    with pytest.raises(media.MediaUnavailable):
+        compose(h, row("voice"), {"media_id": "v1"})
+    p.wecom.media["v2"] = WeComTransientError(None, "timeout")
+    with pytest.raises(media.MediaUnavailable):
+        compose(h, row("voice"), {"media_id": "v2"})
+    h2, _ = handler(redis_client, servers, asr_base_url="http://127.0.0.1:9/v1")
+    h2.processor.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
+    with pytest.raises(media.MediaUnavailable):
+        compose(h2, row("voice"), {"media_id": "v1"})
+
+
+def test_image_goes_to_the_vision_model_with_the_text(redis_client, servers):
+    h, p = handler(redis_client, servers)
+    p.wecom.media["i1"] = Media(samples.png_image(), "image/png")
+    payload = {"media_id": "i1"}
+    reply, _, _ = compose(h, row("image"), payload)
+    assert reply.startswith("看到1张图片(32x24 PNG): ") and media.DEFAULT_IMAGE_QUESTION in reply
+    assert servers[1].problems == []
+    assert payload["content"].startswith("[图片")
+
+
+def test_without_a_vision_model_an_image_gets_a_notice_and_mixed_text_an_answer(redis_client, servers):
+    h, p = handler(redis_client, servers, vision_model="")
+    reply, _, usage = compose(h, row("image"), {"media_id": "i1"})
+    assert reply == media.IMAGES_OFF and "VISION_MODEL" in usage["failure_reason"]
+    reply, _, _ = compose(h, row("mixed", channel="aibot"), {"content": "这是什么", "image_urls": ["https://x"]})
+    assert reply == media.IMAGES_SKIPPED + "answer to 这是什么"
+
+
+def test_a_file_becomes_context_until_forget(redis_client, servers):
+    h, p = handler(redis_client, servers)
+    p.wecom.media["f1"] = Media(samples.pdf_document(["Hotels: 600 RMB a night"]), "application/pdf", "travel.pdf")
+    reply, _, usage = compose(h, row("file", id_=5), {"media_id": "f1"})
+    assert "travel.pdf" in reply and usage == {}
+    compose(h, row("file", id_=5), {"media_id": "f1"})  # a retry keeps one copy
+    files = h.files.files("conv-1")
+    assert [f["name"] for f in files] == ["travel.pdf"] and "600 RMB" in files[0]["text"]
+    raw = b"".join(redis_client.lrange("conv-files:conv-1", 0, -1))
+    assert b"600 RMB" not in raw and b"travel" not in raw  # sealed
+    assert 0 < redis_client.ttl("conv-files:conv-1") <= 86400
+    context = commands.CommandContext("zhangsan", "uh", "", p, conversation_key="conv-1")
+    assert "1" in commands.run("forget", context)
+    assert h.files.files("conv-1") == []
+    assert "没有" in commands.run("forget", context)
+
+
+@pytest.mark.parametrize("data, name, notice", [
+    (b"\x89PNG\r\n\x1a\n" + bytes(100), "x.png", "读不了"),
+    (b"<html><body><p>hi</p></body></html>", "x.html", media.FILE_UNSUPPORTED),
+    (b"", "empty.txt", "读不了"),
+])
+def test_unreadable_or_unsupported_files_are_refused_politely(redis_client, servers, data, name, notice):
+    h, p = handler(redis_client, servers)
+    p.wecom.media["f"] = Media(data, "application/octet-stream", name)
+    reply, _, usage = compose(h, row("file"), {"media_id": "f"})
+    assert notice in reply and usage["failure_reason"].startswith("file:")
+    assert h.files.files("conv-1") == []
+
+
+def test_text_file_markdown_and_docx_are_read(redis_client, servers):
+    import docx
+
+    document = docx.Document()
+    document.add_paragraph("Meal allowance 100 RMB per day.")
+    out = io.BytesIO()
+    document.save(out)
+    h, p = handler(redis_client, servers)
+    for index, (data, name) in enumerate([(out.getvalue(), "meals.docx"), ("# 制度\n\n加班按1.5倍计。".encode(), "a.md"),
+                                          ("纯文本说明".encode(), "b.txt")]):
+        p.wecom.media[name] = Media(data, "application/octet-stream", name)
+        reply, _, _ = compose(h, row("file", id_=10 + index), {"media_id": name})
+        assert name in reply
+    texts = " ".join(f["text"] for f in h.files.files("conv-1"))
+    assert "100 RMB" in texts and "1.5倍" in texts and "纯文本" in texts
