@@ -234,12 +234,14 @@ class AuditLog:
         self.publish_head(db)
         return row
 
-    def checkpoint(self, db) -> int:
+    def checkpoint(self, db, outage: str | None = None, actor: str = "system") -> int:
         """Write an ``audit_checkpoint`` event (the beat, every AUDIT_CHECKPOINT_MINUTES): it
-        reseals the head, so a head replayed from before a cut tail looks stale. Its seq."""
+        reseals the head, so a head replayed from before a cut tail looks stale, and its time
+        in the chain makes a cut show as a gap. ``outage``: why the events stopped before this
+        one (signs the gap off). Its seq."""
+        payload = {"interval_minutes": self.checkpoint_minutes, **({"outage": outage} if outage else {})}
         with db.transaction() as session:
-            row = self.append(session, EventType.AUDIT_CHECKPOINT, actor="system",
-                              payload={"interval_minutes": self.checkpoint_minutes})
+            row = self.append(session, EventType.AUDIT_CHECKPOINT, actor=actor, payload=payload)
         self.publish_head(db)
         return row.seq
 

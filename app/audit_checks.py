@@ -9,6 +9,11 @@ Fed the rows sealed at their own seq, in seq order, it checks that:
 - the head carries a MAC, under a key not retired by then, and was sealed recently enough
   (checkpoints reseal it every ``AUDIT_CHECKPOINT_MINUTES``; a head older than twice that is a
   replayed old head over a cut tail, or checkpoints that stopped);
+- from the first ``audit_checkpoint`` on, no two consecutive events lie further apart than
+  twice the interval the last checkpoint recorded (**gap**): the staleness of the head lasts
+  only until the next append reseals it, a gap stays in the chain. A real outage of everything
+  (no checkpoint, no traffic) is signed off by a checkpoint with ``outage`` (``audit checkpoint
+  --outage REASON``, sealed with the key, so not by someone who only writes the database);
 - the purge anchor is the one the newest sealed ``audit_purge`` event names (genesis before any
   purge): a purge done by hand, without its event, shows.
 """
@@ -22,7 +27,7 @@ from app.audit_head import Head
 from app.audit_keys import ChainKeys
 
 GENESIS = "0" * 64
-KEY_ROTATION, AUDIT_PURGE = "key_rotation", "audit_purge"
+KEY_ROTATION, AUDIT_PURGE, AUDIT_CHECKPOINT = "key_rotation", "audit_purge", "audit_checkpoint"
 
 
 class ChainChecks:
@@ -35,6 +40,8 @@ class ChainChecks:
         self.rotated_at: int | None = None
         self.previous: tuple[int, str] | None = None
         self.purge: tuple[int, dict] | None = None
+        self.newest: tuple[int, datetime] | None = None  # the latest event time seen, its seq
+        self.max_gap: timedelta | None = None  # from the first checkpoint on
 
     def row(self, row, rank: int) -> None:
         """A row whose MAC holds at its own seq under the key of ``rank``, in seq order."""
@@ -43,12 +50,27 @@ class ChainChecks:
                 and row.prev_hash != self.previous[1]:
             self._add("link", row.seq, f"does not link to seq {row.seq - 1} (re-sealed after a change?)")
         self.previous = (row.seq, row.row_hash)
-        if row.event_type in (KEY_ROTATION, AUDIT_PURGE):
-            payload = self._payload(row)
-            if row.event_type == KEY_ROTATION and "chain_key" in payload:
-                self.allowed_rank, self.rotated_at = self.keys.rank(payload["chain_key"]), row.seq
-            elif row.event_type == AUDIT_PURGE:
-                self.purge = (row.seq, payload)
+        payload = self._payload(row) if row.event_type in (KEY_ROTATION, AUDIT_PURGE, AUDIT_CHECKPOINT) else {}
+        self._gap(row, payload)
+        if row.event_type == KEY_ROTATION and "chain_key" in payload:
+            self.allowed_rank, self.rotated_at = self.keys.rank(payload["chain_key"]), row.seq
+        elif row.event_type == AUDIT_PURGE:
+            self.purge = (row.seq, payload)
+        elif row.event_type == AUDIT_CHECKPOINT:
+            minutes = payload.get("interval_minutes") or 0
+            self.max_gap = timedelta(minutes=2 * minutes) if minutes else None
+
+    def _gap(self, row, payload: dict) -> None:
+        if self.newest is not None and self.max_gap is not None:
+            seq, at = self.newest
+            gap = row.created_at - at
+            if gap > self.max_gap and not payload.get("outage"):
+                self._add("gap", row.seq, f"{_hours(gap)} without any event since seq {seq}, though "
+                          f"checkpoints should have written one every {_hours(self.max_gap / 2)}: "
+                          "events cut out, or everything stopped (a real outage: audit checkpoint "
+                          "--outage REASON)")
+        if self.newest is None or row.created_at > self.newest[1]:
+            self.newest = (row.seq, row.created_at)
 
     def head(self, head: Head, mac: str | None, now: datetime, max_age: timedelta | None) -> None:
         if mac is None:

@@ -192,10 +192,14 @@ def export(out_path, since, until, event_type, reason) -> None:
 
 
 @audit.command()
-def checkpoint() -> None:
+@click.option("--outage", default=None, help="why no event was written before this one: signs "
+                                             "off the gap 'audit verify' reports (recorded)")
+def checkpoint(outage: str | None) -> None:
     """Seal a checkpoint event now (the beat does every AUDIT_CHECKPOINT_MINUTES)."""
     services = _services()
-    seq = services.audit.checkpoint(services.db)
+    if outage is not None and len(outage.strip()) < 10:
+        raise click.BadParameter("say what happened (at least 10 characters)", param_hint="--outage")
+    seq = services.audit.checkpoint(services.db, outage=outage, actor="cli")
     click.echo(f"audit checkpoint sealed at seq {seq}")
 
 

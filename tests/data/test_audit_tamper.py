@@ -102,6 +102,67 @@ def test_a_cut_tail_under_an_old_head_put_back_shows_as_stale_and_in_the_copy(gu
     assert "last sealed 3 h" in str(next(i for i in later.issues if i.kind == "stale"))
 
 
+def past(services, rows: int, ending: timedelta = timedelta(0)) -> None:
+    """An honest history (written with the key, as the server would have): ``rows`` events 30
+    minutes apart up to ``ending`` ago, every other one a checkpoint (every 60 minutes)."""
+    for i in range(1, rows + 1):
+        if i % 2:
+            services.audit.record(services.db, EventType.REPLY_SENT, actor="user", payload={"i": i})
+        else:
+            services.audit.checkpoint(services.db)
+    now = utcnow()
+    with services.db.transaction() as session:
+        for row in session.query(AuditEvent):
+            row.created_at = now - ending - timedelta(minutes=30) * (rows - row.seq)
+    _reseal_all(services)
+
+
+def head_as_of(services, seq: int) -> dict:
+    """The head as it was when ``seq`` was the last row: what an insider who kept a copy of
+    the head row then could put back (MAC and all)."""
+    import hashlib
+    import hmac
+
+    from app.audit_head import Head
+
+    with services.db.session() as session:
+        row = session.get(AuditEvent, seq)
+        head = Head(seq, row.row_hash, 0, GENESIS, services.audit.keys.current_id, row.created_at)
+    mac = hmac.new(services.audit.keys.current, head.canonical(), hashlib.sha256).hexdigest()
+    return {"last_seq": seq, "last_hash": head.last_hash, "anchor_seq": 0, "anchor_hash": GENESIS,
+            "key_id": head.key_id, "head_mac": mac, "updated_at": head.sealed_at}
+
+
+def test_a_cut_tail_under_a_replayed_head_stays_a_gap_after_new_appends(services):
+    """The head's staleness shows a replayed head only until the next append reseals it; the
+    checkpoints' times in the chain keep the cut visible as a gap."""
+    past(services, 30)
+    assert verify(services).ok
+    replayed = head_as_of(services, 20)  # 5 hours ago
+    sql(services, "DELETE FROM audit_events WHERE seq > 20")
+    put_head(services, replayed)
+    assert broken(services) == [("stale", 20)]
+    services.audit.record(services.db, EventType.REPLY_SENT, actor="user", payload={})
+    found = broken(services)
+    assert found == [("gap", 21)]
+    assert "5 h 00 min without any event since seq 20" in cli_verify(services).output
+
+
+@pytest.mark.parametrize("outage", [None, "power cut in the server room, 5 h"])
+def test_a_real_outage_is_a_gap_until_signed_off(services, outage):
+    past(services, 10, ending=timedelta(hours=5))
+    assert kinds(verify(services)) == []  # its head was sealed just now (the history's rewrite)
+    args = ["audit", "checkpoint", *(["--outage", outage] if outage else [])]
+    result = create_app(services=services).test_cli_runner().invoke(args=args)
+    assert result.exit_code == 0, result.output
+    if outage:
+        assert verify(services).ok
+        with services.db.session() as session:
+            assert services.audit.payload_of(session.get(AuditEvent, 11))["outage"] == outage
+    else:
+        assert broken(services) == [("gap", 11)]
+
+
 def test_every_event_deleted_and_the_head_reset(guarded):
     sql(guarded, "DELETE FROM audit_events")
     put_head(guarded, {"last_seq": 0, "last_hash": GENESIS, "anchor_seq": 0, "anchor_hash": GENESIS,
