@@ -19,6 +19,7 @@ import threading
 import time
 
 import requests
+from flask import has_request_context, request
 
 from app.wecom.aibot import decrypt_reply
 from app.wecom.crypto import WeComCrypto
@@ -29,6 +30,36 @@ from app.wecom.exceptions import WeComCryptoError
 
 log = logging.getLogger("app.wecom.emulator")
 STREAM_EXPIRED = 846608
+#: What a user can send the bot: ``voice`` carries WeCom's transcript (``content``); ``image``
+#: and ``file`` an emulator media id (``media_id``; the samples by default), served encrypted;
+#: ``mixed`` the text and ``media_ids`` images, text first.
+MSGTYPES = ("text", "voice", "image", "file", "mixed")
+
+
+def _content(kind: str, content: str | None, spec: dict) -> dict:
+    url = AibotDeliverer._media_url
+    if kind == "text":
+        return {"text": {"content": content}}
+    if kind == "voice":
+        return {"voice": {"content": content}}
+    if kind == "image":
+        return {"image": {"url": url(spec.get("media_id") or "emulator-image")}}
+    if kind == "file":
+        return {"file": {"url": url(spec.get("media_id") or "emulator-file")}}
+    items = [{"msgtype": "text", "text": {"content": content}}] if content else []
+    items += [{"msgtype": "image", "image": {"url": url(m)}} for m in spec.get("media_ids") or ["emulator-image"]]
+    return {"mixed": {"msg_item": items}}
+
+
+def summary(body: dict) -> str:
+    """A message's text for the emulator's record: its text, or what it carried."""
+    kind = body.get("msgtype")
+    if kind in ("text", "voice"):
+        return body[kind]["content"]
+    if kind == "mixed":
+        return " ".join(i["text"]["content"] if i["msgtype"] == "text" else "[image]"
+                        for i in body["mixed"]["msg_item"])
+    return f"[{kind}]"
 
 
 class AibotDeliverer:
@@ -55,7 +86,7 @@ class AibotDeliverer:
         delivery_id = st.next_delivery_id()
         st.store_inbound({"delivery_id": delivery_id, "msg_id": body["msgid"], "channel": "aibot",
                           "from_user": info["from_user"], "chat_id": info["chat_id"],
-                          "msg_type": "text", "content": body["text"]["content"], "time": st.wall()})
+                          "msg_type": body["msgtype"], "content": summary(body), "time": st.wall()})
         with st.lock:
             st.aibot[delivery_id] = dict(info, delivery_id=delivery_id, msg_id=body["msgid"],
                                          stream_id=None, status="pending", refreshes=[],
@@ -77,22 +108,33 @@ class AibotDeliverer:
         user = st.directory.user(spec.get("from_user") or "")
         if user is None:
             raise CallbackError("from_user is not in the directory")
+        kind = spec.get("msg_type") or "text"
+        if kind not in MSGTYPES:
+            raise CallbackError(f"msg_type must be one of {', '.join(MSGTYPES)}")
         content = spec.get("content")
-        if not isinstance(content, str) or not content:
+        if kind in ("text", "voice") and (not isinstance(content, str) or not content):
             raise CallbackError("content must be a non-empty string")
+        if content is not None and not isinstance(content, str):
+            raise CallbackError("content must be a string")
         chat_type = spec.get("chat_type") or "single"
         if chat_type not in ("single", "group"):
             raise CallbackError("chat_type must be single or group")
         chat_id = str(spec.get("chat_id") or ("wr-emulator-group" if chat_type == "group" else ""))
-        if chat_type == "group" and spec.get("mention", True):
-            content = f"@{cfg.aibot_name} {content}"
+        if chat_type == "group" and spec.get("mention", True) and kind in ("text", "mixed"):
+            content = f"@{cfg.aibot_name} {content or ''}"
         msg_id = str(spec.get("msg_id") or secrets.token_hex(16))
         body = {"msgid": msg_id, "aibotid": cfg.aibot_id, "chattype": chat_type,
                 "from": {"userid": user["userid"]}, "response_url": self._response_url(msg_id),
-                "msgtype": "text", "text": {"content": content}}
+                "msgtype": kind, **_content(kind, content, spec)}
         if chat_type == "group":
             body["chatid"] = chat_id
         return body, {"from_user": user["userid"], "chat_type": chat_type, "chat_id": chat_id}
+
+    @staticmethod
+    def _media_url(media_id: str) -> str:
+        """Where WeCom's bot would put an image or file: here, encrypted (``media.aibot_media``)."""
+        base = request.host_url.rstrip("/") if has_request_context() else "http://127.0.0.1"
+        return f"{base}/_emulator/aibot/media/{media_id}"
 
     def _response_url(self, msg_id: str) -> str:
         return f"https://qyapi.weixin.qq.com/cgi-bin/aibot/response?response_code={msg_id}"

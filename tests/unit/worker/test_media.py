@@ -1,5 +1,5 @@
 """worker/media.py: AMR decoding, image parts, file context and /forget, and every failure
-answered politely with its reason, against fakes of WeCom and the model and real Redis DB 13
+answered politely with its reason, against fakes of WeCom and the model and real Redis DB 12
 (the ASR and vision servers are the project's small test servers)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.support.env import make_env, settings_from
 from tests.support.media_servers import FakeASRServer, FakeVisionServer
 from worker import commands, media
 
-REDIS_URL = "redis://127.0.0.1:6379/13"
+REDIS_URL = "redis://127.0.0.1:6379/12"
 
 
 # -- pure parts ------------------------------------------------------------------------------------
@@ -125,9 +125,10 @@ def servers():
 @pytest.fixture
 def redis_client():
     client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
+    mine = ["conv-files:conv-1", "media:heard:1"]
+    client.delete(*mine)
     yield client
-    client.flushdb()
+    client.delete(*mine)
 
 
 def handler(redis_client, servers, **overrides):
