@@ -20,12 +20,15 @@ the welcome text (``aibot_respond_welcome_msg``).
 (``app.aibot_streams``); nothing in the worker changes. The holder pushes each stream instead of
 waiting to be polled: a Redis hash ``aibot:ws:pending`` (stream id -> the message's ``req_id``)
 lists the streams it still owes WeCom, and every ``PUMP_S`` it sends each one's text when it has
-changed (``aibot_respond_msg``, the whole text so far), its last frame with ``finish``, and drops
-the entry once WeCom has acknowledged every frame of that req_id. The entry is written *before*
-the outbox row, so a holder killed at any point leaves it for the next holder, which sends the
-stream's current text and goes on (a stream is replaced by its id, so a frame sent again shows
-nothing twice); a message whose row was never written ends as an empty finished stream (WeCom's
-own redelivery then brings it again: the emulator re-pushes a message no frame answered).
+changed (``aibot_respond_msg``, the whole text so far), its last frame with ``finish``, and once
+WeCom has acknowledged every frame of that req_id marks the stream delivered
+(``aibot:ws:delivered:<id>``, for the stream's TTL) and drops the entry. The entry is written
+*before* the outbox row, so a holder killed at any point leaves it for the next holder, which
+sends the stream's current text and goes on (a stream is replaced by its id, so a frame sent
+again shows nothing twice). An entry whose row was never written (the holder died in between) is
+dropped unanswered: WeCom pushes a message no frame answered again (the emulator does), and a
+message that comes again finds its row by msgid and is answered on its new req_id unless its
+stream was delivered.
 
 Never logged: the secret, message contents (frames by cmd and req_id only).
 """
@@ -43,8 +46,9 @@ import time
 from dataclasses import dataclass, field
 
 import redis
+from sqlalchemy.exc import SQLAlchemyError
 
-from app import aibot_callback
+from app import aibot_callback, outbox
 from app.callback import CallbackRejected
 from app.intake import IntakeUnavailable
 from app.logging_setup import request_id_var
@@ -54,6 +58,7 @@ from app.wecom.exceptions import MessageParseError
 log = logging.getLogger(__name__)
 LEASE_KEY = "aibot:ws:lease"
 PENDING_KEY = "aibot:ws:pending"
+DELIVERED_PREFIX = "aibot:ws:delivered:"
 PUMP_S = 0.2  # how often the holder looks for new stream text (WeCom's own polls: about 1 s)
 ACQUIRE_EVERY_S = 0.5
 SUBSCRIBE_TIMEOUT_S = 10.0
@@ -144,6 +149,16 @@ class Pending:
 
     def remove(self, stream_id: str) -> None:
         self.client.hdel(self.key, stream_id)
+
+    def delivered(self, stream_id: str, ttl_s: int) -> None:
+        """WeCom acknowledged the stream's finish: no longer owed, and never sent again."""
+        pipe = self.client.pipeline()
+        pipe.set(f"{DELIVERED_PREFIX}{stream_id}", 1, ex=ttl_s)
+        pipe.hdel(self.key, stream_id)
+        pipe.execute()
+
+    def was_delivered(self, stream_id: str) -> bool:
+        return bool(self.client.exists(f"{DELIVERED_PREFIX}{stream_id}"))
 
     def all(self) -> dict[str, dict]:
         out = {}
@@ -250,7 +265,7 @@ class Session:
         self.unacked.pop(frame.req_id, None)
         stream_id = self.finished.pop(frame.req_id, None)
         if stream_id is not None:  # WeCom has the whole answer: the stream is no longer owed
-            self.holder.pending.remove(stream_id)
+            self.holder.pending.delivered(stream_id, self.holder.settings.aibot_stream_ttl_s)
             self.sent.pop(stream_id, None)
 
     def on_event(self, frame: aibot_ws.Frame) -> None:
@@ -301,15 +316,26 @@ class Session:
             else:
                 holder.pending.remove(stream_id)
                 log.info("duplicate aibot message message_id=%s", accepted.id)
-                owed = holder.pending.get(accepted.stream_id) if accepted.stream_id else None
-                if owed is None:
-                    return  # answered already (WeCom acknowledged its finish), or not ours
-                # WeCom delivered it again: answer on the req_id it gave this time.
+                if not accepted.stream_id or holder.pending.was_delivered(accepted.stream_id):
+                    return  # answered already: WeCom acknowledged its finish
+                # WeCom delivered it again (its first holder died, or this is the first time it
+                # comes by the connection): answer on the req_id it gave this time.
                 holder.pending.add(accepted.stream_id, frame.req_id, message.msg_id)
                 self.sent.pop(accepted.stream_id, None)
             self.pump()
         finally:
             request_id_var.reset(token)
+
+    def unwritten(self, stream_id: str) -> bool:
+        """No stream state and no outbox row: the message never reached the outbox."""
+        services = self.holder.services
+        try:
+            if services.streams.get(stream_id) is not None:
+                return False
+            with services.db.session() as session:
+                return outbox.by_stream_id(session, stream_id) is None
+        except (redis.RedisError, SQLAlchemyError):
+            return False
 
     def respond(self, req_id: str, message: dict) -> None:
         stream = message["stream"]
@@ -338,6 +364,13 @@ class Session:
                 log.warning("stream state unavailable, retried: %s", type(exc).__name__)
                 continue
             if reply["content"] == last.content and not reply["finish"]:
+                continue
+            if reply["finish"] and not reply["content"] and self.unwritten(stream_id):
+                # A holder died between owing the stream and writing its row: nothing to answer
+                # with. WeCom pushes an unanswered message again, and it is asked then.
+                log.info("owed stream without a row dropped req_id=%s", req_id)
+                holder.pending.remove(stream_id)
+                self.sent.pop(stream_id, None)
                 continue
             self.send(aibot_ws.respond_stream(req_id, stream_id, reply["content"], reply["finish"]))
             self.unacked[req_id] = self.unacked.get(req_id, 0) + 1

@@ -132,6 +132,7 @@ class Stack:
             aibot_token=self.env.get("AIBOT_TOKEN", ""), aibot_aes_key=self.env.get("AIBOT_ENCODING_AES_KEY", ""),
             aibot_callback_url=f"http://127.0.0.1:{self.web_port}/wecom/aibot",
             aibot_name=self.env.get("AIBOT_NAME", ""),
+            aibot_bot_id=self.env.get("AIBOT_BOT_ID", ""), aibot_secret=self.env.get("AIBOT_SECRET", ""),
             **({"directory": directory} if directory is not None else {}), **(emulator_options or {})))
         self.worker_concurrency = worker_concurrency
         self.worker_nice = worker_nice
@@ -143,6 +144,8 @@ class Stack:
         LIVE_STACKS.add(self)
         self.emulator.start()
         self.env["WECOM_API_BASE"] = self.emulator.url
+        if self.emulator.long_connection.enabled:
+            self.env["AIBOT_WS_URL"] = self.emulator.ws_url
         from app import migrate
 
         migrate.upgrade(self.db.url)
@@ -162,6 +165,10 @@ class Stack:
                                       "--pool", "threads", "--concurrency", str(self.worker_concurrency),
                                       "-Q", "chat", "--loglevel", "INFO", "-n", f"it-{uuid.uuid4().hex[:6]}@%h",
                                       "--without-gossip", "--without-mingle"])
+
+    def start_connection(self, name: str = "aibot-ws") -> None:
+        """A replica of the AI bot's long-connection service (``python -m app.aibot_connection``)."""
+        self.start_process(name, [sys.executable, "-m", "app.aibot_connection"])
 
     def start_process(self, name: str, argv: list[str]) -> None:
         log_path = self.tmp / f"{name}.log"

@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "$AIBOT_ENCODING_AES_KEY")
     p.add_argument("--aibot-poll-interval", type=float, default=1.0,
                    help="seconds between the AI bot's stream refresh callbacks")
+    p.add_argument("--aibot-ws-port", type=int, default=None,
+                   help="the AI bot's long connection (WebSocket) port (default "
+                        "$EMULATOR_AIBOT_WS_PORT or a free one); needs $AIBOT_BOT_ID and $AIBOT_SECRET")
     p.add_argument("--directory", default=None, help="employees JSON (default: built-in)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         token_reuse=not args.no_token_reuse, retry_interval=args.retry_interval,
         retries=args.retries, callback_timeout=args.callback_timeout, oversize=args.oversize,
         aibot_callback_url=args.aibot_callback_url, aibot_poll_interval=args.aibot_poll_interval,
+        aibot_ws_port=args.aibot_ws_port,
         directory=Directory.load(args.directory) if args.directory else None,
     )
     app, state = create_emulator(config)
@@ -73,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    long_connection = app.extensions["wecom_emulator_aibot_ws"]
+    if long_connection.enabled:
+        log.info("AI bot long connection on ws://%s:%d", config.host, long_connection.start())
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -82,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         server.server_close()
         app.extensions["wecom_emulator_deliverer"].join(2.0)
         app.extensions["wecom_emulator_aibot"].join(2.0)
+        long_connection.stop(2.0)
         log.info("WeCom emulator stopped")
     return 0
 

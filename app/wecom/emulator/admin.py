@@ -30,6 +30,10 @@ def aibot() -> AibotDeliverer:
     return current_app.extensions["wecom_emulator_aibot"]
 
 
+def long_connection():
+    return current_app.extensions["wecom_emulator_aibot_ws"]
+
+
 def bad_request(message: str, status: int = 400):
     return jsonify({"error": message}), status
 
@@ -107,13 +111,16 @@ def verify():
 # -- the AI bot (智能机器人) -------------------------------------------------------------------
 @bp.post("/_emulator/aibot/send")
 def aibot_send():
-    """{"from_user", "content", "chat_type"?: single|group, "chat_id"?, "mention"?, "msg_id"?, "wait"?}."""
+    """{"from_user", "content", "chat_type"?: single|group, "chat_id"?, "mention"?, "msg_id"?, "wait"?,
+    "mode"?: "callback" (default) | "ws" (over the long connection)}."""
     body = _json_body()
     try:
         wait = float(body.get("wait") or 0)
     except (TypeError, ValueError):
         return bad_request("wait must be a number of seconds")
     try:
+        if body.get("mode") == "ws":
+            return jsonify(long_connection().send(body, wait=wait))
         return jsonify(aibot().send(body, wait=wait))
     except CallbackError as exc:
         return bad_request(str(exc))
@@ -127,6 +134,21 @@ def aibot_conversations():
     if delivery_id is not None:
         found = [c for c in found if c["delivery_id"] == delivery_id]
     return jsonify({"conversations": found})
+
+
+@bp.post("/_emulator/aibot/enter_chat")
+def aibot_enter_chat():
+    """{"from_user"}: the enter_chat event over the long connection (the bot's welcome)."""
+    try:
+        return jsonify(long_connection().enter_chat(str(_json_body().get("from_user") or "")))
+    except CallbackError as exc:
+        return bad_request(str(exc))
+
+
+@bp.get("/_emulator/aibot/ws")
+def aibot_ws_status():
+    """The long connection: configured, subscribed now, its port and counters."""
+    return jsonify(long_connection().status())
 
 
 @bp.post("/_emulator/aibot/verify")

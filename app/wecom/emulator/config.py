@@ -58,6 +58,11 @@ class EmulatorConfig:
     aibot_id: str = "aib-emulator"
     aibot_poll_interval: float = 1.0
     aibot_stream_expiry: float = 360.0  # WeCom stops polling a stream 6 minutes after it began
+    # The AI bot's long connection (aibot_ws.py): the bot id and secret a subscription must
+    # carry (no long connection without both) and the WebSocket server's port (0: a free one).
+    aibot_bot_id: str = ""
+    aibot_secret: str = ""
+    aibot_ws_port: int = 0
     directory: Directory = field(default_factory=Directory.default)
 
     @classmethod
@@ -74,6 +79,9 @@ class EmulatorConfig:
             "aibot_aes_key": env.get("AIBOT_ENCODING_AES_KEY") or "",
             "aibot_callback_url": env.get("EMULATOR_AIBOT_CALLBACK_URL") or DEFAULT_AIBOT_CALLBACK_URL,
             "aibot_name": env.get("AIBOT_NAME") or DEFAULT_AIBOT_NAME,
+            "aibot_bot_id": env.get("AIBOT_BOT_ID") or "",
+            "aibot_secret": env.get("AIBOT_SECRET") or "",
+            "aibot_ws_port": int(env.get("EMULATOR_AIBOT_WS_PORT") or 0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -97,6 +105,7 @@ class EmulatorConfig:
             "aibot_callback_url": self.aibot_callback_url,
             "aibot_name": self.aibot_name,
             "aibot_poll_interval": self.aibot_poll_interval,
+            "aibot_ws": bool(self.aibot_bot_id and self.aibot_secret),
         }
 
 

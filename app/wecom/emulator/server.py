@@ -11,6 +11,7 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 from app.wecom.emulator import admin, api, media
 from app.wecom.emulator.aibot import AibotDeliverer
+from app.wecom.emulator.aibot_ws import LongConnection
 from app.wecom.emulator.callbacks import CallbackDeliverer
 from app.wecom.emulator.config import EmulatorConfig, UnsafeToRun, loopback
 from app.wecom.emulator.state import EmulatorState
@@ -47,6 +48,7 @@ def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, Emulat
     app.extensions["wecom_emulator"] = state
     app.extensions["wecom_emulator_deliverer"] = CallbackDeliverer(state)
     app.extensions["wecom_emulator_aibot"] = AibotDeliverer(state)
+    app.extensions["wecom_emulator_aibot_ws"] = LongConnection(state, app.extensions["wecom_emulator_aibot"])
     app.register_blueprint(api.bp)
     app.register_blueprint(admin.bp)
     app.extensions["wecom_emulator_media"] = media.MediaStore()
@@ -73,6 +75,15 @@ class EmulatorServer:
         return self.app.extensions["wecom_emulator_deliverer"]
 
     @property
+    def long_connection(self) -> LongConnection:
+        return self.app.extensions["wecom_emulator_aibot_ws"]
+
+    @property
+    def ws_url(self) -> str:
+        """The AI bot's long connection (when the bot id and secret are configured)."""
+        return f"ws://{self.host}:{self.long_connection.port}"
+
+    @property
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError("emulator not started")
@@ -83,6 +94,8 @@ class EmulatorServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="wecom-emulator",
                                         kwargs={"poll_interval": 0.1}, daemon=True)
         self._thread.start()
+        if self.long_connection.enabled:
+            self.long_connection.start()
         logging.getLogger("app.wecom.emulator").info("emulator listening on %s", self.url)
         return self.url
 
@@ -96,6 +109,7 @@ class EmulatorServer:
             self._thread.join(timeout)
         self.deliverer.join(timeout)
         self.app.extensions["wecom_emulator_aibot"].join(timeout)
+        self.long_connection.stop(timeout)
 
     def __enter__(self) -> EmulatorServer:
         self.start()

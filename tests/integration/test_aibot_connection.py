@@ -1,0 +1,141 @@
+"""The AI bot's long connection end to end: the emulator (WeCom's WebSocket end) <- replicas of
+``python -m app.aibot_connection`` -> intake -> outbox -> Celery -> the model's stream -> Redis ->
+stream frames back over the connection; real Redis (DB 5), SQLite.
+
+The fault test SIGKILLs the replica holding the connection mid-traffic: the other takes the lease,
+subscribes, finishes what the dead one owed and answers the rest; no message is lost or answered
+twice, and the two never held the connection at once (the emulator would have had to replace one
+subscription by another: ``replaced`` stays 0).
+"""
+
+import time
+
+import pytest
+import redis
+
+from app.aibot_connection import LEASE_KEY, PENDING_KEY
+from tests.support.stack import Stack, select_rows, wait_for
+
+pytestmark = pytest.mark.integration
+BOT = "小星"
+SECRET = "aibot-long-connection-secret-for-tests"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("aibot-ws"), db_kind="sqlite", redis_db=5,
+              model_stream_piece_delay_s=0.3,
+              extra_env={"AIBOT_BOT_ID": "aib-emulator", "AIBOT_SECRET": SECRET, "AIBOT_NAME": BOT,
+                         "AIBOT_REFRESH_THROTTLE_S": "0", "AIBOT_WS_LEASE_S": "2",
+                         "AIBOT_WS_HEARTBEAT_S": "1"}).start()
+    yield s
+    s.stop()
+
+
+def ws_status(stack) -> dict:
+    return stack.emu("GET", "aibot/ws")
+
+
+def send(stack, **body) -> dict:
+    return stack.emu("POST", "aibot/send", json={"mode": "ws", **body})
+
+
+def conversation(stack, delivery_id: int) -> dict:
+    return stack.emu("GET", "aibot/conversations", params={"delivery_id": delivery_id})["conversations"][0]
+
+
+def finished(stack, delivery_id: int, timeout: float = 60) -> dict:
+    return wait_for(lambda: (c := conversation(stack, delivery_id))["status"] == "finished" and c,
+                    timeout, 0.2, f"delivery {delivery_id} to finish")
+
+
+def shown(stack, user: str) -> list[dict]:
+    return [m for m in stack.emu("GET", "messages", params={"touser": user})["messages"]
+            if m.get("source") == "aibot_ws"]
+
+
+def holder_pid(stack) -> int | None:
+    token = stack.redis.get(LEASE_KEY)
+    return int(token.decode().split(":")[1]) if token else None
+
+
+@pytest.fixture(scope="module")
+def connected(stack):
+    stack.start_connection("aibot-ws-a")
+    wait_for(lambda: ws_status(stack)["connected"], 30, 0.2, "the long connection to subscribe")
+    return stack
+
+
+def test_a_message_over_the_connection_is_answered_over_it_once(connected):
+    stack = connected
+    question = "年假有几天？"
+    done = finished(stack, send(stack, from_user="zhangwei", content=question)["delivery_id"])
+    expected = f"答复#1: {question}"
+    assert done["final"] == expected
+    frames = done["refreshes"]
+    assert frames[-1]["finish"] and all(not f["finish"] for f in frames[:-1])
+    assert len({f["content"] for f in frames}) > 2, frames  # it streamed, frame by frame
+    assert all(f["stream_id"] == done["stream_id"] for f in frames)
+    assert done["pushes"] == 1 and done["duplicate_finish"] == 0
+    assert [m["content"] for m in shown(stack, "zhangwei")] == [expected]
+    rows = select_rows(stack.db.url, "SELECT status, stream_id FROM inbound_messages WHERE channel = 'aibot'")
+    assert rows == [{"status": "answered", "stream_id": done["stream_id"]}]
+    assert stack.redis.hlen(PENDING_KEY) == 0  # WeCom acknowledged the finish: nothing owed
+    assert b"aibot_respond" not in stack.logs["aibot-ws-a"].read_bytes()  # frames by cmd only
+    assert SECRET not in stack.log("aibot-ws-a") and question not in stack.log("aibot-ws-a")
+
+
+def test_groups_need_the_mention_and_enter_chat_gets_the_welcome(connected):
+    stack = connected
+    quiet = send(stack, from_user="lina", content="大家好", chat_type="group", mention=False)
+    asked = finished(stack, send(stack, from_user="lina", content="报销流程？", chat_type="group")["delivery_id"])
+    assert asked["final"].endswith("报销流程？")
+    assert conversation(stack, quiet["delivery_id"])["status"] == "pushed"  # never answered
+    stack.emu("POST", "aibot/enter_chat", json={"from_user": "wujun"})
+    welcome = wait_for(lambda: [m for m in stack.emu("GET", "messages", params={"touser": "wujun"})["messages"]
+                                if m.get("source") == "aibot_ws_welcome"], 15, 0.2, "the welcome")
+    assert "AI" in welcome[0]["content"]
+
+
+def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_doubled(connected):
+    stack = connected
+    stack.start_connection("aibot-ws-b")  # a second replica: waits for the lease
+    time.sleep(3)
+    assert ws_status(stack)["stats"].get("subscribed") == 1  # b never subscribed beside a
+    first = holder_pid(stack)
+    assert first == stack.procs["aibot-ws-a"].pid
+    users = ["zhangwei", "lina", "wujun", "zhouting", "sunhao"]
+    sent = [send(stack, from_user=users[i % len(users)], content=f"问题{i}：加班怎么算？")
+            for i in range(8)]
+    wait_for(lambda: any(conversation(stack, s["delivery_id"])["status"] == "streaming" for s in sent),
+             20, 0.05, "a stream under way")
+    stack.kill("aibot-ws-a")  # SIGKILL: no goodbye, the lease just stops being renewed
+    sent += [send(stack, from_user=users[i % len(users)], content=f"问题{i}：加班怎么算？")
+             for i in range(8, 12)]
+    wait_for(lambda: holder_pid(stack) == stack.procs["aibot-ws-b"].pid, 15, 0.1, "b to take the lease")
+    ends = [finished(stack, s["delivery_id"], 90) for s in sent]
+    for i, end in enumerate(ends):
+        assert end["final"].startswith("答复#") and end["final"].endswith(f": 问题{i}：加班怎么算？"), ends
+    msgids = [s["msg_id"] for s in sent]
+    handed_over = [e for e in ends if len({f["connection"] for f in e["refreshes"]}) > 1]
+    assert handed_over, "no stream was begun by the killed holder and finished by the other"
+    finals = [m for u in users for m in shown(stack, u) if m["delivery_id"] in {s["delivery_id"] for s in sent}]
+    assert len(finals) == len(sent)  # one answer each, none twice
+    rows = select_rows(stack.db.url, "SELECT status FROM inbound_messages WHERE channel = 'aibot'")
+    assert len(rows) == 2 + len(msgids) and all(r["status"] == "answered" for r in rows)
+    stats = ws_status(stack)["stats"]
+    assert stats.get("replaced", 0) == 0  # never two subscriptions at once
+    assert stats.get("subscribed") == 2
+    wait_for(lambda: stack.redis.hlen(PENDING_KEY) == 0, 10, 0.2, "nothing owed")
+
+
+def test_two_replicas_never_both_hold_the_lease(stack):
+    client = redis.Redis.from_url(stack.redis_url)
+    seen = set()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        token = client.get(LEASE_KEY)
+        if token:
+            seen.add(token)
+        time.sleep(0.05)
+    assert len(seen) == 1  # the survivor keeps it; no one else renews in between
