@@ -228,6 +228,21 @@ def with_images(message: dict, parts: list[dict]) -> dict:
     return {**message, "content": [{"type": "text", "text": text or DEFAULT_IMAGE_QUESTION}, *parts]}
 
 
+#: What an image stands for in the budget's prompt estimate (its bytes): a vision model spends a
+#: bounded number of tokens an image (GLM-4V about 1,600 at most), not its base64's length.
+IMAGE_ESTIMATE = "#" * 2048
+
+
+def for_estimate(messages: list[dict]) -> list[dict]:
+    """``messages`` with each image part counted as ``IMAGE_ESTIMATE`` rather than its data URL
+    (the reservation is settled against the server's own token counts afterwards)."""
+    if not any(isinstance(m.get("content"), list) for m in messages):
+        return messages
+    return [{**m, "content": [{"type": "text", "text": IMAGE_ESTIMATE} if p.get("type") == "image_url" else p
+                              for p in m["content"]]} if isinstance(m.get("content"), list) else m
+            for m in messages]
+
+
 # -- files -----------------------------------------------------------------------------------------
 class FileContexts:
     """The files of one conversation: a Redis list of sealed ``{"name", "text", "ref"}``, the

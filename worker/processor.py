@@ -392,7 +392,8 @@ class MessageProcessor:
             llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:
             raise _model_failure(exc) from exc
-        charge = self.meter.reserve(row, user_id, messages, params.max_tokens, llm.model_name)
+        charge = self.meter.reserve(row, user_id, media.for_estimate(messages), params.max_tokens,
+                                    llm.model_name)
         if charge.blocked:
             return charge.notice, "text", {}
         started = time.monotonic()

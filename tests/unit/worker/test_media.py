@@ -53,6 +53,16 @@ def test_image_part_is_a_data_url_beside_the_text():
         media.image_part(b"%PDF-1.4 not an image")
 
 
+def test_the_budget_estimate_counts_an_image_not_its_base64():
+    from app.accounting import estimate_prompt_tokens
+
+    big = media.image_part(samples.png_image(400, 300))
+    messages = [{"role": "system", "content": "sys"}, media.with_images({"role": "user", "content": "q"}, [big])]
+    assert estimate_prompt_tokens(media.for_estimate(messages)) < 3000 < estimate_prompt_tokens(messages)
+    plain = [{"role": "user", "content": "q"}]
+    assert media.for_estimate(plain) is plain
+
+
 def test_files_go_after_the_system_prompt_newest_kept_when_short():
     files = [{"name": "old.txt", "text": "A" * 50}, {"name": "new.pdf", "text": "B" * 50}]
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
