@@ -112,6 +112,12 @@
       document.getElementById("composer").requestSubmit();
     }
   });
+  Array.prototype.forEach.call(document.querySelectorAll(".send-media"), function (button) {
+    // the emulator's own media (media/get serves it): voice, image or file
+    button.addEventListener("click", function () {
+      if (userid) send({ from_user: userid, msg_type: button.getAttribute("data-kind") });
+    });
+  });
   document.getElementById("enter-agent").addEventListener("click", function () {
     if (userid) send({ from_user: userid, event: "enter_agent", event_key: "" });
   });
