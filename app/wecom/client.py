@@ -389,12 +389,15 @@ class WeComClient:
                                         {"access_token": token, "media_id": media_id})
             content_type = (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
             if content_type in ("application/json", "text/plain"):
-                # WeCom's errors come as JSON with HTTP 200 (text/plain from some front ends).
-                body = read_limited(response, 64 * 1024, "media/get error")
-                try:
-                    data = json_module.loads(body)
-                except ValueError:
-                    data = None
+                # WeCom's errors come as JSON with HTTP 200 (text/plain from some front ends);
+                # a TXT file is text/plain too, so it is read within the caller's limit.
+                body = read_limited(response, max(max_bytes, 64 * 1024), "media")
+                data = None
+                if body[:1] == b"{" and len(body) < 64 * 1024:
+                    try:
+                        data = json_module.loads(body)
+                    except ValueError:
+                        data = None
                 if isinstance(data, dict) and int(data.get("errcode", 0) or 0) != 0:
                     errcode = int(data["errcode"])
                     if errcode in TOKEN_ERRCODES and attempt == 0:

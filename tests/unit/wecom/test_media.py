@@ -134,6 +134,15 @@ def test_media_get_expired_id_is_40007(client, emu):
         client.get_media("never-issued", max_bytes=100)
 
 
+def test_a_large_text_file_is_a_file_not_an_error(client, emu):
+    text = ("员工手册 " * 20000).encode()
+    media_id = requests.post(f"{emu.url}/_emulator/media", timeout=5, json={
+        "data_b64": base64.b64encode(text).decode(), "content_type": "text/plain"}).json()["media_id"]
+    assert client.get_media(media_id, max_bytes=1 << 20).data == text
+    with pytest.raises(MediaRejectedError):
+        client.get_media(media_id, max_bytes=1000)
+
+
 def test_media_get_faults_are_transient_and_a_stale_token_is_refreshed(client, emu):
     requests.post(f"{emu.url}/_emulator/faults", json={"api": "media/get", "http_status": 503}, timeout=5)
     with pytest.raises(WeComTransientError):
