@@ -30,6 +30,19 @@ def dev_env(api_base: str = "http://127.0.0.1:8081") -> dict[str, str]:
         "SECRET_KEY": secrets.token_urlsafe(48),
         # Ed25519 seed signing audit exports ('python -m app.cli audit public-key' for auditors)
         "AUDIT_EXPORT_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
+        **aibot_env(),
+    }
+
+
+def aibot_env() -> dict[str, str]:
+    """The AI bot (智能机器人): its callback's token and key, and the long connection's bot id
+    and secret (the emulator plays WeCom for both; docs/aibot.md)."""
+    return {
+        "AIBOT_TOKEN": secrets.token_urlsafe(24),
+        "AIBOT_ENCODING_AES_KEY": random_aes_key(),
+        "AIBOT_NAME": "AI助手",
+        "AIBOT_BOT_ID": "aib" + secrets.token_hex(8),
+        "AIBOT_SECRET": secrets.token_urlsafe(32),
     }
 
 

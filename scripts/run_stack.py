@@ -1,12 +1,15 @@
 """``make run``: the whole stack on this machine, with the WeCom emulator in front.
 
 Starts, in order: migrations, the handbook loaded into the knowledge base (``kb add``, left
-alone when unchanged), the WeCom emulator (port 8081), gunicorn with the callback (8080),
-a Celery worker and Celery beat, then asks the emulator to verify the callback URL as WeCom's
-console does, and prints the chat page to open. Ctrl-C stops everything.
+alone when unchanged), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
+gunicorn with the callback (8080), a Celery worker and Celery beat, the AI bot's long-connection
+service (``python -m app.aibot_connection``, when ``var/dev.env`` has ``AIBOT_BOT_ID``), then asks
+the emulator to verify the callback URLs (the app's and the AI bot's) as WeCom's console does,
+and prints the chat page to open. Ctrl-C stops everything.
 
-The processes run under ``scripts.supervisor``: a Celery worker or beat that dies is started
-again with backoff (at most 5 restarts in 5 minutes, then the stack stops with the reason);
+The processes run under ``scripts.supervisor``: a Celery worker, beat or the AI bot's connection
+that dies is started again with backoff (at most 5 restarts in 5 minutes, then the stack stops
+with the reason);
 the emulator or gunicorn's master dying stops the stack. The worker runs at ``WORKER_NICE``
 (default 10, 0 = off): on a small machine the web's acknowledgements, which WeCom waits for,
 are served before background answers (bench/load.py --nice-ab measured ack p99 195 vs 354 ms
@@ -32,6 +35,7 @@ from scripts.supervisor import Program, Supervisor
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 EMULATOR_PORT = int(os.environ.get("EMULATOR_PORT", 8081))
+AIBOT_WS_PORT = int(os.environ.get("EMULATOR_AIBOT_WS_PORT", 8082))
 WEB_PORT = int(os.environ.get("WEB_PORT", 8080))
 
 
@@ -72,6 +76,9 @@ def stack_env() -> dict[str, str]:
     for key, value in load_env_file(ROOT / "var" / "dev.env").items():
         env.setdefault(key, value)
     env["WECOM_API_BASE"] = f"http://127.0.0.1:{EMULATOR_PORT}"
+    # The AI bot's long connection dials the emulator's WebSocket end, not WeCom's.
+    env["EMULATOR_AIBOT_WS_PORT"] = str(AIBOT_WS_PORT)
+    env["AIBOT_WS_URL"] = f"ws://127.0.0.1:{AIBOT_WS_PORT}"
     env.setdefault("DATABASE_URL", f"sqlite:///{ROOT / 'var' / 'wecom-bot.sqlite3'}")
     env.setdefault("WEB_BIND", f"127.0.0.1:{WEB_PORT}")
     env.setdefault("SWEEP_INTERVAL_S", "10")
@@ -103,9 +110,14 @@ def programs(env: dict[str, str]) -> list[Program]:
     """The stack's processes; the Celery worker and beat are restarted when they die."""
     callback = f"http://127.0.0.1:{WEB_PORT}/wecom/callback"
     celery = [str(VENV_BIN / "celery"), "-A", "worker.celery_app"]
+    connection = [
+        # the AI bot's long connection; its replicas share a Redis lease (one holds it)
+        Program("aibot-connection", [sys.executable, "-m", "app.aibot_connection"], restart=True),
+    ] if env.get("AIBOT_BOT_ID") and env.get("AIBOT_SECRET") else []
     return [
         Program("emulator", [sys.executable, "-m", "app.wecom.emulator", "--host", "127.0.0.1",
-                             "--port", str(EMULATOR_PORT), "--callback-url", callback]),
+                             "--port", str(EMULATOR_PORT), "--callback-url", callback,
+                             "--aibot-callback-url", f"http://127.0.0.1:{WEB_PORT}/wecom/aibot"]),
         # gunicorn's master replaces its own dead workers; the master itself must not die.
         Program("web", [str(VENV_BIN / "gunicorn"), "app:create_app()"]),
         Program("worker", [*celery, "worker", "--pool", "threads",
@@ -114,6 +126,7 @@ def programs(env: dict[str, str]) -> list[Program]:
                 restart=True, nice=int(env.get("WORKER_NICE", "10"))),
         Program("beat", [*celery, "beat", "--loglevel", "INFO",
                          "--schedule", str(ROOT / "var" / "celerybeat-schedule")], restart=True),
+        *connection,
     ]
 
 
@@ -132,6 +145,9 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{WEB_PORT}/healthz")
         verified = requests.post(f"http://127.0.0.1:{EMULATOR_PORT}/_emulator/verify", timeout=10).json()
         print(f"callback URL verification: {verified}")
+        if env.get("AIBOT_TOKEN"):
+            verified = requests.post(f"http://127.0.0.1:{EMULATOR_PORT}/_emulator/aibot/verify", timeout=10).json()
+            print(f"AI bot callback URL verification: {verified}")
         print(f"\n  WeCom emulator chat page: http://127.0.0.1:{EMULATOR_PORT}/\n"
               f"  metrics: http://127.0.0.1:{WEB_PORT}/metrics (web), "
               f"http://127.0.0.1:{env['METRICS_PORT']}/metrics (worker)\n  (Ctrl-C stops the stack)\n")

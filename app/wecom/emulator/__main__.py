@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     long_connection = app.extensions["wecom_emulator_aibot_ws"]
     if long_connection.enabled:
-        log.info("AI bot long connection on ws://%s:%d", config.host, long_connection.start())
+        long_connection.start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@
   var box = document.getElementById("messages");
   var input = document.getElementById("input");
   var statusLine = document.getElementById("status");
+  var channel = document.getElementById("channel");
   var userid = null, lastSeq = 0, shown = {}, timer = null, generation = 0;
   var NAMES = {};
   Array.prototype.forEach.call(select.options, function (o) { NAMES[o.value] = o.textContent; });
@@ -54,11 +55,15 @@
       box.appendChild(node);
       shown[key] = node;
       box.scrollTop = box.scrollHeight;
+      if (item.direction === "out" && /^aibot/.test(item.source || "")) setStatus("");
     }
     var metaNode = node.querySelector(".meta");
     var time = new Date(item.time * 1000).toLocaleTimeString("zh-CN", { hour12: false });
     var extra = item.direction === "in" ? deliveryText(deliveries[item.delivery_id]) :
       (item.msgtype === "markdown" ? "markdown" : "") + (item.source === "passive_reply" ? " 被动回复" : "");
+    if (item.channel === "aibot" || item.channel === "aibot_ws") extra = item.channel === "aibot" ? "智能机器人 · 回调" : "智能机器人 · 长连接";
+    if (item.source === "aibot_stream") extra = "智能机器人 · 回调";
+    if (item.source === "aibot_ws" || item.source === "aibot_ws_welcome") extra = "智能机器人 · 长连接";
     metaNode.textContent = time + (extra ? " · " + extra : "");
     metaNode.className = "meta" + (/失败/.test(extra) ? " failed" : "");
   }
@@ -91,7 +96,15 @@
 
   function send(body) {
     setStatus("");
-    return postJSON("/_emulator/send", body).then(poll).catch(function (e) { setStatus("发送失败：" + e.message); });
+    var url = "/_emulator/send";
+    if (channel && channel.value !== "app") {  // the AI bot: by callback, or over the long connection
+      url = "/_emulator/aibot/send";
+      body = { from_user: body.from_user, content: body.content, mode: channel.value === "aibot_ws" ? "ws" : "callback" };
+    }
+    return postJSON(url, body).then(function () {
+      if (url !== "/_emulator/send") setStatus("智能机器人回答中…（流式消息结束后显示）");
+      poll();
+    }).catch(function (e) { setStatus("发送失败：" + e.message); });
   }
 
   select.addEventListener("change", function () { choose(select.value); });
@@ -119,7 +132,13 @@
     });
   });
   document.getElementById("enter-agent").addEventListener("click", function () {
-    if (userid) send({ from_user: userid, event: "enter_agent", event_key: "" });
+    if (!userid) return;
+    if (channel && channel.value === "aibot_ws") {
+      postJSON("/_emulator/aibot/enter_chat", { from_user: userid }).then(poll)
+        .catch(function (e) { setStatus("发送失败：" + e.message); });
+    } else if (!channel || channel.value === "app") {
+      send({ from_user: userid, event: "enter_agent", event_key: "" });
+    }
   });
   document.getElementById("verify").addEventListener("click", function () {
     setStatus("正在校验回调 URL…");
