@@ -263,3 +263,36 @@ def test_text_file_markdown_and_docx_are_read(redis_client, servers):
         assert name in reply
     texts = " ".join(f["text"] for f in h.files.files("conv-1"))
     assert "100 RMB" in texts and "1.5倍" in texts and "纯文本" in texts
+
+
+def test_a_slow_asr_server_is_retried_later(redis_client, servers):
+    h, p = handler(redis_client, servers, asr_timeout_s=0.3)
+    p.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
+    servers[0].delay_s = 1.0
+    try:
+        with pytest.raises(media.MediaUnavailable, match="Timeout"):
+            compose(h, row("voice"), {"media_id": "v1"})
+    finally:
+        servers[0].delay_s = 0.0
+
+
+def test_aibot_media_urls_are_fetched_and_decrypted(redis_client, servers):
+    from app.wecom.crypto import WeComCrypto
+    from app.wecom.emulator import EmulatorConfig, EmulatorServer
+
+    key = base64.b64encode(os.urandom(32)).decode()[:43]
+    with EmulatorServer(EmulatorConfig(aibot_token="t", aibot_aes_key=key)) as emu:
+        h, p = handler(redis_client, servers)
+        p.services.aibot_crypto = WeComCrypto("t", key, "")
+        url = f"{emu.url}/_emulator/aibot/media/"
+        reply, _, _ = compose(h, row("image", channel="aibot"), {"content": "", "image_urls": [url + "emulator-image"]})
+        assert reply.startswith("看到1张图片(32x24 PNG)")
+        reply, _, usage = compose(h, row("file", channel="aibot"), {"file_url": url + "emulator-file"})
+        assert "document.pdf" in reply and usage == {}
+        reply, _, usage = compose(h, row("image", channel="aibot"), {"image_urls": [url + "gone"]})
+        assert reply == media.EXPIRED and "HTTP 404" in usage["failure_reason"]
+        p.services.aibot_crypto = WeComCrypto("t", base64.b64encode(os.urandom(32)).decode()[:43], "")
+        reply, _, usage = compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
+        assert reply == media.EXPIRED and "key" in usage["failure_reason"]
+    with pytest.raises(media.MediaUnavailable):  # the URL's server gone: retried later
+        compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
