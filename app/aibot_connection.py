@@ -458,21 +458,40 @@ def _connect(url: str):
                    user_agent_header="wecom-glm-bot")
 
 
-def main() -> None:
+def check(settings) -> int:
+    """The container's health check: 0 when some replica holds the connection (or it is off)."""
+    if not settings.aibot_ws_enabled:
+        return 0
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        return 0 if client.exists(LEASE_KEY) else 1
+    except redis.RedisError:
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
     from app import logging_setup
     from app.config import get_settings
     from app.services import Services
 
+    argv = sys.argv[1:] if argv is None else argv
     settings = get_settings()
+    if argv[:1] == ["check"]:
+        return check(settings)
     logging_setup.configure(settings)
-    if not settings.aibot_ws_enabled:
-        log.info("the AI bot's long connection is off (AIBOT_BOT_ID and AIBOT_SECRET unset)")
-        return
-    holder = Holder(Services(settings))
+    stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: holder.stopping.set())
-    holder.run()
+        signal.signal(sig, lambda *_: stopping.set())
+    if not settings.aibot_ws_enabled:
+        # Idle rather than exit, so that a supervisor's restart policy does not loop on it.
+        log.info("the AI bot's long connection is off (AIBOT_BOT_ID and AIBOT_SECRET unset)")
+        stopping.wait()
+        return 0
+    Holder(Services(settings), stopping=stopping).run()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

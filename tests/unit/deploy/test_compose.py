@@ -18,7 +18,8 @@ SECRETS = ("WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY", "DATA_KEYS", "BLIND_I
 
 
 def test_all_services_are_there(services):
-    assert set(services) == {"web", "worker", "beat", "redis", "postgres", "nginx", "migrate"}
+    assert set(services) == {"web", "worker", "beat", "redis", "postgres", "nginx", "migrate",
+                             "aibot-connection"}
 
 
 def test_every_long_running_service_has_a_health_check(services):
