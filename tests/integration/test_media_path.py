@@ -29,10 +29,10 @@ def servers():
     vision.stop()
 
 
-@pytest.fixture(scope="module")
-def stack(servers, tmp_path_factory):
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def stack(servers, tmp_path_factory, request):
     asr, vision = servers
-    s = Stack(tmp_path_factory.mktemp("media"), redis_db=11, extra_env={
+    s = Stack(tmp_path_factory.mktemp(f"media-{request.param}"), db_kind=request.param, redis_db=11, extra_env={
         "ASR_BASE_URL": asr.url, "ASR_MODEL": "test-asr", "ASR_TIMEOUT_S": "3",
         "VISION_MODEL": "test-vision", "VISION_BASE_URL": vision.url, "VISION_TIMEOUT_S": "5",
         "MEDIA_MAX_BYTES": str(256 * 1024), "TASK_MAX_RETRIES": "2",
