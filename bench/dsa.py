@@ -115,7 +115,7 @@ def attend_one(layer, cache, x: torch.Tensor, rotations: torch.Tensor, parts: tu
     (ctx,) = cache.extend(latents, layer.indexer.keys(x, rotations))
     picked = layer.indexer.select(x, resid, rotations, ctx.index_keys, position)
     query = torch.cat((layer.kv_b_proj.absorb(q_nope), q_rope), dim=-1)
-    layer.kv_b_proj.values(layer._selected(query, ctx.latents, picked, position))
+    layer.kv_b_proj.values(layer._selected(query, ctx.latents, picked, position, ctx.rows_of(picked)))
 
 
 def main() -> None:

@@ -132,8 +132,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ("wecom_moe_experts", [pointer] * 6),
         ("wecom_dsa_select", [pointer] * 3 + [ctypes.c_long, pointer] + [ctypes.c_long] * 4
          + [ctypes.c_float, pointer, ctypes.c_int]),
-        ("wecom_dsa_select_rows", [pointer] * 4 + [ctypes.c_long] * 4 + [ctypes.c_float, pointer, ctypes.c_int]),
-        ("wecom_dsa_attend", [pointer] * 4 + [ctypes.c_long] * 5 + [ctypes.c_float, pointer, ctypes.c_int]),
+        ("wecom_dsa_select_rows", [pointer] * 5 + [ctypes.c_long] * 4 + [ctypes.c_float, pointer, ctypes.c_int]),
+        ("wecom_dsa_attend", [pointer] * 5 + [ctypes.c_long] * 5 + [ctypes.c_float, pointer, ctypes.c_int]),
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int if name == "wecom_decode_step" else None

@@ -50,24 +50,25 @@ class DSAttention(MLAttention):
             rows = slice(a, a + ctx.num_new)
             positions = torch.arange(ctx.q_start, ctx.q_start + ctx.num_new, device=x.device)
             if self.indexer is not None:
-                picked = self.indexer.select(x[rows], resid[rows], rotations[rows], ctx.index_keys, positions)
+                picked = self.indexer.select(x[rows], resid[rows], rotations[rows], ctx.index_keys, positions,
+                                             ctx.slots)
             elif chosen is None:
                 raise ValueError("a shared DSA layer needs the choice of a full layer before it")
             else:
                 picked = chosen[i]
             mine.append(picked)
-            outs.append(self._selected(query[:, rows], ctx.latents, picked, positions))
+            outs.append(self._selected(query[:, rows], ctx.latents, picked, positions, ctx.rows_of(picked)))
             a = rows.stop
         out = self.kv_b_proj.values(outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))  # [H, T, dv]
         return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], self.heads * self.v_dim)), mine
 
     def _selected(self, query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor,
-                  positions: torch.Tensor) -> torch.Tensor:
+                  positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """`query [H, n, r + dr]` (absorbed) against the latents of its rows' chosen positions
-        `picked [n, k]`; a chosen position after the query's own (filler, where it has fewer than
-        k earlier ones) is masked. Returns `[H, n, r]`."""
+        `picked [n, k]`, held in rows `rows [n, k]` of `latents`; a chosen position after the
+        query's own (filler, where it has fewer than k earlier ones) is masked. Returns `[H, n, r]`."""
         if dsa_cpu.usable(query, latents):
-            return dsa_cpu.attend(query, latents, picked, positions, self.rank, self.scale)
+            return dsa_cpu.attend(query, latents, picked, positions, self.rank, self.scale, rows)
         heads, n = query.shape[0], query.shape[1]
         out = query.new_empty(n, heads, self.rank)
         query = query.transpose(0, 1)  # [n, H, r + dr]: one small matmul per query
@@ -77,10 +78,11 @@ class DSAttention(MLAttention):
             b = min(a + tile, n)
             # the indexer lists a query's own and earlier positions first: past the tile's last
             # position + 1 columns there is only filler (the start of a prefill)
-            chosen = picked[a:b, : last[b - 1] + 1]
-            rows = latents.index_select(0, chosen.reshape(-1)).view(*chosen.shape, -1)  # [t, k, r + dr]
-            scores = torch.bmm(query[a:b], rows.transpose(1, 2)).float() * self.scale  # [t, H, k]
+            width = last[b - 1] + 1
+            chosen = picked[a:b, :width]
+            gathered = latents.index_select(0, rows[a:b, :width].reshape(-1)).view(*chosen.shape, -1)
+            scores = torch.bmm(query[a:b], gathered.transpose(1, 2)).float() * self.scale  # [t, H, k]
             scores.masked_fill_((chosen > positions[a:b, None])[:, None], float("-inf"))
-            weights = torch.softmax(scores, dim=-1).to(rows.dtype)
-            out[a:b] = torch.bmm(weights, rows[..., : self.rank])
+            weights = torch.softmax(scores, dim=-1).to(gathered.dtype)
+            out[a:b] = torch.bmm(weights, gathered[..., : self.rank])
         return out.transpose(0, 1)

@@ -30,9 +30,22 @@ from inference.layers.paged_slots import SequenceSlots
 @dataclass
 class IndexedContext(LatentContext):
     """`LatentContext` plus the indexer keys `[S, index_head_dim]` of the same positions (None in
-    a shared layer)."""
+    a shared layer). With `slots` (the paged cache) `latents` and `index_keys` are the layer's
+    whole pools and position p's rows are `latents[slots[p]]` and `index_keys[slots[p]]`: the
+    indexer and the attention read them there, and a decode step never gathers a sequence's
+    every row (at 32k positions that gather cost more than the sparse attention itself)."""
 
     index_keys: torch.Tensor | None = None
+    slots: torch.Tensor | None = None
+
+    @property
+    def q_start(self) -> int:
+        length = self.latents.shape[0] if self.slots is None else self.slots.shape[0]
+        return length - self.num_new
+
+    def rows_of(self, picked: torch.Tensor) -> torch.Tensor:
+        """The rows of `latents` holding the chosen positions `picked` (any shape)."""
+        return picked if self.slots is None else self.slots[picked]
 
 
 class DSALayout(MLALayout):
@@ -123,7 +136,7 @@ class PagedDSALayer:
         self.pool[plan.write_slots] = rows
         if keys is not None:
             self.key_pool[plan.write_slots] = keys
-        return [IndexedContext(self.pool[slots], n, None if keys is None else self.key_pool[slots])
+        return [IndexedContext(self.pool, n, None if keys is None else self.key_pool, slots)
                 for slots, n in zip(plan.read_slots, plan.num_new, strict=True)]
 
 

@@ -23,10 +23,11 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, count: int,
-           scale: float) -> torch.Tensor:
+           scale: float, slots: torch.Tensor | None = None) -> torch.Tensor:
     """The indexer's choice `[n, count]` for queries `q [n, H, D]` (rotated) with head weights
-    `weights [n, H]` against `keys [T, D]`: as `Indexer.select`, a query's own and earlier
-    positions first (any order), filler after them where it has fewer than `count`."""
+    `weights [n, H]` against `keys [T, D]` (with `slots [T]`: position p's key is
+    `keys[slots[p]]`, a paged pool): as `Indexer.select`, a query's own and earlier positions
+    first (in position order), filler after them where it has fewer than `count`."""
     n, heads, dim = q.shape
     q, weights = q.contiguous(), weights.contiguous()
     positions = positions.to(torch.long).contiguous()
@@ -34,9 +35,13 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     threads, lib = torch.get_num_threads(), cpu_kernels.library()
     if n < TRANSPOSE_ROWS:
         keys = keys.contiguous()
-        lib.wecom_dsa_select_rows(q.data_ptr(), weights.data_ptr(), keys.data_ptr(), positions.data_ptr(), n, heads,
+        slots = None if slots is None else slots.to(torch.long).contiguous()
+        lib.wecom_dsa_select_rows(q.data_ptr(), weights.data_ptr(), keys.data_ptr(),
+                                  None if slots is None else slots.data_ptr(), positions.data_ptr(), n, heads,
                                   dim, count, scale, out.data_ptr(), threads)
         return out
+    if slots is not None:
+        keys = keys[slots]
     total = keys.shape[0]
     transposed = keys.new_zeros(dim, -(-total // KEY_BLOCK) * KEY_BLOCK)
     transposed[:, :total] = keys.t()
@@ -46,16 +51,17 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
 
 
 def attend(query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor, positions: torch.Tensor, rank: int,
-           scale: float) -> torch.Tensor:
-    """`query [H, n, W]` (absorbed) over the latent rows `latents [T, W]` of its queries' chosen
-    positions `picked [n, k]` (those after a query's own skipped): `[H, n, rank]`, as
-    `DSAttention._selected`."""
+           scale: float, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """`query [H, n, W]` (absorbed) over the latent rows of its queries' chosen positions
+    `picked [n, k]` (those after a query's own skipped), held in rows `rows [n, k]` of
+    `latents [T, W]` (default: `picked`): `[H, n, rank]`, as `DSAttention._selected`."""
     heads, n, width = query.shape
     query = query.transpose(0, 1).contiguous()
     latents, picked = latents.contiguous(), picked.contiguous()
+    rows = picked if rows is None else rows.to(torch.long).contiguous()
     positions = positions.to(torch.long).contiguous()
     out = torch.empty(n, heads, rank)
     cpu_kernels.library().wecom_dsa_attend(
-        query.data_ptr(), latents.data_ptr(), picked.data_ptr(), positions.data_ptr(), n, heads, width, rank,
-        picked.shape[1], scale, out.data_ptr(), torch.get_num_threads())
+        query.data_ptr(), latents.data_ptr(), picked.data_ptr(), rows.data_ptr(), positions.data_ptr(), n, heads,
+        width, rank, picked.shape[1], scale, out.data_ptr(), torch.get_num_threads())
     return out.transpose(0, 1)

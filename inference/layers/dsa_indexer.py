@@ -47,20 +47,23 @@ class Indexer(nn.Module):
         return apply_rotary_(k.contiguous(), rotations)[:, 0]
 
     def select(self, x: torch.Tensor, q_resid: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
+               positions: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
         """For the queries of `x [L, hidden]` (at `positions [L]`, their query residuals `q_resid`)
-        against the cached `keys [T, index_head_dim]` of positions 0..T-1: the chosen positions
-        `[L, min(index_topk, T)]` (int64). A query's row holds positions after its own only where
-        it has fewer than `index_topk` earlier ones (they come last, with score -inf)."""
+        against the cached `keys [T, index_head_dim]` of positions 0..T-1 (with `slots [T]`: in
+        rows `keys[slots]` of a pool): the chosen positions `[L, min(index_topk, T)]` (int64). A
+        query's row holds positions after its own only where it has fewer than `index_topk`
+        earlier ones (they come last, with score -inf)."""
         n = x.shape[0]
+        if slots is not None and not (dsa_cpu.usable(keys) and n < dsa_cpu.TRANSPOSE_ROWS):
+            keys, slots = keys[slots], None  # the kernel for a few rows reads the pool in place
         q = self.wq_b(q_resid).view(n, self.heads, self.head_dim)
         q = apply_rotary_(q.contiguous(), rotations).float()
         weights = self.weights_proj(x).float() * self.heads**-0.5
         keys = keys.float()
-        count = min(self.topk, keys.shape[0])
+        count = min(self.topk, keys.shape[0] if slots is None else slots.shape[0])
         scale = self.head_dim**-0.5
         if dsa_cpu.usable(q, keys):
-            return dsa_cpu.select(q, weights, keys, positions, count, scale)
+            return dsa_cpu.select(q, weights, keys, positions, count, scale, slots)
         out = torch.empty(n, count, dtype=torch.long, device=x.device)
         key_positions = None
         last = keys.shape[0] - 1

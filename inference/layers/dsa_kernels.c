@@ -138,13 +138,16 @@ void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk,
 #define LANES 16 /* heads scored together: the query is transposed, its heads padded to LANES */
 
 /* s[j] = sum_h w[h] * relu(scale * q_h . k_j) for keys j in [lo, hi) of the row-major keys
- * [T, D]: the heads along the vector (qT [D, Hp], w [Hp], zeros past H), 4 keys side by side */
-static void index_scores_rows(const float *qT, const float *w, const float *keys, long lo, long hi, long Hp,
-                              long D, float scale, float *s) {
+ * [T, D] (key j in row slots[j], or j where slots is NULL): the heads along the vector
+ * (qT [D, Hp], w [Hp], zeros past H), 4 keys side by side */
+static void index_scores_rows(const float *qT, const float *w, const float *keys, const long *slots, long lo,
+                              long hi, long Hp, long D, float scale, float *s) {
     for (long j = lo; j < hi; j += 4) {
         const float *k[4];
-        for (int a = 0; a < 4; a++)
-            k[a] = keys + (j + a < hi ? j + a : j) * D; /* past hi: key j again, not stored */
+        for (int a = 0; a < 4; a++) {
+            long key = j + a < hi ? j + a : j; /* past hi: key j again, not stored */
+            k[a] = keys + (slots != NULL ? slots[key] : key) * D;
+        }
         float total[4] = {0};
         for (long h0 = 0; h0 < Hp; h0 += LANES) {
             float acc[4][LANES] = {{0}};
@@ -175,9 +178,11 @@ static void index_scores_rows(const float *qT, const float *w, const float *keys
 #define SPLIT_KEYS 1024 /* keys a task scores when a few queries share the threads */
 
 /* `wecom_dsa_select` for a few queries (decode, small verifies): the keys read where the cache
- * holds them, row-major [T, D], each query's keys shared out among the threads. */
-void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, const long *positions, long n,
-                           long H, long D, long count, float scale, long *out, int threads) {
+ * holds them, row-major [T, D] (position p's in row slots[p] of a paged pool; slots NULL: row p),
+ * each query's keys shared out among the threads. */
+void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, const long *slots,
+                           const long *positions, long n, long H, long D, long count, float scale, long *out,
+                           int threads) {
     const long Hp = (H + LANES - 1) / LANES * LANES;
     long most = 0;
     for (long i = 0; i < n; i++)
@@ -200,7 +205,7 @@ void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, co
             wp[h] = h < H ? w[i * H + h] : 0.0f;
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (long lo = 0; lo < m; lo += SPLIT_KEYS)
-            index_scores_rows(qT, wp, keys, lo, lo + SPLIT_KEYS < m ? lo + SPLIT_KEYS : m, Hp, D, scale, s);
+            index_scores_rows(qT, wp, keys, slots, lo, lo + SPLIT_KEYS < m ? lo + SPLIT_KEYS : m, Hp, D, scale, s);
         top_count(s, m, count, bits, cand, row);
     }
     free(s);
@@ -324,12 +329,13 @@ static void values_step(const attend_scratch *S, const float *const *rows, long 
 }
 
 /* One query's attention over a part of its chosen rows, unnormalised: query [H, W] (absorbed:
- * the latent's width W = rank R + rope), rows latents[picked[c]] for the k entries with
- * picked[c] <= position; out [H, R] gets sum_c exp(score_c - m) row_c[:R] per head, m [Hp] the
+ * the latent's width W = rank R + rope), rows latents[rows[c]] (where position picked[c] is held)
+ * for the k entries with picked[c] <= position; out [H, R] gets sum_c exp(score_c - m) row_c[:R] per head, m [Hp] the
  * scores' max and l [Hp] the sum of those weights. One pass over the rows, ROWS at a time, with
  * an online softmax: each row is read once, for every head. */
 static void attend_part(const attend_scratch *S, const float *query, const float *latents, const long *picked,
-                        long position, long k, long H, long W, long R, float scale, float *out) {
+                        const long *rows, long position, long k, long H, long W, long R, float scale,
+                        float *out) {
     const long Hp = (H + LANES - 1) / LANES * LANES;
     for (long w = 0; w < W; w++)
         for (long h = 0; h < Hp; h++)
@@ -337,7 +343,7 @@ static void attend_part(const attend_scratch *S, const float *query, const float
     long v = 0;
     for (long c = 0; c < k; c++)
         if (picked[c] <= position)
-            S->valid[v++] = latents + picked[c] * W;
+            S->valid[v++] = latents + rows[c] * W;
     for (long h = 0; h < Hp; h++)
         S->m[h] = -INFINITY, S->l[h] = 0.0f;
     memset(out, 0, (size_t)H * R * sizeof(float));
@@ -378,11 +384,13 @@ static void merge_parts(const float *outs, const float *ms, const float *ls, lon
 }
 
 /* out [n, H, R] = softmax over the chosen rows of (query . row * scale) . row[:R], per head:
- * query [n, H, W], latents [T, W], picked [n, k] (entries after a query's position are skipped).
+ * query [n, H, W], latents [T, W], picked [n, k] the chosen positions (entries after a query's
+ * position are skipped), rows [n, k] the latents' rows holding them (a paged cache's slots).
  * Each query's chosen entries are split in `parts` (enough tasks for every thread where queries
  * are few: decode), done side by side and merged. */
-void wecom_dsa_attend(const float *query, const float *latents, const long *picked, const long *positions,
-                      long n, long H, long W, long R, long k, float scale, float *out, int threads) {
+void wecom_dsa_attend(const float *query, const float *latents, const long *picked, const long *rows,
+                      const long *positions, long n, long H, long W, long R, long k, float scale, float *out,
+                      int threads) {
     const long Hp = (H + LANES - 1) / LANES * LANES;
     long parts = n >= threads ? 1 : (threads + n - 1) / n;
     parts = parts > k / (4 * ROWS) ? (k / (4 * ROWS) > 1 ? k / (4 * ROWS) : 1) : parts;
@@ -399,8 +407,8 @@ void wecom_dsa_attend(const float *query, const float *latents, const long *pick
         for (long task = 0; task < n * parts; task++) {
             long i = task / parts, p = task % parts, a = k * p / parts, b = k * (p + 1) / parts;
             S.m = ms + task * Hp, S.l = ls + task * Hp;
-            attend_part(&S, query + i * H * W, latents, picked + i * k + a, positions[i], b - a, H, W, R, scale,
-                        outs + task * H * R);
+            attend_part(&S, query + i * H * W, latents, picked + i * k + a, rows + i * k + a, positions[i], b - a,
+                        H, W, R, scale, outs + task * H * R);
         }
 #pragma omp for schedule(static)
         for (long i = 0; i < n; i++)

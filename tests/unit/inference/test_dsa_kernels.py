@@ -75,3 +75,32 @@ def test_a_query_whose_every_entry_is_filler_gets_zeros_not_nan():
     query, latents = torch.randn(4, 1, 24), torch.randn(50, 24)
     got = dsa_cpu.attend(query, latents, torch.tensor([[30, 40, 45]]), torch.tensor([20]), 16, 0.1)
     assert torch.equal(got, torch.zeros(4, 1, 16))
+
+
+def test_attend_reads_each_position_from_its_row_of_a_pool():
+    """A paged cache: position p's latent sits in pool row slots[p]; the chosen positions are
+    masked by position and read through their rows, as from the sequence's own rows."""
+    gen = torch.Generator().manual_seed(5)
+    heads, rank, rope, length, k = 6, 48, 16, 200, 64
+    query, latents = torch.randn(heads, 3, rank + rope, generator=gen), torch.randn(length, rank + rope, generator=gen)
+    slots = torch.randperm(1000, generator=gen)[:length]
+    pool = torch.randn(1000, rank + rope, generator=gen)
+    pool[slots] = latents
+    positions = torch.tensor([40, 150, 199])
+    picked = torch.stack([torch.randperm(length, generator=gen)[:k] for _ in range(3)])
+    expected = dsa_cpu.attend(query, latents, picked, positions, rank, 0.1)
+    torch.testing.assert_close(dsa_cpu.attend(query, pool, picked, positions, rank, 0.1, rows=slots[picked]),
+                               expected, atol=0, rtol=0)
+
+
+def test_select_reads_each_key_from_its_row_of_a_pool():
+    gen = torch.Generator().manual_seed(6)
+    total, dim, heads, count = 300, 32, 4, 20
+    keys = torch.randn(total, dim, generator=gen)
+    slots = torch.randperm(2000, generator=gen)[:total]
+    pool = torch.randn(2000, dim, generator=gen)
+    pool[slots] = keys
+    q, w = torch.randn(2, heads, dim, generator=gen), torch.randn(2, heads, generator=gen)
+    positions = torch.tensor([150, 299])
+    assert torch.equal(dsa_cpu.select(q, w, pool, positions, count, 0.2, slots),
+                       dsa_cpu.select(q, w, keys, positions, count, 0.2))
