@@ -112,6 +112,19 @@ def _megabytes(n: int) -> str:
     return f"{n / 1048576:.0f} MB" if n >= 1048576 else f"{n // 1024} KB"
 
 
+def media_key(text: str) -> bytes | None:
+    """A message's own ``aeskey`` (base64, standard or URL-safe, padding optional) as 32 bytes."""
+    padded = text.strip() + "=" * (-len(text.strip()) % 4)
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            key = decode(padded)
+        except ValueError:
+            continue
+        if len(key) == 32:
+            return key
+    return None
+
+
 # -- audio -----------------------------------------------------------------------------------------
 def find_decoder() -> str | None:
     """``"pyav"``, ``"ffmpeg"`` (its path) or None: what decodes AMR here."""
@@ -369,11 +382,14 @@ class MediaHandler:
             raise MediaFailure(f"media: wecom errcode {exc.errcode}", EXPIRED) from None
         return Fetched(media.data, media.content_type, media.filename)
 
-    def _from_url(self, url: str) -> Fetched:
-        """An AI bot image or file: fetched from its URL and decrypted with the bot's key."""
-        crypto = self.services.aibot_crypto
-        if crypto is None or not url.startswith(("https://", "http://")):
-            raise MediaFailure("media: no AI bot key, or not an http(s) URL", EXPIRED)
+    def _from_url(self, url: str, own_key: str = "") -> Fetched:
+        """An AI bot image or file: fetched from its URL and decrypted with its own ``aeskey``
+        (the long connection's), else the bot's EncodingAESKey."""
+        key = media_key(own_key) if own_key else None
+        if key is None and self.services.aibot_crypto is not None:
+            key = self.services.aibot_crypto.key
+        if key is None or not url.startswith(("https://", "http://")):
+            raise MediaFailure("media: no AES key for it, or not an http(s) URL", EXPIRED)
         limit = self.settings.media_max_bytes
         try:
             resp = self.http.get(url, timeout=(3.05, 30), stream=True)
@@ -393,7 +409,7 @@ class MediaHandler:
         except requests.RequestException as exc:
             raise MediaUnavailable(f"media url: {type(exc).__name__}") from None
         try:
-            return Fetched(decrypt_media(crypto.key, data))
+            return Fetched(decrypt_media(key, data))
         except WeComCryptoError:
             raise MediaFailure("media: not encrypted with the AI bot's key", EXPIRED) from None
 
@@ -444,7 +460,9 @@ class MediaHandler:
                 return IMAGES_SKIPPED + reply, kind, usage
             raise MediaFailure("image: VISION_MODEL not set", IMAGES_OFF)
         if row.channel == "aibot":
-            images = [self._from_url(url).data for url in payload.get("image_urls") or ()][:4]
+            keys = list(payload.get("media_keys") or ())
+            urls = list(payload.get("image_urls") or ())[:4]
+            images = [self._from_url(url, keys[i] if i < len(keys) else "").data for i, url in enumerate(urls)]
         else:
             images = [self._from_wecom(payload.get("media_id") or "", accept=("image/",)).data]
         parts = [image_part(data) for data in images]
@@ -457,7 +475,7 @@ class MediaHandler:
     # -- files -----------------------------------------------------------------------------------
     def _file(self, row, payload, conversation):
         if row.channel == "aibot":
-            fetched = self._from_url(payload.get("file_url") or "")
+            fetched = self._from_url(payload.get("file_url") or "", payload.get("file_key") or "")
         else:
             fetched = self._from_wecom(payload.get("media_id") or "")
         name = (payload.get("file_name") or fetched.filename or "").strip()

@@ -8,8 +8,9 @@ Same SHA1 signature and AES as the self-built app (``crypto.py``), but:
   ``msgtype`` (``text``, ``mixed``, ``image``, ``voice``, ``file``, ``stream``, ``event``):
   ``text.content``; ``voice.content`` (WeCom's own transcript of the voice message);
   ``image.url`` and ``file.url`` (the bytes behind them AES-256-CBC encrypted with the bot's
-  EncodingAESKey, IV its first 16 bytes: ``crypto.decrypt_media``); ``mixed.msg_item``, a list
-  of ``text`` and ``image`` items in the order written;
+  EncodingAESKey, IV its first 16 bytes: ``crypto.decrypt_media``; over the long connection
+  each carries its own base64 ``aeskey``, which then takes its place); ``mixed.msg_item``, a
+  list of ``text`` and ``image`` items in the order written;
 * the reply is the HTTP body, JSON ``{"encrypt", "msgsignature", "timestamp", "nonce"}`` around
   a ``{"msgtype": "stream", "stream": {"id", "finish", "content"}}`` message. While ``finish`` is
   false WeCom keeps POSTing ``msgtype: stream`` refresh callbacks carrying ``stream.id`` (about
@@ -59,6 +60,8 @@ class AibotMessage:
     raw_types: tuple[str, ...] = field(default=())  # item types of a mixed message
     image_urls: tuple[str, ...] = field(default=())  # image / mixed: encrypted image URLs
     file_url: str = ""  # file: the encrypted file's URL
+    media_keys: tuple[str, ...] = field(default=())  # each image's own aeskey ("" for the bot's)
+    file_key: str = ""  # the file's own aeskey, when it has one
 
     @property
     def is_group(self) -> bool:
@@ -129,17 +132,19 @@ def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
         items = (data.get("mixed") or {}).get("msg_item") if isinstance(data.get("mixed"), dict) else None
         if not isinstance(items, list):
             raise MessageParseError("mixed message without msg_item list")
-        texts, kinds, images = [], [], []
+        texts, kinds, images, keys = [], [], [], []
         for item in items:
             if not isinstance(item, dict):
                 raise MessageParseError("mixed msg_item entries must be objects")
             kinds.append(_string(item, "msgtype"))
             if item.get("msgtype") == "text" and isinstance(item.get("text"), dict):
                 texts.append(_string(item["text"], "content"))
-            if item.get("msgtype") == "image" and isinstance(item.get("image"), dict):
-                images.append(_string(item["image"], "url"))
+            image = item.get("image") if item.get("msgtype") == "image" else None
+            if isinstance(image, dict) and _string(image, "url"):
+                images.append(_string(image, "url"))
+                keys.append(_string(image, "aeskey"))
         return AibotMessage(**fields, content="\n".join(t for t in texts if t), raw_types=tuple(kinds),
-                            image_urls=tuple(url for url in images if url))
+                            image_urls=tuple(images), media_keys=tuple(keys))
     if msg_type == "voice":
         voice = data.get("voice") if isinstance(data.get("voice"), dict) else {}
         return AibotMessage(**fields, content=_string(voice, "content"))
@@ -148,13 +153,13 @@ def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
         url = _string(image, "url")
         if not url:
             raise MessageParseError("image message without image.url")
-        return AibotMessage(**fields, content="", image_urls=(url,))
+        return AibotMessage(**fields, content="", image_urls=(url,), media_keys=(_string(image, "aeskey"),))
     if msg_type == "file":
         file = data.get("file") if isinstance(data.get("file"), dict) else {}
         url = _string(file, "url")
         if not url:
             raise MessageParseError("file message without file.url")
-        return AibotMessage(**fields, content="", file_url=url)
+        return AibotMessage(**fields, content="", file_url=url, file_key=_string(file, "aeskey"))
     return AibotMessage(**fields)  # video, ...: no text for the model
 
 

@@ -72,6 +72,10 @@ def test_aibot_media_messages_parse():
     assert mixed.content == "这是什么" and mixed.image_urls == ("https://x/1", "https://x/2")
     with pytest.raises(MessageParseError):
         aibot.parse_message(_bot("image", image={}), 1)
+    own = aibot.parse_message(_bot("image", image={"url": "https://x/i", "aeskey": "K"}), 1)
+    assert own.media_keys == ("K",)
+    assert aibot.parse_message(_bot("file", file={"url": "https://x/f", "aeskey": "F"}), 1).file_key == "F"
+    assert mixed.media_keys == ("", "")
 
 
 # -- the AI bot's encrypted media -----------------------------------------------------------------

@@ -294,5 +294,14 @@ def test_aibot_media_urls_are_fetched_and_decrypted(redis_client, servers):
         p.services.aibot_crypto = WeComCrypto("t", base64.b64encode(os.urandom(32)).decode()[:43], "")
         reply, _, usage = compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
         assert reply == media.EXPIRED and "key" in usage["failure_reason"]
+        # the long connection's own aeskey (URL-safe base64 here) takes the bot key's place
+        own = base64.urlsafe_b64encode(base64.b64decode(key + "=")).decode()
+        reply, _, _ = compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"],
+                                                                 "media_keys": [own]})
+        assert reply.startswith("看到1张图片")
+        p.services.aibot_crypto = None
+        reply, _, usage = compose(h, row("file", channel="aibot"), {"file_url": url + "emulator-file"})
+        assert reply == media.EXPIRED and "no AES key" in usage["failure_reason"]
+    p.services.aibot_crypto = WeComCrypto("t", key, "")
     with pytest.raises(media.MediaUnavailable):  # the URL's server gone: retried later
         compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
