@@ -305,3 +305,26 @@ def test_aibot_media_urls_are_fetched_and_decrypted(redis_client, servers):
     p.services.aibot_crypto = WeComCrypto("t", key, "")
     with pytest.raises(media.MediaUnavailable):  # the URL's server gone: retried later
         compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
+
+
+def test_the_ffmpeg_decoder_is_called_as_a_pipe(tmp_path):
+    """Without PyAV the worker runs the ffmpeg it found: AMR on stdin, 16 kHz mono WAV on stdout."""
+    import sys
+
+    fake = tmp_path / "ffmpeg"
+    fake.write_text(f"#!{sys.executable}\n" + (
+        "import io, sys, wave\n"
+        "args = sys.argv[1:]\n"
+        "data = sys.stdin.buffer.read()\n"
+        "if not data.startswith(b'#!AMR') or args[args.index('-ar') + 1] != '16000':\n"
+        "    sys.stderr.write('Invalid data found when processing input'); sys.exit(1)\n"
+        "out = io.BytesIO()\n"
+        "w = wave.open(out, 'wb'); w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000)\n"
+        "w.writeframes(bytes(32000)); w.close()\n"
+        "sys.stdout.buffer.write(out.getvalue())\n"))
+    fake.chmod(0o755)
+    wav = media.to_wav(samples.handmade_amr(), str(fake))
+    with wave.open(io.BytesIO(wav)) as w:
+        assert (w.getframerate(), w.getnframes()) == (16000, 16000)
+    with pytest.raises(ValueError, match="Invalid data"):
+        media.to_wav(b"not amr", str(fake))
