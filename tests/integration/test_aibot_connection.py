@@ -139,3 +139,46 @@ def test_two_replicas_never_both_hold_the_lease(stack):
             seen.add(token)
         time.sleep(0.05)
     assert len(seen) == 1  # the survivor keeps it; no one else renews in between
+
+
+def test_a_dropped_connection_is_dialled_again_by_the_same_holder(stack):
+    holder = holder_pid(stack)
+    before = ws_status(stack)["stats"].get("subscribed", 0)
+    assert stack.emu("POST", "aibot/ws/faults", json={"drop": True})["dropped"]
+    wait_for(lambda: ws_status(stack)["stats"].get("subscribed", 0) == before + 1, 15, 0.1, "a new subscription")
+    assert holder_pid(stack) == holder  # same replica: it kept the lease while reconnecting
+    done = finished(stack, send(stack, from_user="zhangwei", content="断线之后还在吗？")["delivery_id"])
+    assert done["final"].endswith("断线之后还在吗？")
+
+
+def test_unanswered_pings_end_the_connection_and_it_reconnects(stack):
+    before = ws_status(stack)["stats"].get("subscribed", 0)
+    stack.emu("POST", "aibot/ws/faults", json={"answer_pings": False})
+    try:  # heartbeat 1 s: dead after two unanswered pings, then a backoff of a second or so
+        wait_for(lambda: ws_status(stack)["stats"].get("subscribed", 0) > before, 20, 0.2, "a reconnect")
+    finally:
+        stack.emu("POST", "aibot/ws/faults", json={"answer_pings": True})
+    holder = next(name for name, proc in stack.procs.items() if proc.pid == holder_pid(stack))
+    assert "heartbeat: pings unanswered" in stack.log(holder)
+
+
+def test_a_wrong_secret_is_refused_and_retried_with_backoff(stack):
+    # a replica with its own Redis DB (its own lease) and the wrong secret
+    stack.env_backup = dict(stack.env)
+    stack.env.update({"AIBOT_SECRET": "not-the-bots-secret-at-all-0123", "REDIS_URL": "redis://127.0.0.1:6379/6",
+                      "CELERY_BROKER_URL": "redis://127.0.0.1:6379/6"})
+    redis.Redis.from_url("redis://127.0.0.1:6379/6").flushdb()
+    try:
+        stack.start_connection("aibot-ws-wrong")
+    finally:
+        stack.env.clear()
+        stack.env.update(stack.env_backup)
+    time.sleep(6)
+    refused = ws_status(stack)["stats"].get("subscribe_refused", 0)
+    stack.kill("aibot-ws-wrong")
+    redis.Redis.from_url("redis://127.0.0.1:6379/6").flushdb()
+    assert 2 <= refused <= 6, refused  # 1 s doubling with jitter: a few tries, not a tight loop
+    log = stack.log("aibot-ws-wrong")
+    assert "subscription refused errcode=40001" in log and "not-the-bots-secret" not in log
+    assert ws_status(stack)["connected"]  # the right holder was never displaced
+    assert ws_status(stack)["stats"].get("replaced", 0) == 0

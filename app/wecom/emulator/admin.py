@@ -151,6 +151,17 @@ def aibot_ws_status():
     return jsonify(long_connection().status())
 
 
+@bp.post("/_emulator/aibot/ws/faults")
+def aibot_ws_faults():
+    """{"drop": true}: close the subscribed connection; {"answer_pings": false}: stop acking pings."""
+    body = _json_body()
+    conn = long_connection()
+    if "answer_pings" in body:
+        conn.answer_pings = bool(body["answer_pings"])
+    dropped = conn.drop() if body.get("drop") else False
+    return jsonify({"dropped": dropped, "answer_pings": conn.answer_pings})
+
+
 @bp.post("/_emulator/aibot/verify")
 def aibot_verify():
     try:

@@ -44,6 +44,7 @@ class LongConnection:
         self.done: dict[int, threading.Event] = {}
         self.server = None
         self.connections = 0
+        self.answer_pings = True  # False: a connection that went silent (the bot must notice)
         self._thread: threading.Thread | None = None
 
     @property
@@ -103,7 +104,8 @@ class LongConnection:
                     conn.send(proto.ack(frame.req_id, BAD_SECRET, "subscribe first").encode())
                 elif frame.cmd == proto.PING:
                     st.bump("aibot_ws", "ping")
-                    conn.send(proto.ack(frame.req_id).encode())
+                    if self.answer_pings:
+                        conn.send(proto.ack(frame.req_id).encode())
                 elif frame.cmd == proto.RESPOND:
                     conn.send(self._respond(frame, conn.number).encode())
                 elif frame.cmd == proto.RESPOND_WELCOME:
@@ -288,6 +290,16 @@ class LongConnection:
                           "content": content, "payload": {}, "agentid": None, "time": st.wall(),
                           "source": "aibot_ws_welcome", "delivery_id": delivery_id})
         return proto.ack(frame.req_id)
+
+    def drop(self) -> bool:
+        """Close the subscribed connection as a network fault would (the bot reconnects)."""
+        with self.state.lock:
+            conn = self.current
+        if conn is None:
+            return False
+        self.state.bump("aibot_ws", "dropped")
+        conn.close()
+        return True
 
     def conversation(self, delivery_id: int) -> dict | None:
         with self.state.lock:
