@@ -1,9 +1,11 @@
 """Command line: `python -m inference generate --model DIR --prompt TEXT`,
 `python -m inference chat --model DIR` (interactive, streaming; /reset clears, /exit or EOF quits),
 `python -m inference quantize --model DIR --out DIR` (a W8A16 int8 checkpoint),
-`python -m inference kernels` (build the CPU decode kernels now, or say why they cannot be) and
+`python -m inference kernels` (build the CPU decode kernels now, or say why they cannot be),
 `python -m inference plan --config CONFIG.json` (parameters, weight and KV-cache bytes, and how much
-context fits one GPU, from a published config.json; exit 1 when it does not fit)."""
+context fits one GPU, from a published config.json; exit 1 when it does not fit) and
+`python -m inference serve --model DIR` (an OpenAI-compatible server over one serving engine,
+`inference/serve.py`)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ def _arguments() -> argparse.ArgumentParser:
     plan.add_argument("--dtype", choices=("bf16", "int8", "fp8"), default="bf16", help="weight format (default bf16)")
     plan.add_argument("--context", type=int, default=None, help="tokens per sequence (default: max_position_embeddings)")
     plan.add_argument("--reserve-gib", type=float, default=4.0, help="kept for activations/workspace (default 4)")
+    from inference import serve
+
+    serve.add_arguments(commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the serving engine"))
     for command in (generate, chat):
         command.add_argument("--model", required=True, help="checkpoint directory")
         command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
@@ -103,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         code, report = run(args.config, args.dtype, args.gpu_mem_gib, args.context, args.reserve_gib)
         print(report, file=sys.stderr if code == 2 else sys.stdout)
         return code
+    if args.command == "serve":
+        from inference.serve import serve
+
+        return serve(args)
     if args.command == "quantize":
         from inference.quantize import quantize_checkpoint
 

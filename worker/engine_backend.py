@@ -1,6 +1,6 @@
 """The bundled engine behind the worker's model interface (``worker.llm.LLMBackend``).
 
-One engine per worker process (``worker.engine_service``), loaded on first use; every task
+One engine per worker process (``inference.engine.service``), loaded on first use; every task
 thread submits to it, so concurrent chats share batches. Engine errors become ``LLMError``s the
 processor turns into a polite message: a prompt over ``max_model_len`` is the user's (400, not
 retried), a device failure such as out-of-memory is transient (503, retried).
@@ -21,7 +21,7 @@ from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestF
 from inference.layers import cpu_kernels
 from inference.reasoning import ReasoningSplitter
 from inference.sampling_params import SamplingParams
-from worker.engine_service import EngineService
+from inference.engine.service import EngineService
 from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,9 @@
-"""One serving engine per worker process, stepping in a background thread.
+"""One serving engine per process, stepping in a background thread: the worker's engine backend
+(`worker/engine_backend.py`) and the OpenAI-compatible server (`inference/serve.py`) both hold one.
 
-Celery task threads (the ``threads`` pool) call ``submit(messages_or_ids, params)`` and wait on
-the returned ``RequestStream`` (or iterate it for text deltas). Submissions reach the engine
+Callers' threads (Celery task threads of the ``threads`` pool, the server's request threads)
+call ``submit(messages_or_ids, params)`` and wait on the returned ``RequestStream`` (or iterate
+it for text deltas). Submissions reach the engine
 through a queue, and only the engine thread touches the engine, so concurrent chats are batched
 together step by step: while one conversation decodes, another's prompt is prefilled in the
 same forward.
@@ -93,6 +95,10 @@ class EngineService:
         stream = RequestStream(self, request_id)
         self._inbox.put(("add", request_id, prompt, params or SamplingParams(), stream))
         return stream
+
+    def alive(self) -> bool:
+        """Whether the engine thread is stepping (a server's health check)."""
+        return self._thread.is_alive() and not self._stopped.is_set()
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

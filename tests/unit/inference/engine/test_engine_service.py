@@ -8,7 +8,7 @@ import torch
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import GREEDY, engine_for, random_prompts, reference
 from worker.engine_backend import TOO_LONG, EngineBackend
-from worker.engine_service import EngineService
+from inference.engine.service import EngineService
 from worker.llm import GenerationParams, LLMError
 
 
