@@ -35,6 +35,7 @@ Never logged: the secret, message contents (frames by cmd and req_id only).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -242,14 +243,19 @@ class Session:
 
     # -- frames from WeCom ---------------------------------------------------------------------
     def handle(self, frame: aibot_ws.Frame) -> None:
-        if frame.is_ack:
-            self.acked(frame)
-        elif frame.cmd == aibot_ws.MSG_CALLBACK:
-            self.on_message(frame)
-        elif frame.cmd == aibot_ws.EVENT_CALLBACK:
-            self.on_event(frame)
-        else:
-            log.info("frame ignored cmd=%s", frame.cmd)
+        try:
+            if frame.is_ack:
+                self.acked(frame)
+            elif frame.cmd == aibot_ws.MSG_CALLBACK:
+                self.on_message(frame)
+            elif frame.cmd == aibot_ws.EVENT_CALLBACK:
+                self.on_event(frame)
+            else:
+                log.info("frame ignored cmd=%s", frame.cmd)
+        except (ConnectionClosed, OSError, TimeoutError, _ws_errors()):
+            raise  # the connection's end: reconnect
+        except Exception:  # one frame must not end the service (nor, pushed again, loop it)
+            log.exception("frame not handled cmd=%s req_id=%s", frame.cmd or "ack", frame.req_id)
 
     def acked(self, frame: aibot_ws.Frame) -> None:
         if frame.req_id.startswith(aibot_ws.PING):
@@ -303,12 +309,13 @@ class Session:
                 self.respond(frame.req_id, asked)
                 return
             stream_id = aibot_callback.new_stream_id()
-            holder.pending.add(stream_id, frame.req_id, message.msg_id)  # before the row: see above
             try:
+                holder.pending.add(stream_id, frame.req_id, message.msg_id)  # before the row: see above
                 accepted = aibot_callback.submit(services, asked, request_id, None, stream_id)
-            except IntakeUnavailable as exc:
-                log.warning("outbox write failed: %s", exc)
-                holder.pending.remove(stream_id)
+            except (IntakeUnavailable, redis.RedisError) as exc:
+                log.warning("message not accepted: %s", type(exc).__name__)
+                with contextlib.suppress(redis.RedisError):
+                    holder.pending.remove(stream_id)
                 self.respond(frame.req_id, aibot.stream_message(stream_id, STORAGE_NOTICE, True))
                 return
             if accepted.created:
@@ -435,7 +442,7 @@ class Holder:
                     session.loop()
             except ConnectionClosed as exc:
                 log.info("long connection closed: %s", exc)
-            except (OSError, TimeoutError, _ws_errors()) as exc:
+            except (OSError, TimeoutError, _ws_errors(), redis.RedisError, SQLAlchemyError) as exc:
                 log.warning("long connection failed: %s", type(exc).__name__)
             if self.stopping.is_set() or keeper.lost.is_set():
                 return

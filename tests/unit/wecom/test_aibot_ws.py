@@ -3,6 +3,9 @@ app/aibot_connection.py's Lease on a real Redis, DB 13)."""
 
 import json
 import random
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -101,7 +104,87 @@ def test_a_dead_holders_lease_expires(client):
     a, b = Lease(client, 1.0), Lease(client, 1.0)
     assert a.acquire()
     client.pexpire(a.key, 50)  # as if a's renewals stopped a second ago
-    import time
-
     time.sleep(0.1)
     assert b.acquire() and not a.renew()
+
+
+class FakeWS:
+    def __init__(self, incoming=()):
+        self.sent, self.incoming = [], list(incoming)
+
+    def send(self, raw):
+        self.sent.append(json.loads(raw))
+
+    def recv(self, timeout=None):
+        if not self.incoming:
+            raise TimeoutError
+        return self.incoming.pop(0)
+
+
+def session_for(client, ws_, monkeypatch, texts):
+    """A Session over a fake socket whose streams say what ``texts`` (stream id -> list of
+    (content, finish)) says, one refresh at a time."""
+    from app import aibot_callback
+    from app.aibot_connection import Pending, Session
+
+    def refresh(stream_id, services):
+        content, finish = texts[stream_id][0] if len(texts[stream_id]) == 1 else texts[stream_id].pop(0)
+        return {"msgtype": "stream", "stream": {"id": stream_id, "content": content, "finish": finish}}
+
+    monkeypatch.setattr(aibot_callback, "refresh", refresh)
+    holder = SimpleNamespace(pending=Pending(client), settings=SimpleNamespace(aibot_stream_ttl_s=60),
+                             services=None)
+    return Session(holder, ws_, ws.Heartbeat(30))
+
+
+def test_the_pump_sends_a_stream_when_it_changes_and_drops_it_once_the_finish_is_acked(client, monkeypatch):
+    fake = FakeWS()
+    texts = {"s1": [("", False), ("", False), ("答", False), ("答：好", True)]}
+    session = session_for(client, fake, monkeypatch, texts)
+    session.holder.pending.add("s1", "req-1", "m1")
+    for _ in range(5):
+        session.pump()
+    assert [(f["body"]["stream"]["content"], f["body"]["stream"]["finish"]) for f in fake.sent] == [
+        ("", False), ("答", False), ("答：好", True)]  # unchanged text not sent again; nothing after finish
+    assert {f["headers"]["req_id"] for f in fake.sent} == {"req-1"}
+    for _ in range(2):
+        session.acked(ws.ack("req-1"))
+    assert session.holder.pending.get("s1") is not None  # one frame still unacknowledged
+    session.acked(ws.ack("req-1"))
+    assert session.holder.pending.get("s1") is None and session.holder.pending.was_delivered("s1")
+
+
+def test_a_new_session_sends_an_owed_streams_current_text_again(client, monkeypatch):
+    texts = {"s2": [("半句", False)]}
+    first = session_for(client, FakeWS(), monkeypatch, texts)
+    first.holder.pending.add("s2", "req-2", "m2")
+    first.pump()
+    again = FakeWS()
+    second = session_for(client, again, monkeypatch, texts)  # the next holder, after a crash
+    second.pump()
+    assert again.sent[0]["body"]["stream"] == {"id": "s2", "finish": False, "content": "半句"}
+
+
+def test_heartbeat_death_and_a_refused_subscription_end_the_session(client, monkeypatch):
+    from app.aibot_connection import ConnectionClosed
+
+    refusing = FakeWS()
+    session = session_for(client, refusing, monkeypatch, {})
+    refusing.send = lambda raw: (FakeWS.send(refusing, raw), refusing.incoming.append(
+        ws.ack(json.loads(raw)["headers"]["req_id"], 40001, "invalid secret").encode()))
+    with pytest.raises(ConnectionClosed, match="refused errcode=40001"):
+        session.subscribe("bot", "secret")
+    now = [0.0]
+    session = session_for(client, FakeWS(), monkeypatch, {})
+    session.heartbeat = ws.Heartbeat(1, clock=lambda: now[0])
+    session.holder.stopping = threading.Event()
+    session.holder.keeper = SimpleNamespace(lost=threading.Event())
+
+    def tick(timeout=None):
+        now[0] += 1  # a second per receive: pings go out, no ack ever comes
+        raise TimeoutError
+
+    session.ws.recv = tick
+    with pytest.raises(ConnectionClosed, match="pings unanswered"):
+        session.loop()
+    assert [f["cmd"] for f in session.ws.sent] == ["ping", "ping"]
