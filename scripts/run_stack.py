@@ -1,15 +1,17 @@
 """``make run``: the whole stack on this machine, with the WeCom emulator in front.
 
 Starts, in order: migrations, the handbook loaded into the knowledge base (``kb add``, left
-alone when unchanged), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
+alone when unchanged), the model server (``python -m inference serve`` on 8090, holding
+``MODEL_DIR`` for the worker and ``/v1``, unless ``INFERENCE_BACKEND=openai`` names another
+server), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
 gunicorn with the callback (8080), a Celery worker and Celery beat, the AI bot's long-connection
 service (``python -m app.aibot_connection``, when ``var/dev.env`` has ``AIBOT_BOT_ID``), then asks
 the emulator to verify the callback URLs (the app's and the AI bot's) as WeCom's console does,
 and prints the chat page to open. Ctrl-C stops everything.
 
-The processes run under ``scripts.supervisor``: a Celery worker, beat or the AI bot's connection
-that dies is started again with backoff (at most 5 restarts in 5 minutes, then the stack stops
-with the reason);
+The processes run under ``scripts.supervisor``: a Celery worker, beat, the model server or the
+AI bot's connection that dies is started again with backoff (at most 5 restarts in 5 minutes,
+then the stack stops with the reason);
 the emulator or gunicorn's master dying stops the stack. The worker runs at ``WORKER_NICE``
 (default 10, 0 = off): on a small machine the web's acknowledgements, which WeCom waits for,
 are served before background answers (bench/load.py --nice-ab measured ack p99 195 vs 354 ms
@@ -37,6 +39,7 @@ VENV_BIN = Path(sys.executable).parent
 EMULATOR_PORT = int(os.environ.get("EMULATOR_PORT", 8081))
 AIBOT_WS_PORT = int(os.environ.get("EMULATOR_AIBOT_WS_PORT", 8082))
 WEB_PORT = int(os.environ.get("WEB_PORT", 8080))
+ENGINE_PORT = int(os.environ.get("ENGINE_PORT", 8090))
 
 
 def load_env_file(path: Path) -> dict[str, str]:
@@ -88,6 +91,15 @@ def stack_env() -> dict[str, str]:
     # endpoint beside gunicorn's /metrics (docs/observability.md).
     env.setdefault("LOG_FORMAT", "text")
     env.setdefault("METRICS_PORT", "9808")
+    if env.get("INFERENCE_BACKEND", "engine") == "engine":
+        # One engine process (python -m inference serve) holds the model for the worker and /v1:
+        # no web process loads it, and every caller's requests share its batches. A stack
+        # configured for another OpenAI-compatible server keeps it.
+        env["INFERENCE_BACKEND"] = "openai"
+        env["OPENAI_BASE_URL"] = f"http://127.0.0.1:{ENGINE_PORT}/v1"
+        env["OPENAI_MODEL"] = Path(env.get("MODEL_DIR", "models/demo")).name
+        env["OPENAI_REPLY_START"] = "answer"  # the server sends a think part apart, never in content
+        env["ENGINE_SERVED"] = "1"
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)
@@ -95,14 +107,16 @@ def stack_env() -> dict[str, str]:
     return env
 
 
-def wait_http(url: str, seconds: float = 60) -> None:
+def wait_http(url: str, seconds: float = 60, ok_only: bool = False) -> None:
+    """Until `url` answers (with 200, when `ok_only`)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            requests.get(url, timeout=1)
-            return
+            if requests.get(url, timeout=2).status_code == 200 or not ok_only:
+                return
         except requests.RequestException:
-            time.sleep(0.3)
+            pass
+        time.sleep(0.3)
     raise SystemExit(f"{url} did not come up within {seconds:.0f}s")
 
 
@@ -114,7 +128,16 @@ def programs(env: dict[str, str]) -> list[Program]:
         # the AI bot's long connection; its replicas share a Redis lease (one holds it)
         Program("aibot-connection", [sys.executable, "-m", "app.aibot_connection"], restart=True),
     ] if env.get("AIBOT_BOT_ID") and env.get("AIBOT_SECRET") else []
+    engine = [
+        Program("engine", [sys.executable, "-m", "inference", "serve", "--model", env.get("MODEL_DIR", "models/demo"),
+                           "--port", str(ENGINE_PORT), "--max-num-seqs", env.get("ENGINE_MAX_NUM_SEQS", "16"),
+                           "--speculative-k", env.get("ENGINE_SPECULATIVE_K", "0"),
+                           *(["--max-model-len", env["ENGINE_MAX_MODEL_LEN"]] if env.get("ENGINE_MAX_MODEL_LEN") else []),
+                           *(["--kv-cache-bytes", env["ENGINE_KV_CACHE_BYTES"]] if env.get("ENGINE_KV_CACHE_BYTES") else [])],
+                restart=True),
+    ] if env.get("ENGINE_SERVED") else []
     return [
+        *engine,
         Program("emulator", [sys.executable, "-m", "app.wecom.emulator", "--host", "127.0.0.1",
                              "--port", str(EMULATOR_PORT), "--callback-url", callback,
                              "--aibot-callback-url", f"http://127.0.0.1:{WEB_PORT}/wecom/aibot"]),
@@ -143,6 +166,8 @@ def main() -> None:
     try:
         wait_http(f"http://127.0.0.1:{EMULATOR_PORT}/")
         wait_http(f"http://127.0.0.1:{WEB_PORT}/healthz")
+        if env.get("ENGINE_SERVED"):
+            wait_http(f"http://127.0.0.1:{ENGINE_PORT}/health", seconds=300, ok_only=True)  # the model loads
         verified = requests.post(f"http://127.0.0.1:{EMULATOR_PORT}/_emulator/verify", timeout=10).json()
         print(f"callback URL verification: {verified}")
         if env.get("AIBOT_TOKEN"):
@@ -150,7 +175,9 @@ def main() -> None:
             print(f"AI bot callback URL verification: {verified}")
         print(f"\n  WeCom emulator chat page: http://127.0.0.1:{EMULATOR_PORT}/\n"
               f"  metrics: http://127.0.0.1:{WEB_PORT}/metrics (web), "
-              f"http://127.0.0.1:{env['METRICS_PORT']}/metrics (worker)\n  (Ctrl-C stops the stack)\n")
+              f"http://127.0.0.1:{env['METRICS_PORT']}/metrics (worker)"
+              + (f", http://127.0.0.1:{ENGINE_PORT}/metrics (engine)" if env.get("ENGINE_SERVED") else "")
+              + "\n  (Ctrl-C stops the stack)\n")
         for sig in (signal.SIGINT, signal.SIGTERM):  # from here on the loop below ends it
             signal.signal(sig, lambda *_: stopping.set())
         reason = supervisor.run(stopping)
