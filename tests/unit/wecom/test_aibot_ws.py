@@ -188,3 +188,11 @@ def test_heartbeat_death_and_a_refused_subscription_end_the_session(client, monk
     with pytest.raises(ConnectionClosed, match="pings unanswered"):
         session.loop()
     assert [f["cmd"] for f in session.ws.sent] == ["ping", "ping"]
+
+
+def test_a_blank_first_piece_of_a_stream_is_empty_not_an_error():
+    from worker.stream_reply import STREAM_CONTENT_LIMIT, fit
+
+    assert fit("\n") == "" and fit("  \n\n") == "" and fit("") == ""
+    assert fit("\n答") == "答"
+    assert len(fit("好" * STREAM_CONTENT_LIMIT).encode()) <= STREAM_CONTENT_LIMIT
