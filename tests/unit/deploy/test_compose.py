@@ -1,5 +1,6 @@
 """docker-compose.yml and the images promise what docs/deploy.md says: every service, a GPU for
-the worker, health checks, migrations once before the app, a PostgreSQL volume, no secrets."""
+the model server that the worker and /v1 call, health checks, migrations once before the app, a
+PostgreSQL volume, no secrets."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SECRETS = ("WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY", "DATA_KEYS", "BLIND_I
 
 def test_all_services_are_there(services):
     assert set(services) == {"web", "worker", "beat", "redis", "postgres", "nginx", "migrate",
-                             "aibot-connection"}
+                             "aibot-connection", "engine"}
 
 
 def test_every_long_running_service_has_a_health_check(services):
@@ -61,13 +62,29 @@ def test_migrations_run_once_before_the_app(services):
     assert services["nginx"]["depends_on"]["web"]["condition"] == "service_healthy"
 
 
-def test_worker_reserves_an_nvidia_gpu_and_uses_the_threads_pool(services):
-    worker = services["worker"]
-    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+def test_the_engine_serves_the_model_on_an_nvidia_gpu(services):
+    engine = services["engine"]
+    devices = engine["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] and d.get("count", 0) != 0
                for d in devices)
-    assert worker["build"]["dockerfile"] == "docker/Dockerfile.cuda"
-    command = worker["command"].split()
+    assert engine["build"]["dockerfile"] == "docker/Dockerfile.cuda"
+    command = engine["command"].split()
+    assert command[:4] == ["python", "-m", "inference", "serve"]
+    assert command[command.index("--port") + 1] == "8000" and command[command.index("--host") + 1] == "0.0.0.0"
+    assert "/health" in " ".join(engine["healthcheck"]["test"])
+
+
+def test_the_worker_and_web_call_the_model_server_and_load_no_model(services):
+    for name in ("worker", "web"):
+        env = services[name]["environment"]
+        assert env["INFERENCE_BACKEND"] == "openai", name
+        assert env["OPENAI_BASE_URL"] == "${OPENAI_BASE_URL:-http://engine:8000/v1}", name
+        assert services[name]["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+        assert "deploy" not in services[name]  # no GPU
+    served = services["engine"]["command"].split()
+    assert served[served.index("--served-model-name") + 1] == "${OPENAI_MODEL:-glm}" == \
+        services["worker"]["environment"]["OPENAI_MODEL"]
+    command = services["worker"]["command"].split()
     assert command[:4] == ["celery", "-A", "worker.celery_app", "worker"]
     assert command[command.index("--pool") + 1] == "threads"
     assert command[command.index("-Q") + 1] == "chat"
@@ -163,9 +180,9 @@ def test_requirements_helper_leaves_torch_to_the_image():
 
 
 def test_cpu_override_drops_the_gpu():
-    worker = load_compose(ROOT / "docker" / "compose.cpu.yml")["services"]["worker"]
-    assert worker["deploy"] == {"tag": "reset", "value": {}}
-    assert worker["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+    engine = load_compose(ROOT / "docker" / "compose.cpu.yml")["services"]["engine"]
+    assert engine["deploy"] == {"tag": "reset", "value": {}}
+    assert engine["build"]["dockerfile"] == "docker/Dockerfile.cpu"
 
 
 def _compose_plugin() -> bool:
