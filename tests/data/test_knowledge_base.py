@@ -64,6 +64,14 @@ class PromptLLM:
         self.prompts.append(messages)
         return Generation(text=self.text, model="glm-4", prompt_tokens=100, completion_tokens=10)
 
+    def stream(self, messages, params):
+        from worker.llm import StreamDelta
+
+        final = self.generate(messages, params)
+        for piece in (final.text[:4], final.text[4:]):
+            yield StreamDelta(piece)
+        yield StreamDelta("", final=final)
+
 
 class DirectoryWeCom:
     def __init__(self):
@@ -177,6 +185,17 @@ def test_the_answer_is_grounded_numbered_and_cites_its_sources(app, services, lo
     ask(app, services, processor, "bob-sales", "上海总部在哪里", 511)
     ask(app, services, processor, "bob-sales", "那北京呢？", 512)
     assert "66" in llm.prompts[-1][0]["content"]
+
+
+def test_the_ai_bot_stream_ends_with_markdown_sources(services, loaded, monkeypatch):
+    from tests.data.test_reasoning_replies import aibot_row
+
+    monkeypatch.setattr(services.settings, "aibot_refresh_throttle_s", 0.0)
+    llm = PromptLLM("第一年 10 天 [1]。")
+    message_id = aibot_row(services, "我第一年能休几天年假？", "S-kb")
+    assert processor_with(services, llm).process(message_id).status == "done"
+    assert services.streams.get("S-kb").text == (
+        "第一年 10 天 [1]。\n\n**来源 / Sources**\n> [1] 员工手册 › 年假 Annual leave")
 
 
 def test_nothing_relevant_declines_without_calling_the_model(app, services, loaded, monkeypatch):
