@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from app.aibot_connection import LEASE_KEY, PENDING_KEY
+from scripts.dev_env import random_aes_key
 from tests.support.stack import Stack, select_rows, wait_for
 
 pytestmark = pytest.mark.integration
@@ -21,11 +22,13 @@ BOT = "小星"
 SECRET = "aibot-long-connection-secret-for-tests"
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("aibot-ws"), db_kind="sqlite", redis_db=5,
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def stack(request, tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp(f"aibot-ws-{request.param}"), db_kind=request.param, redis_db=5,
               model_stream_piece_delay_s=0.3,
               extra_env={"AIBOT_BOT_ID": "aib-emulator", "AIBOT_SECRET": SECRET, "AIBOT_NAME": BOT,
+                         "AIBOT_TOKEN": "aibot-callback-token-for-tests",
+                         "AIBOT_ENCODING_AES_KEY": random_aes_key(),
                          "AIBOT_REFRESH_THROTTLE_S": "0", "AIBOT_WS_LEASE_S": "2",
                          "AIBOT_WS_HEARTBEAT_S": "1"}).start()
     yield s
@@ -97,6 +100,19 @@ def test_groups_need_the_mention_and_enter_chat_gets_the_welcome(connected):
     assert "AI" in welcome[0]["content"]
 
 
+def test_one_msgid_by_the_connection_and_by_the_callback_is_one_row_answered_once(connected):
+    stack = connected
+    rows_before = len(select_rows(stack.db.url, "SELECT id FROM inbound_messages WHERE channel = 'aibot'"))
+    by_ws = finished(stack, send(stack, from_user="sunhao", content="差旅标准？", msg_id="one-msgid-2ways")["delivery_id"])
+    by_callback = stack.emu("POST", "aibot/send", json={"from_user": "sunhao", "content": "差旅标准？",
+                                                       "msg_id": "one-msgid-2ways", "wait": 30})["conversation"]
+    assert by_callback["status"] == "finished" and by_callback["stream_id"] == by_ws["stream_id"]
+    assert by_callback["final"] == by_ws["final"]  # the callback's retry path: the same stream
+    rows = select_rows(stack.db.url, "SELECT status FROM inbound_messages WHERE channel = 'aibot'")
+    assert len(rows) == rows_before + 1 and rows[-1]["status"] == "answered"
+    assert [m["content"] for m in shown(stack, "sunhao")] == [by_ws["final"]]  # pushed once
+
+
 def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_doubled(connected):
     stack = connected
     stack.start_connection("aibot-ws-b")  # a second replica: waits for the lease
@@ -122,7 +138,7 @@ def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_double
     finals = [m for u in users for m in shown(stack, u) if m["delivery_id"] in {s["delivery_id"] for s in sent}]
     assert len(finals) == len(sent)  # one answer each, none twice
     rows = select_rows(stack.db.url, "SELECT status FROM inbound_messages WHERE channel = 'aibot'")
-    assert len(rows) == 2 + len(msgids) and all(r["status"] == "answered" for r in rows)
+    assert len(rows) == 3 + len(msgids) and all(r["status"] == "answered" for r in rows)
     stats = ws_status(stack)["stats"]
     assert stats.get("replaced", 0) == 0  # never two subscriptions at once
     assert stats.get("subscribed") == 2
