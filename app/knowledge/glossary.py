@@ -133,12 +133,74 @@ PAIRS = """
 机器人 | bot, assistant
 命令 | command
 帮助 | help
+# office words a look at the demo's missed paraphrases asked for
+故障 | outage, broken, problem, issue
+报修 | ticket, repair
+工单 | ticket
+规则 | rule, policy
+要求 | requirement, rule
+政策 | policy
+个人 | personal
+私人 | personal, private
+平板 | ipad, tablet
+工具 | tool, software
+机器 | machine, printer
+文件 | file, document
+文档 | document, file
+资料 | data, file, document
+数据 | data
+拷贝 | copy
+复制 | copy
+课程 | course, training
+上课 | course, training
+出钱 | pay, reimburse, budget
+节假日 | public holiday
+法定 | statutory
+国家 | national, statutory
+聚餐 | team dinner, meal
+订餐 | meal, food
+外卖 | food, meal
+商务舱 | business class
+经济舱 | economy class
+小时 | hour
+晚上 | night
+上限 | limit, cap
+标准 | limit, standard
+公里 | km
+私车 | private car
+工卡 | badge
+赔钱 | fee, replacement
+补办 | replacement
+面试 | interview, visitor, guest
+入场 | access, visitor
+客户 | client, customer
+钓鱼 | phishing
+链接 | link
+可疑 | suspicious, phishing
+会议纪要 | meeting notes, minutes
+总结 | summarize, summary
+饭卡 | meal card, canteen
+充值 | top up
+健身 | gym
+对话 | conversation, turn
+聊天记录 | conversation, chat
+记住 | remember
+次数 | quota, messages
+额度 | quota, limit
+同事 | colleague
+外国 | foreign
+英文 | english
+英语 | english
+中文 | chinese
+宠物 | pet
 """.strip()
 
 
 def _pairs(text: str) -> list[tuple[str, list[str]]]:
     out = []
     for line in text.splitlines():
+        if line.startswith("#"):
+            continue
         zh, sep, en = line.partition("|")
         if sep and zh.strip():
             out.append((zh.strip(), [p.strip() for p in en.split(",") if p.strip()]))
