@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
+from inference.engine.service import EngineService
 from inference.layers import cpu_kernels
 from inference.reasoning import ReasoningSplitter
 from inference.sampling_params import SamplingParams
-from inference.engine.service import EngineService
 from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
 
 log = logging.getLogger(__name__)

@@ -23,6 +23,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.kv_cache import AttentionContext, LayerCache
+from inference.layers import paged_decode_triton
 from inference.layers.attention import sparse_attention
 from inference.layers.paged_slots import SequenceSlots, page_slots
 from inference.layers.sparse_rules import blocks_completed, elect, nodes_seen, window_start
@@ -140,6 +141,14 @@ class GQAStep:
             self.seqs.append(SeqPlan(c, n, local.to(device), local_start,
                                      None if nodes is None else nodes.to(device)))
         self.write_slots = torch.cat(write).to(device)
+        # A decode-only step on CUDA: every query's slot list (its window or every position, then
+        # its valid key nodes) in one padded table, for the batched kernel (one launch a layer)
+        self.decode_table = None
+        if all(sp.num_new == 1 for sp in self.seqs) and paged_decode_triton.wanted(device):
+            lists = [sp.local_slots if sp.node_slots is None else torch.cat((sp.local_slots, sp.node_slots))
+                     for sp in self.seqs]
+            table = torch.nn.utils.rnn.pad_sequence(lists, batch_first=True)
+            self.decode_table = (table, torch.tensor([len(x) for x in lists], device=device))
         self.elect_slots = torch.cat(elect_slots).to(device) if elect_slots else None
         self.node_targets = torch.cat(targets).to(device) if targets else None
         self.layers = [PagedGQALayer(cache, i, self) for i in range(layout.num_layers)]
@@ -167,6 +176,8 @@ class PagedGQALayer:
                 chosen = plan.elect_slots.gather(1, best[:, None])[:, 0]
                 self.cache.node_k[layer][:, plan.node_targets] = pool_k[:, chosen]
                 self.cache.node_v[layer][:, plan.node_targets] = pool_v[:, chosen]
+        if plan.decode_table is not None and gate is None:  # one softmax over each slot list
+            return paged_decode_triton.gqa_decode(q.transpose(0, 1), pool_k, pool_v, *plan.decode_table).transpose(0, 1)
         outs, a = [], 0
         for sp in plan.seqs:
             keys, values = pool_k[:, sp.local_slots], pool_v[:, sp.local_slots]

@@ -5,10 +5,10 @@ import threading
 import pytest
 import torch
 
+from inference.engine.service import EngineService
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import GREEDY, engine_for, random_prompts, reference
 from worker.engine_backend import TOO_LONG, EngineBackend
-from inference.engine.service import EngineService
 from worker.llm import GenerationParams, LLMError
 
 

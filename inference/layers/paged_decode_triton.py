@@ -1,0 +1,174 @@
+"""Decode attention on CUDA for a whole batch in one launch a layer, reading the paged pools
+through each sequence's slot list (Triton).
+
+The torch path (`PagedGQALayer.attend`, `PagedMLALayer`, DSA's `_selected`) gathers each
+sequence's keys with an index, concatenates them and calls SDPA, sequence after sequence, every
+layer, every step: on a GPU that is hundreds of small launches and copies, launch-bound long
+before it is bandwidth-bound. Here one program takes one sequence (and a group of heads), walks
+its slot list in blocks, loads the rows from the pool where they lie and keeps an online softmax
+in registers:
+
+- `gqa_decode`: one query per sequence against `[kv_heads, slots, head_dim]` key/value pools;
+  the query heads that share a kv head (GQA) are one program, so each key row is read once for
+  all of them. The slot list is what the query attends to (dense: every position; the sparse
+  window's "union" mode: the window's slots then the key nodes').
+- `latent_decode`: Multi-head Latent Attention's decode in latent space, one `[slots, rank + rope]`
+  pool, each latent row read once for a block of heads; scores `q_nope . c + q_rope . k_rope`,
+  values the row's first `rank`. The slot list is every position (GLM-4.7-Flash) or the chosen
+  ones (GLM-5's DeepSeek Sparse Attention, the indexer's top-k mapped to slots).
+
+Slot lists are `[batch, width]` int32/int64 with each sequence's length; entries past it are not
+read. Triton comes with PyTorch's CUDA wheels; tests run the same programs on the CPU under
+Triton's interpreter (`TRITON_INTERPRET=1`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+# "auto": CUDA tensors take the kernels; "0": never; "interpret": CPU tensors too, under
+# TRITON_INTERPRET=1 (the tests run the engine's paged path through the programs that way)
+MODE = os.environ.get("INFERENCE_TRITON_ATTENTION", "auto")
+CALLS = {"gqa": 0, "latent": 0}  # launches so far (what the tests check was taken)
+
+
+def _pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << (max(1, n) - 1).bit_length())
+
+
+@functools.cache
+def _kernels():
+    """The jitted programs, made on first use; None without triton."""
+    try:
+        import triton.language as tl
+        from triton import jit
+    except ImportError:
+        return None
+
+    @jit
+    def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, out_ptr, scale,
+                          stride_qb, stride_qh, stride_kh, stride_ks, stride_sb, stride_ob, stride_oh,
+                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+        b, kv = tl.program_id(0), tl.program_id(1)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        heads = kv * GROUP + g
+        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                    mask=(g[:, None] < GROUP) & (d[None, :] < D), other=0.0)
+        length = tl.load(lengths_ptr + b)
+        top = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+        total = tl.zeros((BLOCK_G,), tl.float32)
+        acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+        for start in range(0, length, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            live = n < length
+            slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
+            rows = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
+            keep = live[:, None] & (d[None, :] < D)
+            k = tl.load(k_ptr + rows, mask=keep, other=0.0)
+            v = tl.load(v_ptr + rows, mask=keep, other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
+            s = tl.where(live[None, :], s, float("-inf"))
+            new_top = tl.maximum(top, tl.max(s, axis=1))
+            p = tl.exp(s - new_top[:, None])
+            fix = tl.exp(top - new_top)
+            total = total * fix + tl.sum(p, axis=1)
+            acc = acc * fix[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            top = new_top
+        out = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=(g[:, None] < GROUP) & (d[None, :] < D))
+
+    @jit
+    def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, lengths_ptr, out_ptr, scale, H,
+                             stride_qb, stride_qh, stride_ps, stride_sb, stride_ob, stride_oh,
+                             R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+                             BLOCK_DR: tl.constexpr, BLOCK_N: tl.constexpr):
+        b, hb = tl.program_id(0), tl.program_id(1)
+        h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        r = tl.arange(0, BLOCK_R)
+        e = tl.arange(0, BLOCK_DR)
+        head_ok = h < H
+        q_nope = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + r[None, :],
+                         mask=head_ok[:, None] & (r[None, :] < R), other=0.0)
+        q_rope = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + R + e[None, :],
+                         mask=head_ok[:, None] & (e[None, :] < DR), other=0.0)
+        length = tl.load(lengths_ptr + b)
+        top = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+        total = tl.zeros((BLOCK_H,), tl.float32)
+        acc = tl.zeros((BLOCK_H, BLOCK_R), tl.float32)
+        for start in range(0, length, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            live = n < length
+            slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
+            c = tl.load(pool_ptr + slot[:, None] * stride_ps + r[None, :],
+                        mask=live[:, None] & (r[None, :] < R), other=0.0)  # [BLOCK_N, BLOCK_R]
+            k_rope = tl.load(pool_ptr + slot[:, None] * stride_ps + R + e[None, :],
+                             mask=live[:, None] & (e[None, :] < DR), other=0.0)
+            s = (tl.dot(q_nope, tl.trans(c)) + tl.dot(q_rope, tl.trans(k_rope))).to(tl.float32) * scale
+            s = tl.where(live[None, :], s, float("-inf"))
+            new_top = tl.maximum(top, tl.max(s, axis=1))
+            p = tl.exp(s - new_top[:, None])
+            fix = tl.exp(top - new_top)
+            total = total * fix + tl.sum(p, axis=1)
+            acc = acc * fix[:, None] + tl.dot(p.to(c.dtype), c).to(tl.float32)
+            top = new_top
+        out = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + h[:, None] * stride_oh + r[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & (r[None, :] < R))
+
+    return gqa_decode_kernel, latent_decode_kernel
+
+
+def available() -> bool:
+    return _kernels() is not None
+
+
+def wanted(device: torch.device) -> bool:
+    """Whether a step on `device` decodes through the kernels. Never imports triton for a CPU
+    tensor unless told to interpret."""
+    if MODE == "0" or (device.type != "cuda" and MODE != "interpret"):
+        return False
+    return available()
+
+
+def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
+               lengths: torch.Tensor, scale: float | None = None, block_n: int = 64) -> torch.Tensor:
+    """`q [B, Hq, D]` (one query a sequence) against the slots `slots [B, W]` (the first
+    `lengths[b]` of row b) of `pool_k`/`pool_v [Hkv, S, D]`: `[B, Hq, D]`."""
+    batch, heads, dim = q.shape
+    kv_heads = pool_k.shape[0]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not share {kv_heads} kv heads evenly")
+    group = heads // kv_heads
+    q, slots, lengths = q.contiguous(), slots.contiguous(), lengths.to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    kernel = _kernels()[0]
+    CALLS["gqa"] += 1
+    kernel[(batch, kv_heads)](
+        q, pool_k, pool_v, slots, lengths, out, scale if scale is not None else dim**-0.5,
+        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), slots.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, D=dim, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), BLOCK_N=block_n)
+    return out
+
+
+def latent_decode(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, rank: int,
+                  scale: float, block_h: int = 16, block_n: int = 32) -> torch.Tensor:
+    """MLA decode: `q [B, H, rank + rope]` (`kv_b_proj` absorbed into its first `rank`) against
+    the latent rows `pool[slots[b, :lengths[b]]]` of `pool [S, rank + rope]`: `[B, H, rank]`,
+    the attention-weighted latent rows (for `kv_b_proj`'s value half)."""
+    batch, heads, width = q.shape
+    rope = width - rank
+    q, slots, lengths = q.contiguous(), slots.contiguous(), lengths.to(torch.int32).contiguous()
+    out = q.new_empty(batch, heads, rank)
+    kernel = _kernels()[1]
+    CALLS["latent"] += 1
+    kernel[(batch, -(-heads // block_h))](
+        q, pool, slots, lengths, out, scale, heads,
+        q.stride(0), q.stride(1), pool.stride(0), slots.stride(0), out.stride(0), out.stride(1),
+        R=rank, DR=rope, BLOCK_H=block_h, BLOCK_R=_pow2(rank), BLOCK_DR=_pow2(rope), BLOCK_N=block_n)
+    return out
