@@ -86,8 +86,9 @@ class Lease:
         self.renewed_at = 0.0
 
     def acquire(self) -> bool:
+        before = self.clock()  # the lease's life is counted from before the request, to be safe
         if self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
-            self.renewed_at = self.clock()
+            self.renewed_at = before
             return True
         return False
 
@@ -220,7 +221,9 @@ class Session:
         while True:
             if holder.stopping.is_set():
                 raise ConnectionClosed("stopping")
-            if holder.keeper.lost.is_set():
+            if holder.keeper.lost.is_set() or not holder.lease.fresh():
+                # checked here too, not only by the keeper: a renewal stuck on a slow Redis
+                # must not let the lease expire under a connection still open
                 raise ConnectionClosed("lease lost")
             if self.heartbeat.due():
                 if self.heartbeat.dead:
@@ -430,7 +433,7 @@ class Holder:
     def hold(self) -> None:
         """Connect, subscribe and serve; reconnect with backoff while the lease is ours."""
         keeper = self.keeper
-        while not (self.stopping.is_set() or keeper.lost.is_set()):
+        while not (self.stopping.is_set() or keeper.lost.is_set() or not self.lease.fresh()):
             subscribed = False
             try:
                 with self._connect(self.settings.aibot_ws_url) as ws:
@@ -444,7 +447,7 @@ class Holder:
                 log.info("long connection closed: %s", exc)
             except (OSError, TimeoutError, _ws_errors(), redis.RedisError, SQLAlchemyError) as exc:
                 log.warning("long connection failed: %s", type(exc).__name__)
-            if self.stopping.is_set() or keeper.lost.is_set():
+            if self.stopping.is_set() or keeper.lost.is_set() or not self.lease.fresh():
                 return
             delay = self.backoff.next()  # after a subscription: short (the backoff was reset)
             log.info("reconnecting in %.1f s (subscribed before: %s)", delay, subscribed)

@@ -179,6 +179,7 @@ def test_heartbeat_death_and_a_refused_subscription_end_the_session(client, monk
     session.heartbeat = ws.Heartbeat(1, clock=lambda: now[0])
     session.holder.stopping = threading.Event()
     session.holder.keeper = SimpleNamespace(lost=threading.Event())
+    session.holder.lease = SimpleNamespace(fresh=lambda: True)
 
     def tick(timeout=None):
         now[0] += 1  # a second per receive: pings go out, no ack ever comes
@@ -196,3 +197,22 @@ def test_a_blank_first_piece_of_a_stream_is_empty_not_an_error():
     assert fit("\n") == "" and fit("  \n\n") == "" and fit("") == ""
     assert fit("\n答") == "答"
     assert len(fit("好" * STREAM_CONTENT_LIMIT).encode()) <= STREAM_CONTENT_LIMIT
+
+
+def test_a_lease_not_renewed_in_time_closes_the_connection(client, monkeypatch):
+    from app.aibot_connection import ConnectionClosed, Lease
+
+    now = [0.0]
+    lease = Lease(client, 5.0, clock=lambda: now[0])
+    assert lease.acquire() and lease.fresh()
+    now[0] = 3.9
+    assert lease.fresh()
+    now[0] = 4.1  # 80 % of its life without a renewal: give the connection up before it expires
+    assert not lease.fresh()
+    session = session_for(client, FakeWS(), monkeypatch, {})
+    session.holder.stopping = threading.Event()
+    session.holder.keeper = SimpleNamespace(lost=threading.Event())
+    session.holder.lease = lease
+    with pytest.raises(ConnectionClosed, match="lease lost"):
+        session.loop()
+    assert lease.renew() and lease.fresh()  # still ours in Redis: a renewal makes it fresh again
