@@ -133,6 +133,14 @@ PAIRS = """
 机器人 | bot, assistant
 命令 | command
 帮助 | help
+第一年 | first year
+头一年 | first year
+一年 | year, annual
+每年 | per year, annual
+几天 | days
+天数 | days
+多少天 | days
+休 | leave, take, off
 # office words a look at the demo's missed paraphrases asked for
 故障 | outage, broken, problem, issue
 报修 | ticket, repair

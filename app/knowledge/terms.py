@@ -22,7 +22,7 @@ from collections import Counter
 
 # Part of every document's content hash: a change to how terms are made re-indexes a document on
 # its next upload (``make run``'s handbook); ``kb reindex`` does every document at once.
-INDEX_VERSION = "2"
+INDEX_VERSION = "3"
 _JIEBA_LOCK = threading.Lock()
 _jieba = None
 
@@ -45,6 +45,7 @@ just also still really ok hi hello thanks if than then so but not no yes up out 
 大概 哪里 哪儿 哪些 多久 多长 几个 啥 咋 咋办 怎么弄 为啥 呀 哦 嗯 吧 得 地 着 过 再 才 该 最 很
 """
 STOPWORDS = frozenset(STOPWORDS_TEXT.split())
+MODALS = frozenset("能可会要想该得")
 
 
 def _segmenter():
@@ -97,6 +98,8 @@ def terms(text: str) -> list[str]:
         if not piece:
             continue
         if CJK.search(piece):
+            if len(piece) == 2 and piece[0] in MODALS and CJK.match(piece[1]):
+                piece = piece[1]  # "能休" (can take) -> "休": the modal is not the question
             if piece not in STOPWORDS:
                 out.append(piece)
             continue

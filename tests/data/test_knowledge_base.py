@@ -422,3 +422,18 @@ def test_a_new_blind_index_key_keeps_documents_found_until_reindexed(services, e
     only_new = Services(settings_from(env, blind_index_key=new), services.db)
     assert Retriever(only_new).search("第一年有几天年假", []).passages[0].section == "年假 Annual leave"
     assert not Retriever(services).search("第一年有几天年假", []).found  # the old key alone: gone
+
+
+def test_the_issues_own_questions_on_the_demo_handbook(services, store):
+    from inference.demo.corpus import COMPANY_PATH
+
+    store.add(COMPANY_PATH.read_bytes(), "员工手册", filename="company.md")
+    retriever = Retriever(services)
+    leave = retriever.search("我第一年能休几天假", []).passages[0]
+    assert leave.section == "3. HR 人力资源" and "Annual leave 年假" in leave.text
+    vpn = retriever.search("VPN 密码忘了怎么办", []).passages[0]
+    assert vpn.section == "2. IT" and "Password Reset" in vpn.text
+    office = retriever.search("那北京呢？", [], previous="上海总部在哪里").passages[0]
+    assert "Zhongguancun" in office.text
+    for question in ("明天天气怎么样", "公司股票期权怎么行权", "What programming language should I learn?"):
+        assert not retriever.search(question, []).found, question
