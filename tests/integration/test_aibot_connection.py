@@ -113,6 +113,16 @@ def test_one_msgid_by_the_connection_and_by_the_callback_is_one_row_answered_onc
     assert [m["content"] for m in shown(stack, "sunhao")] == [by_ws["final"]]  # pushed once
 
 
+def test_an_owed_stream_whose_row_was_never_written_is_dropped_unanswered(connected):
+    """What a holder killed between owing a stream and writing its row leaves behind: the next
+    holder sends nothing for it (WeCom pushes the message again, see the emulator)."""
+    stack = connected
+    refused = ws_status(stack)["stats"].get("unknown_req_id", 0)
+    stack.redis.hset(PENDING_KEY, "never-written-stream", '{"req_id": "aibot_msg_callback_0_dead", "msgid": "x"}')
+    wait_for(lambda: not stack.redis.hexists(PENDING_KEY, "never-written-stream"), 10, 0.1, "the entry dropped")
+    assert ws_status(stack)["stats"].get("unknown_req_id", 0) == refused  # no frame was sent for it
+
+
 def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_doubled(connected):
     stack = connected
     stack.start_connection("aibot-ws-b")  # a second replica: waits for the lease
