@@ -18,3 +18,30 @@ def test_an_older_dev_env_gets_the_export_key_and_keeps_its_secrets(tmp_path, ca
     assert "added AUDIT_EXPORT_KEY" in capsys.readouterr().out
     main(str(target))
     assert target.read_text().count("\n") == first.count("\n")
+
+
+def test_make_run_sets_the_ai_bot_up(tmp_path, monkeypatch):
+    """Callback (token, key, name) and long connection (bot id, secret): the settings are made,
+    added to an older file, and run_stack supervises the connection against the emulator."""
+    from scripts import run_stack
+
+    target = tmp_path / "dev.env"
+    main(str(target))
+    made = dict(line.split("=", 1) for line in target.read_text().splitlines())
+    for name in ("AIBOT_TOKEN", "AIBOT_ENCODING_AES_KEY", "AIBOT_NAME", "AIBOT_BOT_ID", "AIBOT_SECRET"):
+        assert made[name], name
+    older = "".join(line + "\n" for line in target.read_text().splitlines() if not line.startswith("AIBOT_"))
+    target.write_text(older)
+    main(str(target))
+    assert target.read_text().startswith(older) and target.read_text().count("AIBOT_BOT_ID=") == 1
+    monkeypatch.setattr(run_stack, "ROOT", tmp_path)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "var" / "dev.env").write_text(target.read_text())
+    for name in made:
+        monkeypatch.delenv(name, raising=False)
+    env = run_stack.stack_env()
+    assert env["AIBOT_WS_URL"] == f"ws://127.0.0.1:{run_stack.AIBOT_WS_PORT}"
+    programs = {p.name: p for p in run_stack.programs(env)}
+    assert programs["aibot-connection"].argv[1:] == ["-m", "app.aibot_connection"]
+    assert programs["aibot-connection"].restart
+    assert "--aibot-callback-url" in programs["emulator"].argv
