@@ -216,3 +216,33 @@ def test_a_lease_not_renewed_in_time_closes_the_connection(client, monkeypatch):
     with pytest.raises(ConnectionClosed, match="lease lost"):
         session.loop()
     assert lease.renew() and lease.fresh()  # still ours in Redis: a renewal makes it fresh again
+
+
+def test_contending_replicas_never_hold_the_lease_at_once(client):
+    """Five replicas grab, hold a moment, drop and grab again for two seconds: from the grant
+    (after SET NX answered) to the release (before DEL is asked), their holds never overlap."""
+    holds, lock = [], threading.Lock()
+
+    def replica():
+        lease = Lease(client, 1.0)
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            if lease.acquire():
+                granted = time.monotonic()
+                time.sleep(random.uniform(0.002, 0.02))
+                assert lease.renew()
+                releasing = time.monotonic()
+                lease.release()
+                with lock:
+                    holds.append((granted, releasing))
+            time.sleep(random.uniform(0, 0.005))
+
+    threads = [threading.Thread(target=replica) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    holds.sort()
+    assert len(holds) > 10
+    for (_, released), (next_granted, _) in zip(holds, holds[1:], strict=False):
+        assert next_granted >= released
