@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from inference.config import ModelConfig
-from inference.layers import dsa_cpu
+from inference.layers import dsa_cpu, paged_decode_triton
 from inference.layers.dsa_cache import IndexedContext
 from inference.layers.dsa_indexer import Indexer
 from inference.layers.mla import MLAttention
@@ -45,6 +45,8 @@ class DSAttention(MLAttention):
         keys = None if self.indexer is None else self.indexer.keys(x, rotations)
         contexts: list[IndexedContext] = cache.extend(latents, keys)
         query = torch.cat((self.kv_b_proj.absorb(q_nope), q_rope), dim=-1)  # [H, T, r + dr]
+        if getattr(cache, "batched_decode", False):
+            return self._batched_decode(x, resid, rotations, contexts, query, chosen)
         outs, mine, a = [], [], 0
         for i, ctx in enumerate(contexts):
             rows = slice(a, a + ctx.num_new)
@@ -60,6 +62,32 @@ class DSAttention(MLAttention):
             outs.append(self._selected(query[:, rows], ctx.latents, picked, positions, ctx.rows_of(picked)))
             a = rows.stop
         out = self.kv_b_proj.values(outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))  # [H, T, dv]
+        return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], self.heads * self.v_dim)), mine
+
+    def _batched_decode(self, x: torch.Tensor, resid: torch.Tensor, rotations: torch.Tensor,
+                        contexts: list[IndexedContext], query: torch.Tensor,
+                        chosen: list[torch.Tensor] | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A decode-only paged step on CUDA: each sequence's one row picks its positions, then one
+        launch attends every row to its chosen latent rows, read in the pool through their slots
+        (the indexer lists a row's own and earlier positions first, so each row's count of them
+        is how far its list is read)."""
+        mine, rows, counts = [], [], []
+        for i, ctx in enumerate(contexts):
+            position = torch.tensor([ctx.q_start], device=x.device)
+            if self.indexer is not None:
+                picked = self.indexer.select(x[i : i + 1], resid[i : i + 1], rotations[i : i + 1], ctx.index_keys,
+                                             position, ctx.slots)
+            elif chosen is None:
+                raise ValueError("a shared DSA layer needs the choice of a full layer before it")
+            else:
+                picked = chosen[i]
+            mine.append(picked)
+            rows.append(ctx.rows_of(picked[0]))
+            counts.append(min(picked.shape[1], ctx.q_start + 1))
+        table = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        out = paged_decode_triton.latent_decode(query.transpose(0, 1), contexts[0].latents, table,
+                                                torch.tensor(counts, device=x.device), self.rank, self.scale)
+        out = self.kv_b_proj.values(out.transpose(0, 1))  # [H, B, dv]
         return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], self.heads * self.v_dim)), mine
 
     def _selected(self, query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor,

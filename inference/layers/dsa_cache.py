@@ -130,6 +130,7 @@ class PagedDSALayer:
 
     def __init__(self, pool: torch.Tensor, key_pool: torch.Tensor | None, plan: MLAStep) -> None:
         self.pool, self.key_pool, self.plan = pool, key_pool, plan
+        self.batched_decode = plan.decode_table is not None  # a decode-only step on CUDA
 
     def extend(self, rows: torch.Tensor, keys: torch.Tensor | None = None) -> list[IndexedContext]:
         plan = self.plan

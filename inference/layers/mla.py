@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.config import ModelConfig
+from inference.layers import paged_decode_triton
 from inference.layers.linear import Linear
 from inference.layers.mla_cache import LatentContext
 from inference.layers.norm import RMSNorm
@@ -131,7 +132,14 @@ class MLAttention(nn.Module):
         """`x [T, hidden]` normed input of the step's rows (one sequence's positions
         `[cache.length, ...)`, or the rows of a paged batch, sequence after sequence)."""
         q_nope, q_rope, latents, _ = self.project(x, rotations)
-        out = self.attend(q_nope, q_rope, cache.extend(latents))
+        table = getattr(cache, "decode_table", None)
+        if table is not None:  # a decode-only paged step on CUDA: one launch for the batch
+            cache.write(latents)
+            query = torch.cat((self.kv_b_proj.absorb(q_nope), q_rope), dim=-1).transpose(0, 1)  # [B, H, r + dr]
+            out = paged_decode_triton.latent_decode(query, cache.pool, *table, self.rank, self.scale)
+            out = self.kv_b_proj.values(out.transpose(0, 1))
+        else:
+            out = self.attend(q_nope, q_rope, cache.extend(latents))
         return self.o_proj(out.transpose(0, 1).reshape(x.shape[0], self.heads * self.v_dim))
 
     def project(self, x: torch.Tensor, rotations: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.config import ModelConfig
+from inference.layers import paged_decode_triton
 from inference.layers.paged_slots import SequenceSlots
 
 
@@ -143,6 +144,12 @@ class MLAStep:
         self.write_slots = torch.cat([row.slots(row.start, row.start + row.num_new) for row in rows]).to(device)
         self.read_slots = [row.slots(0, row.start + row.num_new).to(device) for row in rows]
         self.num_new = [row.num_new for row in rows]
+        # A decode-only step on CUDA: every sequence's slots in one padded table, for the batched
+        # latent kernel (one launch a layer, the pool read in place)
+        self.decode_table = None
+        if all(n == 1 for n in self.num_new) and paged_decode_triton.wanted(torch.device(device)):
+            table = torch.nn.utils.rnn.pad_sequence(self.read_slots, batch_first=True)
+            self.decode_table = (table, torch.tensor([len(s) for s in self.read_slots], device=device))
         self.layers = [PagedMLALayer(cache.latents[i], self) for i in range(cache.layout.num_layers)]
 
 
@@ -151,6 +158,11 @@ class PagedMLALayer:
 
     def __init__(self, pool: torch.Tensor, plan: MLAStep) -> None:
         self.pool, self.plan = pool, plan
+        self.decode_table = plan.decode_table
+
+    def write(self, rows: torch.Tensor) -> None:
+        """Only write the step's rows into their slots (the batched decode kernel reads the pool)."""
+        self.pool[self.plan.write_slots] = rows
 
     def extend(self, rows: torch.Tensor) -> list[LatentContext]:
         """Write the step's rows (`[T, width]`, sequence after sequence) into their slots; each

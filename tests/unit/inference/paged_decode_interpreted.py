@@ -73,12 +73,10 @@ def latent_cases() -> list[dict]:
 
 
 
-def engine_case() -> dict:
-    """A tiny GLM-4 through the serving engine, greedy: decode steps through the GQA kernel
+def engine_case(make_hf, kind: str) -> dict:
+    """A tiny model through the serving engine, greedy: decode steps through the `kind` kernel
     against the same engine's torch path."""
     import tempfile
-
-    from transformers import Glm4Config, Glm4ForCausalLM
 
     from inference.config import ModelConfig
     from inference.engine import EngineArgs, LLMEngine
@@ -86,14 +84,13 @@ def engine_case() -> dict:
     from inference.sampling_params import SamplingParams
 
     torch.manual_seed(0)
-    hf = Glm4ForCausalLM(Glm4Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                    pad_token_id=0, eos_token_id=[1]))
+    hf = make_hf()
     with tempfile.TemporaryDirectory() as path:
         hf.save_pretrained(path)
         model = load_model(path, ModelConfig.from_pretrained(path), "cpu")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    prompts = [[5, 6, 7, 8, 9], list(range(10, 80)), [3] * 20]
+    vocab = model.config.vocab_size
+    prompts = [[5, 6, 7, 8, 9], [t % (vocab - 3) + 3 for t in range(10, 80)], [3] * 20]
 
     def run() -> list[list[int]]:
         engine = LLMEngine(model, args=EngineArgs(block_size=16, max_num_seqs=4), eos_token_ids=[])
@@ -108,9 +105,27 @@ def engine_case() -> dict:
     kernels.MODE = "0"
     reference = run()
     kernels.MODE = "interpret"
+    before = kernels.CALLS[kind]
     tokens = run()
-    return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS["gqa"]}
+    kernels.MODE = "0"
+    return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before}
+
+
+def glm4():
+    from transformers import Glm4Config, Glm4ForCausalLM
+
+    return Glm4ForCausalLM(Glm4Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      pad_token_id=0, eos_token_id=[1]))
+
+
+def engines() -> dict:
+    from tests.unit.inference import test_glm4_moe_lite, test_glm_moe_dsa
+
+    return {"glm4": engine_case(glm4, "gqa"),
+            "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
+            "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent")}
 
 
 if __name__ == "__main__":
-    print(json.dumps({"gqa": gqa_cases(), "latent": latent_cases(), "engine": engine_case()}))
+    print(json.dumps({"gqa": gqa_cases(), "latent": latent_cases(), "engines": engines()}))
