@@ -142,7 +142,8 @@ class LongConnection:
             if self.current is conn:
                 self.current = None
             # messages this connection was given and never answered: WeCom pushes them again
-            again = [d for d in getattr(conn, "pushed", ()) if st.aibot.get(d, {}).get("status") == "pushed"]
+            again = [d for d in getattr(conn, "pushed", ()) if st.aibot.get(d, {}).get("status") == "pushed"
+                     and d not in self.waiting]
             for delivery_id in again:
                 st.aibot[delivery_id]["status"] = "pending"
             self.waiting.extend(again)
@@ -226,8 +227,16 @@ class LongConnection:
         try:
             conn.send(proto.Frame(proto.MSG_CALLBACK, req_id, body).encode())
             st.bump("aibot_ws", "pushed")
-        except Exception:  # noqa: BLE001 - closed under us: _closed pushes it again
+        except Exception:  # noqa: BLE001 - closed under us (maybe after _closed looked): again later
             log.info("push failed delivery=%d", delivery_id)
+            with st.lock:
+                if record["status"] == "pushed" and record.get("req_id") == req_id:
+                    record["status"] = "pending"
+                    if delivery_id not in self.waiting:
+                        self.waiting.append(delivery_id)
+                retry = self.current is not None and self.current is not conn
+            if retry:
+                self._push(delivery_id)
 
     def _respond(self, frame, connection: int) -> proto.Frame:
         st = self.state
