@@ -34,9 +34,9 @@ from app.callback import (
 )
 from app.intake import IntakeUnavailable
 from app.models import MessageStatus
+from app.task_queue import HANDLE_MESSAGE
 from app.wecom import aibot
 from app.wecom.exceptions import MessageParseError, WeComCryptoError
-from worker.celery_app import HANDLE_MESSAGE
 
 log = logging.getLogger(__name__)
 bp = Blueprint("aibot", __name__)

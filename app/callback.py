@@ -24,6 +24,7 @@ from app.audit import request_fingerprint
 from app.body_reader import BodyTooSlow, read_body
 from app.intake import IntakeUnavailable
 from app.logging_setup import request_id_var, sensitive
+from app.task_queue import HANDLE_MESSAGE
 from app.wecom.exceptions import (
     ParseXmlError,
     ValidateCorpIdError,
@@ -31,7 +32,6 @@ from app.wecom.exceptions import (
     WeComCryptoError,
 )
 from app.wecom.messages import MessageParseError, parse_message
-from worker.celery_app import HANDLE_MESSAGE
 
 log = logging.getLogger(__name__)
 bp = Blueprint("wecom", __name__)

@@ -288,7 +288,7 @@ class Settings(BaseSettings):
     openai_model: str = "glm-4"
     openai_timeout_s: float = 120.0
     openai_reply_start: Literal["auto", "answer", "thinking"] = Field(
-        default="auto", description="where a reply with inline thinking begins (worker/llm.py)")
+        default="auto", description="where a reply with inline thinking begins (app/llm/__init__.py)")
     max_new_tokens: int = 512
     temperature: float = 0.7
     top_p: float = 0.9

@@ -14,8 +14,8 @@ import logging
 import redis
 from flask import Blueprint, current_app, jsonify
 
+from app.heartbeats import live_nodes
 from app.services import Services
-from worker.heartbeat import live_nodes
 
 log = logging.getLogger(__name__)
 bp = Blueprint("health", __name__)

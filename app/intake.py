@@ -41,7 +41,7 @@ from app import metrics
 from app.audit import Event, EventType
 from app.batching import BatchThread
 from app.outbox import Accepted, Arrival, Prepared, accept_many, prepare
-from worker.celery_app import HANDLE_MESSAGE
+from app.task_queue import HANDLE_MESSAGE
 
 log = logging.getLogger(__name__)
 

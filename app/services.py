@@ -83,7 +83,7 @@ class Services:
 
     @cached_property
     def celery(self):
-        from worker.celery_app import make_celery
+        from app.task_queue import make_celery
 
         return make_celery(self.settings)
 

@@ -1,11 +1,11 @@
-"""Heartbeats in Redis for the Celery worker and beat, read by ``/readyz`` and health checks.
+"""The worker's and beat's heartbeats in Redis: a thread that keeps each node marked alive.
 
 A worker can be gone while the web service still accepts messages; an expiry time that each
 worker pushes forward lets another process tell, without asking the worker over the broker, that
-it was alive a moment ago. One sorted set per role (``heartbeat:worker``: node -> expiry, on
-Redis's clock) is read in one command however many other keys Redis holds. A graceful shutdown
-removes the node so readiness drops at once; a killed process's entry simply expires. ``worker.celery_app`` starts and stops it from Celery's
-signals; this module itself needs only Redis, so the web process reads heartbeats without Celery.
+it was alive a moment ago. The keys and the reading are ``app/heartbeats.py``'s (``/readyz``
+reads them without importing the worker). A graceful shutdown removes the node so readiness
+drops at once; a killed process's entry simply expires. ``worker.celery_app`` starts and stops
+it from Celery's signals.
 
 ``python -m worker.heartbeat check worker|beat [--node NAME]`` exits 0 when this host's key is
 live: the container health check of the worker and beat services.
@@ -15,43 +15,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 import threading
 from contextlib import suppress
 
 import redis
 
+from app.heartbeats import (  # noqa: F401 - the writers and the check use the same keys
+    PREFIX,
+    ROLES,
+    default_node,
+    heartbeat_key,
+    is_live,
+    live_nodes,
+    redis_now,
+)
+
 log = logging.getLogger(__name__)
-PREFIX = "heartbeat"
-ROLES = ("worker", "beat")
-
-
-def heartbeat_key(role: str) -> str:
-    """A sorted set per role: member = node name, score = when its heartbeat expires."""
-    return f"{PREFIX}:{role}"
-
-
-def default_node(role: str) -> str:
-    """The node name Celery gives a worker started without ``-n`` (and the same form for beat)."""
-    return f"{'celery' if role == 'worker' else 'beat'}@{socket.gethostname()}"
-
-
-def redis_now(client: redis.Redis) -> float:
-    # Redis's clock, for writers and readers alike: containers' clocks may disagree.
-    seconds, micros = client.time()
-    return seconds + micros / 1e6
-
-
-def live_nodes(client: redis.Redis, role: str) -> list[str]:
-    """Nodes of ``role`` whose heartbeat has not expired (raises ``redis.RedisError``)."""
-    members = client.zrangebyscore(heartbeat_key(role), f"({redis_now(client)}", "+inf")
-    return sorted(m.decode() if isinstance(m, bytes) else m for m in members)
-
-
-def is_live(client: redis.Redis, role: str, node: str) -> bool:
-    expires = client.zscore(heartbeat_key(role), node)
-    return expires is not None and expires > redis_now(client)
 
 
 class Heartbeat:

@@ -341,7 +341,7 @@ class MediaHandler:
     @property
     def vision(self):
         if self._vision is None and self.settings.vision_model:
-            from worker.llm import OpenAIBackend  # noqa: PLC0415
+            from app.llm import OpenAIBackend  # noqa: PLC0415
 
             s = self.settings
             self._vision = OpenAIBackend(

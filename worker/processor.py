@@ -30,6 +30,7 @@ from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
+from app.llm import Generation, GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
 from app.outbox import ClaimResult
@@ -45,7 +46,6 @@ from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands, media, retry_policy
 from worker.conversation import ConversationStore
 from worker.knowledge import Grounder
-from worker.llm import Generation, GenerationParams, LLMBackend, LLMError
 from worker.metering import Meter
 from worker.stream_reply import StreamWriter, fit
 from worker.user_limit import UserRateLimit

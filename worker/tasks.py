@@ -13,11 +13,11 @@ from celery import shared_task
 from celery.exceptions import Retry
 
 from app.config import get_settings
+from app.llm import make_backend
 from app.services import Services
 from app.wecom.client import WeComClient
 from worker.celery_app import AUDIT_CHECKPOINT, DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
 from worker.conversation import ConversationStore
-from worker.llm import make_backend
 from worker.processor import MessageProcessor
 from worker.sweeper import sweep
 

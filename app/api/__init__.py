@@ -36,7 +36,7 @@ from app.api.keys import Caller, authenticate
 from app.api.validation import ChatRequest, parse_chat_request
 from app.audit import request_fingerprint
 from app.body_reader import read_body
-from worker.llm import Generation, GenerationParams, LLMError
+from app.llm import Generation, GenerationParams, LLMError
 
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix="/v1")

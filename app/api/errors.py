@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import jsonify
 
-from worker.llm import LLMError
+from app.llm import LLMError
 
 # status -> OpenAI's error ``type``
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",

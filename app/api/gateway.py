@@ -1,6 +1,6 @@
 """One /v1 call's path beside the model: budget, generation, usage, audit.
 
-The web process calls the model itself, through ``worker.llm.make_backend(settings)``: one
+The web process calls the model itself, through ``app.llm.make_backend(settings)``: one
 backend per gunicorn worker process, built on the first request. With ``INFERENCE_BACKEND=openai``
 that is an HTTP client to a model server (vLLM, SGLang, or a dedicated process running the
 bundled engine behind an OpenAI-compatible front), which is what production uses: each web
@@ -39,7 +39,7 @@ from app.api.keys import Caller
 from app.api.validation import ChatRequest
 from app.audit import EventType
 from app.db import utcnow
-from worker.llm import Generation, LLMBackend, make_backend
+from app.llm import Generation, LLMBackend, make_backend
 
 log = logging.getLogger(__name__)
 AUDIT_TEXT_CHARS = 4000

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from app.api.errors import invalid
-from worker.llm import GenerationParams
+from app.llm import GenerationParams
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 256

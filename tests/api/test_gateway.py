@@ -12,10 +12,10 @@ from app import create_app, migrate
 from app.accounting import set_budget, set_price
 from app.api.gateway import Gateway
 from app.api.keys import create_key
+from app.llm import Generation, LLMError, StreamDelta
 from app.models import AuditEvent, UsageRecord
 from app.services import Services
 from tests.support.env import make_env, settings_from
-from worker.llm import Generation, LLMError, StreamDelta
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

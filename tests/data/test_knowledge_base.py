@@ -14,10 +14,10 @@ from app.knowledge.parsing import UploadError
 from app.knowledge.prompt import is_small_talk
 from app.knowledge.retrieval import EVERYTHING, Retriever, is_follow_up
 from app.knowledge.store import KnowledgeStore
+from app.llm import Generation
 from app.models import AuditEvent, KnowledgeChunk, KnowledgeDocument, KnowledgePosting
 from tests.data.test_message_path import all_text, ids_of, post_message
 from worker.conversation import ConversationStore
-from worker.llm import Generation
 from worker.processor import MessageProcessor
 
 HANDBOOK = """# 员工手册 Handbook
@@ -65,7 +65,7 @@ class PromptLLM:
         return Generation(text=self.text, model="glm-4", prompt_tokens=100, completion_tokens=10)
 
     def stream(self, messages, params):
-        from worker.llm import StreamDelta
+        from app.llm import StreamDelta
 
         final = self.generate(messages, params)
         for piece in (final.text[:4], final.text[4:]):

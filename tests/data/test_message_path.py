@@ -20,11 +20,11 @@ from sqlalchemy import select
 from app import create_app, outbox
 from app.accounting import set_budget, set_price
 from app.audit import AuditLog
+from app.llm import Generation, LLMError
 from app.models import AuditEvent, InboundMessage, MessageStatus, UsageRecord
 from app.services import Services
 from tests.support.env import settings_from
 from worker.conversation import ConversationStore
-from worker.llm import Generation, LLMError
 from worker.processor import MessageProcessor
 
 SENTINEL_TEXTS = ["SENTINEL-QUESTION-7f3a 我的工资是多少", "SENTINEL-SECOND-91bc 请假流程"]

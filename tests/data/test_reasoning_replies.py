@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import select
 
 from app import create_app, outbox
+from app.llm import OpenAIBackend
 from app.models import AuditEvent, InboundMessage, MessageStatus, UsageRecord
 from app.wecom.aibot import AibotMessage
 from tests.data.test_message_path import USER_ID, FakeWeCom, ids_of, post_message
 from tests.support.openai_server import THINKING, FakeOpenAIServer, written
 from worker.conversation import ConversationStore
-from worker.llm import OpenAIBackend
 from worker.processor import FAILURE_NOTICE, MessageProcessor
 
 QUESTION = "年假有几天？"

@@ -6,8 +6,8 @@ import pytest
 import redis
 
 from app.aibot_streams import StreamStore
+from app.llm import Generation, GenerationParams, StreamDelta
 from app.security import FieldCipher
-from worker.llm import Generation, GenerationParams, StreamDelta
 from worker.processor import DEADLINE, stream_generation
 from worker.stream_reply import StreamWriter
 

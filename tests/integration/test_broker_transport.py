@@ -1,13 +1,13 @@
-"""worker/broker.py: Celery publishes through one Redis client per channel, and the tasks it
+"""app/broker.py: Celery publishes through one Redis client per channel, and the tasks it
 publishes are the ordinary Celery messages a worker consumes."""
 
 from __future__ import annotations
 
 import redis
 
+from app.broker import Channel
 from app.config import Settings
 from tests.support.stack import make_env
-from worker.broker import Channel
 from worker.celery_app import HANDLE_MESSAGE, make_celery
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

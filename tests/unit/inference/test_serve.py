@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import requests
 
+from app.llm import GenerationParams, OpenAIBackend
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.service import EngineService
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
 from inference.serve import create_app
-from worker.llm import GenerationParams, OpenAIBackend
 
 DEMO = Path(__file__).resolve().parents[3] / "models" / "demo"
 QUESTION = [{"role": "user", "content": "年假有几天？"}]

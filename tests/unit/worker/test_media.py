@@ -106,7 +106,7 @@ class FakeProcessor:
     def _generate(self, row, text, lease, user_id="", conversation=None, stream=None, images=None, llm=None):
         self.generated.append({"text": text, "images": images, "llm": llm})
         if llm is not None:  # the vision model, for real
-            from worker.llm import GenerationParams
+            from app.llm import GenerationParams
 
             messages = [{"role": "user", "content": text}]
             if images:

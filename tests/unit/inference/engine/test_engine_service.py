@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
+from app.llm import GenerationParams, LLMError
+from app.llm.engine_backend import TOO_LONG, EngineBackend
 from inference.engine.service import EngineService
 from inference.sampling_params import SamplingParams
 from tests.unit.inference.engine.conftest import GREEDY, engine_for, random_prompts, reference
-from worker.engine_backend import TOO_LONG, EngineBackend
-from worker.llm import GenerationParams, LLMError
 
 
 @pytest.fixture

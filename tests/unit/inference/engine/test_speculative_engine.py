@@ -286,15 +286,15 @@ def test_worker_engine_takes_k_from_settings(tmp_path, caplog):
     with a clear, non-transient error; a CPU engine says at start which CPU kernels it has."""
     from types import SimpleNamespace
 
+    from app.llm import LLMError
+    from app.llm.engine_backend import EngineBackend
     from tests.unit.inference.helpers import glm5_config, write_checkpoint
-    from worker.engine_backend import EngineBackend
-    from worker.llm import LLMError
 
     def settings(path, k):
         return SimpleNamespace(model_dir=str(path), engine_max_num_seqs=4, engine_max_model_len=None,
                                engine_kv_cache_bytes=1 << 22, engine_speculative_k=k)
 
-    caplog.set_level("INFO", logger="worker.engine_backend")
+    caplog.set_level("INFO", logger="app.llm.engine_backend")
     backend = EngineBackend.from_settings(settings(write_checkpoint(tmp_path / "mtp", glm5_config()), 3))
     try:
         assert backend.service.engine.args.speculative_k == 3

@@ -1,4 +1,4 @@
-"""The bundled engine behind the worker's model interface (``worker.llm.LLMBackend``).
+"""The bundled engine behind the worker's model interface (``app.llm.LLMBackend``).
 
 One engine per worker process (``inference.engine.service``), loaded on first use; every task
 thread submits to it, so concurrent chats share batches. Engine errors become ``LLMError``s the
@@ -17,12 +17,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from app.llm import Generation, GenerationParams, LLMError, StreamDelta
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.engine.service import EngineService
 from inference.layers import cpu_kernels
 from inference.reasoning import ReasoningSplitter
 from inference.sampling_params import SamplingParams
-from worker.llm import Generation, GenerationParams, LLMError, StreamDelta
 
 log = logging.getLogger(__name__)
 TOO_LONG = "Your conversation is too long for the model. Please shorten the message or start a new chat."

@@ -1,4 +1,4 @@
-"""worker/engine_backend.py with a reasoning checkpoint: the prompt in the model's own chat layout
+"""app/llm/engine_backend.py with a reasoning checkpoint: the prompt in the model's own chat layout
 (``enable_thinking`` included) and the engine's text split into the think part and the answer.
 
 The engine is replaced by a service that replays a scripted reply, piece by piece, as the
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import AddedToken
 
+from app.llm import GenerationParams
+from app.llm.engine_backend import EngineBackend
 from inference.tokenizer import ChatTokenizer, build_glm_tokenizer
-from worker.engine_backend import EngineBackend
-from worker.llm import GenerationParams
 
 CORPUS = ["你好，年假有十天。", "Let me think about leave.", "用户问年假"] * 20
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "年假有几天？"}]

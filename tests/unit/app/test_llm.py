@@ -1,10 +1,11 @@
-"""worker/llm.py's OpenAI backend with a reasoning model: the answer and the think part come back
+"""app/llm/__init__.py's OpenAI backend with a reasoning model: the answer and the think part come back
 apart whether the server sends the thinking inline or as ``reasoning_content``."""
 
 from __future__ import annotations
 
 import pytest
 
+from app.llm import GenerationParams, OpenAIBackend
 from tests.support.openai_server import (
     REASONING_MODES,
     THINKING,
@@ -12,7 +13,6 @@ from tests.support.openai_server import (
     reply_for,
     written,
 )
-from worker.llm import GenerationParams, OpenAIBackend
 
 QUESTION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "年假有几天？"}]
 ANSWER = reply_for(QUESTION)
@@ -114,7 +114,7 @@ def test_thinking_off_with_a_prefilling_template_reads_the_reply_as_answer(model
 
 
 def test_vllms_newer_reasoning_field_is_read_too():
-    from worker import llm as module
+    from app import llm as module
 
     assert module._reasoning_of({"reasoning": "r"}) == "r"
     assert module._reasoning_of({"reasoning_content": "r", "reasoning": None}) == "r"

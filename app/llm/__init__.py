@@ -226,6 +226,6 @@ def make_backend(settings) -> LLMBackend:
         return OpenAIBackend(settings.openai_base_url, settings.openai_model,
                              settings.openai_api_key.get_secret_value(), settings.openai_timeout_s,
                              reply_start=settings.openai_reply_start)
-    from worker.engine_backend import EngineBackend
+    from app.llm.engine_backend import EngineBackend
 
     return EngineBackend.from_settings(settings)
