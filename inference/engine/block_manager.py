@@ -7,7 +7,7 @@ node pages of `block_size // global_interval` key nodes: node page i of a sequen
 elected in its position block i (`block_size` must be a multiple of `global_interval`, so no
 interval straddles two blocks). A node is copied into its page the moment its interval
 completes; a position block that slid out of the window is then released, whatever nodes it held,
-so a sequence keeps about W + n/G positions, not n (DESIGN.md, "Sparse attention semantics").
+so a sequence keeps about W + n/G positions, not n (the sparse-attention contract, inference/layers/attention.py).
 
 Prefix caching: a full block is keyed by a chained hash of all tokens up to its end. The position
 block and the node page of the same full block share that key (both depend on the prefix

@@ -1,4 +1,5 @@
-"""GQA attention with the engine's sparse-attention contract (DESIGN.md, "Sparse attention semantics").
+"""GQA attention with the engine's sparse-attention contract, written here (the engine's other
+modules cite it as "the sparse-attention contract, inference/layers/attention.py").
 
 For a query at position t, window W and block size G:
 - local keys are positions max(0, t-W+1) .. t;

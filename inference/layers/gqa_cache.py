@@ -1,5 +1,5 @@
 """The cache of GQA attention: per layer and position, `num_key_value_heads` keys and values of
-`head_dim`; sparse (a window plus key nodes, DESIGN.md "Sparse attention semantics") when the
+`head_dim`; sparse (a window plus key nodes, the contract in inference/layers/attention.py) when the
 config has a `sliding_window`.
 
 `GQALayout` is what the engine asks (inference/layers/cache_layouts.py): one sequence's layer

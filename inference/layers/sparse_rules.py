@@ -1,4 +1,4 @@
-"""The sparse-attention arithmetic (DESIGN.md, "Sparse attention semantics"), in one place.
+"""The sparse-attention arithmetic (the contract in inference/layers/attention.py), in one place.
 
 Window W, block size G: a query at position t sees the local keys from `window_start(t, W)` to t
 and the key node of every complete block fully left of that window (`nodes_seen`). Every cache

@@ -1,4 +1,4 @@
-"""The sparse attention against a plain, obviously-correct reading of the contract (DESIGN.md)."""
+"""The sparse attention against a plain, obviously-correct reading of the contract (inference/layers/attention.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The sparse-attention arithmetic against DESIGN.md's wording, position by position."""
+"""The sparse-attention arithmetic against the contract's wording (inference/layers/attention.py), position by position."""
 
 import torch
 
