@@ -299,6 +299,9 @@ class Settings(BaseSettings):
     kb_max_upload_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)
     kb_chunk_tokens: int = Field(default=200, ge=40, le=2000, description="largest chunk, in tokens")
     kb_top_k: int = Field(default=4, ge=1, le=20, description="passages put in the prompt")
+    kb_passages_in_prompt: bool = Field(
+        default=True, description="give the model the retrieved passages (false: the question alone, for a "
+                                  "model not trained to read passages; sources and 'not found' still apply)")
     kb_min_score: float = Field(default=0.3, ge=0, le=1,
                                 description="relevance threshold (share of the question's weight a "
                                             "passage matches); below it: 'not found'")

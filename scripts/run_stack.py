@@ -100,6 +100,11 @@ def stack_env() -> dict[str, str]:
         env["OPENAI_MODEL"] = Path(env.get("MODEL_DIR", "models/demo")).name
         env["OPENAI_REPLY_START"] = "answer"  # the server sends a think part apart, never in content
         env["ENGINE_SERVED"] = "1"
+    if Path(env.get("MODEL_DIR", "models/demo")).resolve() == (ROOT / "models" / "demo").resolve():
+        # The bundled demo model learned the handbook's questions, not reading passages: it
+        # answers the question alone, and the reply still cites what the knowledge base found
+        # (and "not found" still declines). A real model reads the passages.
+        env.setdefault("KB_PASSAGES_IN_PROMPT", "false")
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)

@@ -376,7 +376,7 @@ class MessageProcessor:
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
             return grounding.decline(), "text", {"model": "kb-not-found"}
-        if grounding is not None:
+        if grounding is not None and self.settings.kb_passages_in_prompt:
             messages = grounding.messages(self.settings.system_prompt, history)
         else:
             messages = [{"role": "system", "content": self.settings.system_prompt}, *history,

@@ -187,6 +187,17 @@ def test_the_answer_is_grounded_numbered_and_cites_its_sources(app, services, lo
     assert "66" in llm.prompts[-1][0]["content"]
 
 
+def test_a_model_not_trained_on_passages_gets_the_question_alone_with_sources_kept(app, services, loaded):
+    """KB_PASSAGES_IN_PROMPT=false (make run's bundled demo model, trained on questions, not on
+    passages): the prompt is the plain conversation, and the reply still cites what was found."""
+    services.settings.kb_passages_in_prompt = False
+    llm = PromptLLM("第一年有 10 天年假。")
+    reply = ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 520)
+    assert llm.prompts[-1][0] == {"role": "system", "content": services.settings.system_prompt}
+    assert all("员工手册" not in m["content"] for m in llm.prompts[-1])
+    assert reply == "第一年有 10 天年假。\n\n来源 / Sources:\n[1] 员工手册 › 年假 Annual leave"
+
+
 def test_the_ai_bot_stream_ends_with_markdown_sources(services, loaded, monkeypatch):
     from tests.data.test_reasoning_replies import aibot_row
 
