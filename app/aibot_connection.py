@@ -13,8 +13,10 @@ replaced within about ``AIBOT_WS_LEASE_S`` + 0.5 s. A clean stop deletes the lea
 
 **Messages** go the callback's way (``app.aibot_callback.askable`` and ``submit``): a group
 message only when @mentioned, the outbox row deduplicated by msgid (a message delivered twice, to
-two replicas, or by callback and connection, is one row), the worker's task. ``enter_chat`` gets
-the welcome text (``aibot_respond_welcome_msg``).
+two replicas, or by callback and connection, is one row), the worker's task; voice (WeCom's
+transcript), images, files and mixed messages as by callback, each image's and file's own
+``aeskey`` carried to the worker (worker/media.py). ``enter_chat`` gets the welcome text
+(``aibot_respond_welcome_msg``).
 
 **Replies** are the stream the worker writes to Redis for the callback's refresh polls
 (``app.aibot_streams``); nothing in the worker changes. The holder pushes each stream instead of

@@ -6,6 +6,10 @@ The fault test SIGKILLs the replica holding the connection mid-traffic: the othe
 subscribes, finishes what the dead one owed and answers the rest; no message is lost or answered
 twice, and the two never held the connection at once (the emulator would have had to replace one
 subscription by another: ``replaced`` stays 0).
+
+Voice (WeCom's transcript), images (to a test vision server), files and mixed messages come over
+the connection as over the callback (tests/integration/test_media_path.py), each image and file
+with its own aeskey, and are answered once over it.
 """
 
 import time
@@ -15,6 +19,7 @@ import redis
 
 from app.aibot_connection import LEASE_KEY, PENDING_KEY
 from scripts.dev_env import random_aes_key
+from tests.support.media_servers import FakeVisionServer
 from tests.support.stack import Stack, select_rows, wait_for
 
 pytestmark = pytest.mark.integration
@@ -22,15 +27,24 @@ BOT = "小星"
 SECRET = "aibot-long-connection-secret-for-tests"
 
 
+@pytest.fixture(scope="module")
+def vision():
+    server = FakeVisionServer().start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def stack(request, tmp_path_factory):
+def stack(request, tmp_path_factory, vision):
     s = Stack(tmp_path_factory.mktemp(f"aibot-ws-{request.param}"), db_kind=request.param, redis_db=5,
               model_stream_piece_delay_s=0.3,
               extra_env={"AIBOT_BOT_ID": "aib-emulator", "AIBOT_SECRET": SECRET, "AIBOT_NAME": BOT,
                          "AIBOT_TOKEN": "aibot-callback-token-for-tests",
                          "AIBOT_ENCODING_AES_KEY": random_aes_key(),
                          "AIBOT_REFRESH_THROTTLE_S": "0", "AIBOT_WS_LEASE_S": "2",
-                         "AIBOT_WS_HEARTBEAT_S": "1"}).start()
+                         "AIBOT_WS_HEARTBEAT_S": "1", "VISION_MODEL": "test-vision",
+                         "VISION_BASE_URL": vision.url, "VISION_TIMEOUT_S": "5",
+                         "MEDIA_MAX_BYTES": str(256 * 1024)}).start()
     yield s
     s.stop()
 
@@ -88,6 +102,32 @@ def test_a_message_over_the_connection_is_answered_over_it_once(connected):
     assert SECRET not in stack.log("aibot-ws-a") and question not in stack.log("aibot-ws-a")
 
 
+def test_voice_images_files_and_mixed_over_the_connection_are_answered_once_over_it(connected, vision):
+    stack = connected
+    user = "zhouting"
+    turns = [({"msg_type": "voice", "content": "报销流程是什么"}, lambda f: f.endswith("报销流程是什么")),
+             ({"msg_type": "image"}, lambda f: f.startswith("看到1张图片(32x24 PNG)")),
+             ({"msg_type": "mixed", "content": "这两张图有什么不同", "media_ids": ["emulator-image"] * 2},
+              lambda f: f == "看到2张图片(32x24 PNG, 32x24 PNG): 这两张图有什么不同"),
+             ({"msg_type": "file"}, lambda f: "/forget" in f)]
+    ends = []
+    for spec, expected in turns:
+        done = finished(stack, send(stack, from_user=user, **spec)["delivery_id"], 90)
+        assert expected(done["final"]), (spec, done)
+        frames = done["refreshes"]
+        assert frames[-1]["finish"] and all(not f["finish"] for f in frames[:-1]), frames
+        assert done["pushes"] == 1 and done["duplicate_finish"] == 0
+        ends.append(done)
+    assert vision.problems == []
+    assert [m["content"] for m in shown(stack, user)] == [e["final"] for e in ends]  # each once
+    streams = [e["stream_id"] for e in ends]
+    rows = select_rows(stack.db.url, "SELECT msg_type, status, stream_id FROM inbound_messages "
+                                     "WHERE channel = 'aibot' AND msg_type <> 'text' ORDER BY id")
+    assert [(r["msg_type"], r["status"], r["stream_id"]) for r in rows] == [
+        (spec["msg_type"], "answered", s) for (spec, _), s in zip(turns, streams, strict=True)]
+    assert stack.redis.hlen(PENDING_KEY) == 0
+
+
 def test_groups_need_the_mention_and_enter_chat_gets_the_welcome(connected):
     stack = connected
     quiet = send(stack, from_user="lina", content="大家好", chat_type="group", mention=False)
@@ -130,6 +170,7 @@ def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_double
     assert ws_status(stack)["stats"].get("subscribed") == 1  # b never subscribed beside a
     first = holder_pid(stack)
     assert first == stack.procs["aibot-ws-a"].pid
+    rows_before = len(select_rows(stack.db.url, "SELECT id FROM inbound_messages WHERE channel = 'aibot'"))
     users = ["zhangwei", "lina", "wujun", "zhouting", "sunhao"]
     sent = [send(stack, from_user=users[i % len(users)], content=f"问题{i}：加班怎么算？")
             for i in range(8)]
@@ -148,7 +189,7 @@ def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_double
     finals = [m for u in users for m in shown(stack, u) if m["delivery_id"] in {s["delivery_id"] for s in sent}]
     assert len(finals) == len(sent)  # one answer each, none twice
     rows = select_rows(stack.db.url, "SELECT status FROM inbound_messages WHERE channel = 'aibot'")
-    assert len(rows) == 3 + len(msgids) and all(r["status"] == "answered" for r in rows)
+    assert len(rows) == rows_before + len(msgids) and all(r["status"] == "answered" for r in rows)
     stats = ws_status(stack)["stats"]
     assert stats.get("replaced", 0) == 0  # never two subscriptions at once
     assert stats.get("subscribed") == 2

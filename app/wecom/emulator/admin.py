@@ -111,7 +111,8 @@ def verify():
 # -- the AI bot (智能机器人) -------------------------------------------------------------------
 @bp.post("/_emulator/aibot/send")
 def aibot_send():
-    """{"from_user", "content", "chat_type"?: single|group, "chat_id"?, "mention"?, "msg_id"?, "wait"?,
+    """{"from_user", "content", "msg_type"?: text|voice|image|file|mixed, "media_id"?, "media_ids"?,
+    "chat_type"?: single|group, "chat_id"?, "mention"?, "msg_id"?, "wait"?,
     "mode"?: "callback" (default) | "ws" (over the long connection)}."""
     body = _json_body()
     try:

@@ -8,7 +8,8 @@ in ``stats["aibot_ws"]["replaced"]``: with the app's lease it should stay 0).
 
 A person or a test sends with ``send`` (``POST /_emulator/aibot/send {"mode": "ws", ...}``): the
 message is pushed as ``aibot_msg_callback`` with a fresh ``req_id`` to the subscribed connection,
-or held until one subscribes. Replies are ``aibot_respond_msg`` stream frames on that req_id,
+or held until one subscribes; any kind the callback mode sends (voice, image, file, mixed), each
+image and file with its own ``aeskey`` (``own_keys``). Replies are ``aibot_respond_msg`` stream frames on that req_id,
 from any connection of the bot (a new holder may finish what the old one began); each replaces
 the stream's text, and the first frame with ``finish`` ends the turn (a later one for the same
 stream is acknowledged and counted as ``duplicate_finish``, shown to nobody). A message no frame
@@ -18,13 +19,16 @@ subscribed connection (the app deduplicates by msgid).
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import secrets
 import threading
 import time
+from urllib.parse import quote
 
 from app.wecom import aibot_ws as proto
+from app.wecom.emulator.aibot import summary
 from app.wecom.emulator.callbacks import CallbackError
 from app.wecom.emulator.state import EmulatorState
 
@@ -32,6 +36,23 @@ log = logging.getLogger("app.wecom.emulator")
 BAD_SECRET = 40001
 UNKNOWN_REQ_ID = 40058  # WeCom's "invalid parameter"
 STREAM_EXPIRED = 846608
+
+
+def own_keys(body: dict) -> None:
+    """Give each image and file of a message its own ``aeskey``, as WeCom's long connection does
+    (the callback's are sealed with the bot's EncodingAESKey); its URL then serves the bytes
+    sealed with that key (``media.aibot_media``)."""
+    kind = body.get("msgtype")
+    if kind in ("image", "file"):
+        items = [body[kind]]
+    elif kind == "mixed":
+        items = [i["image"] for i in body["mixed"]["msg_item"] if i.get("msgtype") == "image"]
+    else:
+        items = []
+    for item in items:
+        key = base64.b64encode(secrets.token_bytes(32)).decode()
+        item["aeskey"] = key
+        item["url"] += "?aeskey=" + quote(key, safe="")
 
 
 class LongConnection:
@@ -160,10 +181,11 @@ class LongConnection:
         if not self.enabled:
             raise CallbackError("the AI bot's long connection is not configured (AIBOT_BOT_ID, AIBOT_SECRET)")
         body, info = self.aibot._message(spec)
+        own_keys(body)
         delivery_id = st.next_delivery_id()
         st.store_inbound({"delivery_id": delivery_id, "msg_id": body["msgid"], "channel": "aibot_ws",
                           "from_user": info["from_user"], "chat_id": info["chat_id"],
-                          "msg_type": "text", "content": body["text"]["content"], "time": st.wall()})
+                          "msg_type": body["msgtype"], "content": summary(body), "time": st.wall()})
         done = threading.Event()
         with st.lock:
             st.aibot[delivery_id] = dict(info, delivery_id=delivery_id, msg_id=body["msgid"], mode="ws",

@@ -14,7 +14,8 @@ temporary media: ``GET /cgi-bin/media/get`` answers the bytes with ``Content-Typ
 ``Content-disposition: attachment; filename="..."``, or errcode 40007 for an unknown or expired
 id (``POST /_emulator/media/<id>/expire`` ends one early). The AI bot's image and file URLs point
 at ``GET /_emulator/aibot/media/<id>``: the same bytes AES-encrypted with the bot's
-EncodingAESKey, as WeCom's are.
+EncodingAESKey, as WeCom's are; over the long connection each carries its own ``aeskey``, which
+its URL names (``?aeskey=``) and seals it with instead.
 """
 
 from __future__ import annotations
@@ -220,7 +221,18 @@ def aibot_media(media_id: str):
 
     item = store().get(media_id)
     cfg = current_app.extensions["wecom_emulator"].config
-    if item is None or not cfg.aibot_aes_key:
+    key = _own_key(request.args.get("aeskey", ""))  # the long connection's, given in its message
+    if key is None and cfg.aibot_aes_key:
+        key = decode_aes_key(cfg.aibot_aes_key)
+    if item is None or key is None:
         return Response("not found", status=404)
-    data = encrypt_media(decode_aes_key(cfg.aibot_aes_key), item["data"])
+    data = encrypt_media(key, item["data"])
     return Response(data, mimetype="application/octet-stream")
+
+
+def _own_key(text: str) -> bytes | None:
+    try:
+        key = base64.b64decode(text, validate=True) if text else b""
+    except ValueError:
+        return None
+    return key if len(key) == 32 else None

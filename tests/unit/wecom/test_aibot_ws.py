@@ -246,3 +246,106 @@ def test_contending_replicas_never_hold_the_lease_at_once(client):
     assert len(holds) > 10
     for (_, released), (next_granted, _) in zip(holds, holds[1:], strict=False):
         assert next_granted >= released
+
+
+# -- voice, images, files and mixed messages over the connection ----------------------------------
+def _media_frame(kind: str, req_id: str, **content) -> ws.Frame:
+    return ws.Frame(ws.MSG_CALLBACK, req_id, {
+        "msgid": f"m-{req_id}", "aibotid": "aib-1", "chattype": "single", "from": {"userid": "zhangwei"},
+        "msgtype": kind, **content})
+
+
+@pytest.mark.parametrize(("kind", "content", "expect"), [
+    ("voice", {"voice": {"content": "报销流程是什么"}}, {"content": "报销流程是什么"}),
+    ("image", {"image": {"url": "https://x/i", "aeskey": "K1"}},
+     {"content": "", "image_urls": ("https://x/i",), "media_keys": ("K1",)}),
+    ("file", {"file": {"url": "https://x/f", "aeskey": "F1"}},
+     {"content": "", "file_url": "https://x/f", "file_key": "F1"}),
+    ("mixed", {"mixed": {"msg_item": [{"msgtype": "text", "text": {"content": "有什么不同"}},
+                                      {"msgtype": "image", "image": {"url": "https://x/1", "aeskey": "A"}},
+                                      {"msgtype": "image", "image": {"url": "https://x/2"}}]}},
+     {"content": "有什么不同", "image_urls": ("https://x/1", "https://x/2"), "media_keys": ("A", "")}),
+])
+def test_media_messages_go_the_callbacks_way_and_are_answered_once(client, monkeypatch, kind, content, expect):
+    """Each kind the callback asks is asked over the connection too (``askable`` and ``submit``,
+    the aeskeys carried to the worker), never the text-only notice; its stream is answered once."""
+    from app import aibot_callback, outbox
+
+    fake = FakeWS()
+    texts = {}
+    session = session_for(client, fake, monkeypatch, texts)
+    session.holder.services = SimpleNamespace(settings=SimpleNamespace(aibot_name="小星"))
+    asked = []
+
+    def submit(services, message, request_id, fingerprint_, stream_id):
+        asked.append(message)
+        texts[stream_id] = [("", False), ("答：好", True)]
+        return outbox.Accepted(1, True, stream_id)
+
+    monkeypatch.setattr(aibot_callback, "submit", submit)
+    session.handle(_media_frame(kind, "req-m", **content))
+    session.pump()
+    session.pump()
+    assert len(asked) == 1 and asked[0].msg_type == kind
+    for name, value in expect.items():
+        assert getattr(asked[0], name) == value, name
+    frames = [f["body"]["stream"] for f in fake.sent]
+    assert [(f["content"], f["finish"]) for f in frames] == [("", False), ("答：好", True)]
+    assert aibot_callback.UNSUPPORTED_NOTICE not in str(fake.sent)
+
+
+def test_a_mixed_message_with_nothing_in_it_gets_the_notice_once(client, monkeypatch):
+    from app import aibot_callback
+
+    fake = FakeWS()
+    session = session_for(client, fake, monkeypatch, {})
+    session.holder.services = SimpleNamespace(settings=SimpleNamespace(aibot_name="小星"))
+    monkeypatch.setattr(aibot_callback, "submit", lambda *a: pytest.fail("nothing to ask"))
+    session.handle(_media_frame("mixed", "req-e", mixed={"msg_item": [
+        {"msgtype": "text", "text": {"content": "  "}}]}))
+    assert [(f["headers"]["req_id"], f["body"]["stream"]["finish"]) for f in fake.sent] == [("req-e", True)]
+    assert fake.sent[0]["body"]["stream"]["content"] == aibot_callback.UNSUPPORTED_NOTICE
+
+
+def test_the_emulator_sends_every_kind_over_the_connection_each_image_and_file_with_its_own_key():
+    """No EncodingAESKey (a bot on the long connection only): each image and file comes with its
+    own aeskey, its URL serves the bytes sealed with it; each kind is answered once."""
+    import base64
+
+    import requests
+    from websockets.sync.client import connect
+
+    from app.wecom.crypto import decrypt_media
+    from app.wecom.emulator import media as samples
+    from app.wecom.emulator.config import EmulatorConfig
+    from app.wecom.emulator.server import EmulatorServer
+
+    cfg = EmulatorConfig(aibot_bot_id="aib-1", aibot_secret="s3cret", aibot_ws_port=0)
+    with EmulatorServer(cfg) as emu, connect(emu.ws_url) as conn:
+        conn.send(ws.subscribe("aib-1", "s3cret").encode())
+        assert ws.decode(conn.recv(timeout=5)).errcode == 0
+        sealed = {"image": samples.png_image(), "file": samples.pdf_document(samples.SAMPLE_PDF_LINES)}
+        for spec in ({"msg_type": "voice", "content": "报销流程是什么"}, {"msg_type": "image"},
+                     {"msg_type": "file"}, {"msg_type": "mixed", "content": "有什么不同",
+                                            "media_ids": ["emulator-image", "emulator-image"]}):
+            sent = requests.post(f"{emu.url}/_emulator/aibot/send",
+                                 json={"mode": "ws", "from_user": "zhangwei", **spec}, timeout=5)
+            assert sent.status_code == 200, sent.text
+            frame = ws.decode(conn.recv(timeout=5))
+            kind = spec["msg_type"]
+            assert frame.cmd == ws.MSG_CALLBACK and frame.body["msgtype"] == kind
+            items = ([frame.body[kind]] if kind in sealed else
+                     [i["image"] for i in frame.body["mixed"]["msg_item"] if i["msgtype"] == "image"]
+                     if kind == "mixed" else [])
+            for item in items:
+                data = requests.get(item["url"], timeout=5).content
+                key = base64.b64decode(item["aeskey"])
+                assert decrypt_media(key, data) == sealed.get(kind, sealed["image"])
+            assert len({i["aeskey"] for i in items}) == len(items)  # one key each
+            conn.send(ws.respond_stream(frame.req_id, f"s-{kind}", f"答:{kind}", True).encode())
+            assert ws.decode(conn.recv(timeout=5)).errcode == 0
+            done = emu.long_connection.conversation(sent.json()["delivery_id"])
+            assert done["status"] == "finished" and done["final"] == f"答:{kind}"
+        inbound = [(m["msg_type"], m["content"]) for m in emu.state.inbound if m["channel"] == "aibot_ws"]
+        assert inbound == [("voice", "报销流程是什么"), ("image", "[image]"), ("file", "[file]"),
+                           ("mixed", "有什么不同 [image] [image]")]

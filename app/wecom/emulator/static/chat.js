@@ -99,7 +99,14 @@
     var url = "/_emulator/send";
     if (channel && channel.value !== "app") {  // the AI bot: by callback, or over the long connection
       url = "/_emulator/aibot/send";
-      body = { from_user: body.from_user, content: body.content, mode: channel.value === "aibot_ws" ? "ws" : "callback" };
+      var kind = body.msg_type || "text";
+      var content = body.content;
+      if (kind === "voice") {  // WeCom gives the bot the transcript: the input box's text, or a sample
+        content = input.value.trim() || "年假有几天？";
+        input.value = "";
+      }
+      body = { from_user: body.from_user, msg_type: kind, content: content,
+               mode: channel.value === "aibot_ws" ? "ws" : "callback" };
     }
     return postJSON(url, body).then(function () {
       if (url !== "/_emulator/send") setStatus("智能机器人回答中…（流式消息结束后显示）");
