@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, exists, or_, select, update
+from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, aliased
 
@@ -208,28 +208,38 @@ class Claim:
     retry_after_s: float = 0.0
 
 
-def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
-    """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
-    now = utcnow()
+@functools.cache
+def _claim_statement():
+    """The claim's UPDATE, built once: the row is queued (or its lease ran out) and no earlier
+    message of the same user is still pending. Made per call, its aliased subquery and
+    expressions cost the worker more CPU than the database spent running it."""
     earlier = aliased(InboundMessage)
     pending_before = exists().where(
         earlier.user_hash == InboundMessage.user_hash,
         earlier.id < InboundMessage.id,
         earlier.status.in_(MessageStatus.PENDING),
     )
+    now = bindparam("now", type_=InboundMessage.updated_at.type)
     claimable = or_(
         InboundMessage.status == MessageStatus.QUEUED,
         and_(InboundMessage.status == MessageStatus.PROCESSING,
              or_(InboundMessage.lease_until.is_(None), InboundMessage.lease_until < now)),
     )
-    result = session.execute(
+    return (
         update(InboundMessage)
-        .where(InboundMessage.id == message_id, claimable, ~pending_before)
-        .values(status=MessageStatus.PROCESSING, lease_owner=owner,
-                lease_until=now + timedelta(seconds=lease_s),
+        .where(InboundMessage.id == bindparam("message_id"), claimable, ~pending_before)
+        .values(status=MessageStatus.PROCESSING, lease_owner=bindparam("owner"),
+                lease_until=bindparam("until", type_=InboundMessage.lease_until.type),
                 attempts=InboundMessage.attempts + 1, updated_at=now)
         .execution_options(synchronize_session=False)
     )
+
+
+def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
+    """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
+    now = utcnow()
+    result = session.execute(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
+                                                  "until": now + timedelta(seconds=lease_s)})
     session.commit()
     row = session.get(InboundMessage, message_id, populate_existing=True)
     if row is None:
@@ -257,46 +267,56 @@ def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -
     return result.rowcount == 1
 
 
+@functools.cache
+def _leased_update(columns: tuple[str, ...]):
+    """``UPDATE`` of our leased row (id, owner, still processing) setting ``columns``, built once
+    per column set with every value a parameter (``v_<column>``)."""
+    table = InboundMessage.__table__
+    return (
+        update(InboundMessage)
+        .where(InboundMessage.id == bindparam("message_id"), InboundMessage.lease_owner == bindparam("owner"),
+               InboundMessage.status == MessageStatus.PROCESSING)
+        .values({name: bindparam(f"v_{name}", type_=table.c[name].type) for name in columns})
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _update_leased(session: Session, message_id: int, owner: str, values: dict) -> bool:
+    columns = tuple(sorted(values))
+    params = {"message_id": message_id, "owner": owner, **{f"v_{k}": v for k, v in values.items()}}
+    result = session.execute(_leased_update(columns), params)
+    session.commit()
+    return result.rowcount == 1
+
+
 def finish(session: Session, message_id: int, owner: str, status: str, **values) -> bool:
     """Move our claimed row to a final status (or back to ``queued``) and drop the lease."""
     now = utcnow()
     if status == MessageStatus.ANSWERED:
         values.setdefault("answered_at", now)
-    result = session.execute(
-        update(InboundMessage)
-        .where(InboundMessage.id == message_id, InboundMessage.lease_owner == owner,
-               InboundMessage.status == MessageStatus.PROCESSING)
-        .values(status=status, lease_owner=None, lease_until=None, updated_at=now, **values)
-        .execution_options(synchronize_session=False)
-    )
-    session.commit()
-    return result.rowcount == 1
+    return _update_leased(session, message_id, owner,
+                          {"status": status, "lease_owner": None, "lease_until": None, "updated_at": now, **values})
 
 
 def save_progress(session: Session, message_id: int, owner: str, **values) -> bool:
     """Record part of the work (the reply, a sent chunk) while we hold the lease."""
-    result = session.execute(
-        update(InboundMessage)
-        .where(InboundMessage.id == message_id, InboundMessage.lease_owner == owner,
-               InboundMessage.status == MessageStatus.PROCESSING)
-        .values(updated_at=utcnow(), **values)
-        .execution_options(synchronize_session=False)
-    )
-    session.commit()
-    return result.rowcount == 1
+    return _update_leased(session, message_id, owner, {"updated_at": utcnow(), **values})
 
 
 def by_stream_id(session: Session, stream_id: str) -> InboundMessage | None:
     return session.scalar(select(InboundMessage).where(InboundMessage.stream_id == stream_id))
 
 
+@functools.cache
+def _next_pending_statement():
+    return (select(InboundMessage.id)
+            .where(InboundMessage.user_hash == bindparam("user_hash"), InboundMessage.id > bindparam("after_id"),
+                   InboundMessage.status == MessageStatus.QUEUED)
+            .order_by(InboundMessage.id).limit(1))
+
+
 def next_pending_of_user(session: Session, user_hash_value: str, after_id: int) -> int | None:
-    return session.scalar(
-        select(InboundMessage.id)
-        .where(InboundMessage.user_hash == user_hash_value, InboundMessage.id > after_id,
-               InboundMessage.status == MessageStatus.QUEUED)
-        .order_by(InboundMessage.id).limit(1)
-    )
+    return session.scalar(_next_pending_statement(), {"user_hash": user_hash_value, "after_id": after_id})
 
 
 def stale_rows(session: Session, queued_before: datetime, limit: int = 500) -> list[int]:
