@@ -37,7 +37,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from app.wecom.emulator.directory import Directory
+from emulator.directory import Directory
 from tests.support.servers import PrivateRedis
 from tests.support.stack import Stack, wait_for
 

@@ -4,15 +4,15 @@ It plays both sides the app talks to: WeCom's HTTP API (``/cgi-bin/gettoken``, `
 ``user/get``, ``department/list``) and WeCom's callbacks to ``/wecom/callback`` (encrypted,
 signed, retried when unanswered), plus admin endpoints under ``/_emulator/`` and a chat page.
 
-    python -m app.wecom.emulator --port 8081 --callback-url http://127.0.0.1:5000/wecom/callback
+    python -m emulator --port 8081 --callback-url http://127.0.0.1:5000/wecom/callback
 
 In tests: ``with EmulatorServer(EmulatorConfig(...)) as emu: emu.url``.
 """
 
-from app.wecom.emulator.config import EmulatorConfig
-from app.wecom.emulator.directory import Directory
-from app.wecom.emulator.server import EmulatorServer, create_emulator, run_in_thread
-from app.wecom.emulator.state import EmulatorState, Fault
+from emulator.config import EmulatorConfig
+from emulator.directory import Directory
+from emulator.server import EmulatorServer, create_emulator, run_in_thread
+from emulator.state import EmulatorState, Fault
 
 __all__ = ["Directory", "EmulatorConfig", "EmulatorServer", "EmulatorState", "Fault",
            "create_emulator", "run_in_thread"]

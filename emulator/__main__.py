@@ -1,4 +1,4 @@
-"""``python -m app.wecom.emulator``: serve the emulator until interrupted."""
+"""``python -m emulator``: serve the emulator until interrupted."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import os
 import signal
 import sys
 
-from app.wecom.emulator.config import EmulatorConfig, UnsafeToRun, refuse_production
-from app.wecom.emulator.directory import Directory
-from app.wecom.emulator.server import create_emulator, serve
+from emulator.config import EmulatorConfig, UnsafeToRun, refuse_production
+from emulator.directory import Directory
+from emulator.server import create_emulator, serve
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ
-    p = argparse.ArgumentParser(prog="python -m app.wecom.emulator", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m emulator", description=__doc__)
     p.add_argument("--host", default=env.get("EMULATOR_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("EMULATOR_PORT", "8081")))
     p.add_argument("--callback-url", default=None,
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     app, state = create_emulator(config)
     server = serve(app, config.host, config.port)
-    log = logging.getLogger("app.wecom.emulator")
+    log = logging.getLogger("emulator")
     log.info("WeCom emulator on http://%s:%d (callbacks to %s, %d employees)",
              config.host, server.server_port, config.callback_url, len(config.directory.users))
 

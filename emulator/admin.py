@@ -10,11 +10,11 @@ import logging
 
 from flask import Blueprint, current_app, jsonify, render_template, request
 
-from app.wecom.emulator.aibot import AibotDeliverer
-from app.wecom.emulator.callbacks import CallbackDeliverer, CallbackError
-from app.wecom.emulator.state import FAULT_APIS, EmulatorState, Fault
+from emulator.aibot import AibotDeliverer
+from emulator.callbacks import CallbackDeliverer, CallbackError
+from emulator.state import FAULT_APIS, EmulatorState, Fault
 
-log = logging.getLogger("app.wecom.emulator")
+log = logging.getLogger("emulator")
 bp = Blueprint("emulator_admin", __name__)
 
 

@@ -23,12 +23,12 @@ from flask import has_request_context, request
 
 from app.wecom.aibot import decrypt_reply
 from app.wecom.crypto import WeComCrypto
-from app.wecom.emulator.background import BackgroundThreads
-from app.wecom.emulator.callbacks import CallbackError, nonce
-from app.wecom.emulator.state import EmulatorState
 from app.wecom.exceptions import WeComCryptoError
+from emulator.background import BackgroundThreads
+from emulator.callbacks import CallbackError, nonce
+from emulator.state import EmulatorState
 
-log = logging.getLogger("app.wecom.emulator")
+log = logging.getLogger("emulator")
 STREAM_EXPIRED = 846608
 #: What a user can send the bot: ``voice`` carries WeCom's transcript (``content``); ``image``
 #: and ``file`` an emulator media id (``media_id``; the samples by default), served encrypted;

@@ -28,11 +28,11 @@ import time
 from urllib.parse import quote
 
 from app.wecom import aibot_ws as proto
-from app.wecom.emulator.aibot import summary
-from app.wecom.emulator.callbacks import CallbackError
-from app.wecom.emulator.state import EmulatorState
+from emulator.aibot import summary
+from emulator.callbacks import CallbackError
+from emulator.state import EmulatorState
 
-log = logging.getLogger("app.wecom.emulator")
+log = logging.getLogger("emulator")
 BAD_SECRET = 40001
 UNKNOWN_REQ_ID = 40058  # WeCom's "invalid parameter"
 STREAM_EXPIRED = 846608

@@ -15,9 +15,9 @@ import time
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from app.wecom.emulator.state import EmulatorState
+from emulator.state import EmulatorState
 
-log = logging.getLogger("app.wecom.emulator")
+log = logging.getLogger("emulator")
 bp = Blueprint("wecom_api", __name__, url_prefix="/cgi-bin")
 
 ERRMSG = {

@@ -19,11 +19,11 @@ import requests
 from defusedxml import ElementTree
 
 from app.wecom.crypto import WeComCrypto, extract_encrypt
-from app.wecom.emulator.background import BackgroundThreads
-from app.wecom.emulator.state import EmulatorState
 from app.wecom.exceptions import WeComCryptoError
+from emulator.background import BackgroundThreads
+from emulator.state import EmulatorState
 
-log = logging.getLogger("app.wecom.emulator")
+log = logging.getLogger("emulator")
 
 MESSAGE_TYPES = ("text", "image", "voice", "video", "location", "link", "file")
 EVENTS = ("subscribe", "unsubscribe", "enter_agent", "LOCATION", "click", "view")

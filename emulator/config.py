@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from app.wecom.emulator.directory import Directory
+from emulator.directory import Directory
 
 DEFAULT_CORP_ID = "ww0e1f2d3c4b5a6978"
 DEFAULT_SECRET = "emulator-demo-secret-not-for-production"  # noqa: S105 - public demo value

@@ -164,7 +164,7 @@ def store() -> MediaStore:
 
 @bp.get("/cgi-bin/media/get")
 def media_get():
-    from app.wecom.emulator import api  # noqa: PLC0415 - api imports nothing of this module
+    from emulator import api  # noqa: PLC0415 - api imports nothing of this module
 
     st = api.state()
     fault = st.pop_fault("media/get")
@@ -191,7 +191,7 @@ def media_get():
 
 
 def _error(code: int, errmsg: str | None = None):
-    from app.wecom.emulator import api  # noqa: PLC0415
+    from emulator import api  # noqa: PLC0415
 
     body = api.error(code, errmsg)
     api.state().count("media/get", errcode=code)

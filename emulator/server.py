@@ -9,12 +9,12 @@ from pathlib import Path
 from flask import Flask
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from app.wecom.emulator import admin, api, media
-from app.wecom.emulator.aibot import AibotDeliverer
-from app.wecom.emulator.aibot_ws import LongConnection
-from app.wecom.emulator.callbacks import CallbackDeliverer
-from app.wecom.emulator.config import EmulatorConfig, UnsafeToRun, loopback
-from app.wecom.emulator.state import EmulatorState
+from emulator import admin, api, media
+from emulator.aibot import AibotDeliverer
+from emulator.aibot_ws import LongConnection
+from emulator.callbacks import CallbackDeliverer
+from emulator.config import EmulatorConfig, UnsafeToRun, loopback
+from emulator.state import EmulatorState
 
 _HERE = Path(__file__).parent
 
@@ -41,7 +41,7 @@ def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, Emulat
     """A fresh emulator: its Flask app and the state behind it (shared by all its threads)."""
     config = config or EmulatorConfig.from_env()
     state = EmulatorState(config)
-    app = Flask("app.wecom.emulator", template_folder=str(_HERE / "templates"),
+    app = Flask("emulator", template_folder=str(_HERE / "templates"),
                 static_folder=str(_HERE / "static"), static_url_path="/_emulator/static")
     app.json.ensure_ascii = False  # WeCom answers UTF-8, not \\u escapes
     app.json.sort_keys = False
@@ -96,7 +96,7 @@ class EmulatorServer:
         self._thread.start()
         if self.long_connection.enabled:
             self.long_connection.start()
-        logging.getLogger("app.wecom.emulator").info("emulator listening on %s", self.url)
+        logging.getLogger("emulator").info("emulator listening on %s", self.url)
         return self.url
 
     def stop(self, timeout: float = 5.0) -> None:

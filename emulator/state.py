@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 
-from app.wecom.emulator.config import EmulatorConfig
+from emulator.config import EmulatorConfig
 
 FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get")
 _MAX_TOKENS = 1000

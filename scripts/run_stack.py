@@ -143,7 +143,7 @@ def programs(env: dict[str, str]) -> list[Program]:
     ] if env.get("ENGINE_SERVED") else []
     return [
         *engine,
-        Program("emulator", [sys.executable, "-m", "app.wecom.emulator", "--host", "127.0.0.1",
+        Program("emulator", [sys.executable, "-m", "emulator", "--host", "127.0.0.1",
                              "--port", str(EMULATOR_PORT), "--callback-url", callback,
                              "--aibot-callback-url", f"http://127.0.0.1:{WEB_PORT}/wecom/aibot"]),
         # gunicorn's master replaces its own dead workers; the master itself must not die.

@@ -7,7 +7,7 @@ from app import create_app, migrate
 from app.llm import LLMError
 from app.models import MessageStatus
 from app.services import Services
-from app.wecom.emulator import EmulatorConfig, EmulatorServer
+from emulator import EmulatorConfig, EmulatorServer
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 from worker.tasks import build_processor

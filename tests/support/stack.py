@@ -22,7 +22,7 @@ import psycopg
 import redis
 import requests
 
-from app.wecom.emulator import EmulatorConfig, EmulatorServer
+from emulator import EmulatorConfig, EmulatorServer
 from tests.support.env import make_env
 from tests.support.openai_server import FakeOpenAIServer
 

@@ -12,9 +12,9 @@ from flask import Flask, request
 from werkzeug.serving import make_server
 
 from app.wecom.crypto import WeComCrypto
-from app.wecom.emulator import EmulatorConfig, EmulatorServer, create_emulator
-from app.wecom.emulator.__main__ import parse_args
-from app.wecom.emulator.callbacks import build_callback_xml
+from emulator import EmulatorConfig, EmulatorServer, create_emulator
+from emulator.__main__ import parse_args
+from emulator.callbacks import build_callback_xml
 
 FAST = dict(retry_interval=0.05, callback_timeout=2.0, retries=3)
 
@@ -522,9 +522,9 @@ def test_logs_carry_no_secrets_tokens_or_contents(receiver_emu, caplog):
     ("127.0.0.1", {"WECOM_API_BASE": "https://qyapi.weixin.qq.com"}),
 ])
 def test_the_emulator_refuses_production_looking_settings(host, environ, monkeypatch, capsys):
-    from app.wecom.emulator.__main__ import main
-    from app.wecom.emulator.config import UnsafeToRun, refuse_production
-    from app.wecom.emulator.server import serve
+    from emulator.__main__ import main
+    from emulator.config import UnsafeToRun, refuse_production
+    from emulator.server import serve
 
     with pytest.raises(UnsafeToRun):
         refuse_production(host, environ)
@@ -544,6 +544,6 @@ def test_the_emulator_refuses_production_looking_settings(host, environ, monkeyp
     ("127.0.0.1", {"WECOM_API_BASE": "http://127.0.0.1:8081", "WECOM_BOT_PRODUCTION": "0"}),
 ])
 def test_the_emulator_runs_on_loopback_for_demo_and_tests(host, environ):
-    from app.wecom.emulator.config import refuse_production
+    from emulator.config import refuse_production
 
     refuse_production(host, environ)

@@ -316,9 +316,9 @@ def test_the_emulator_sends_every_kind_over_the_connection_each_image_and_file_w
     from websockets.sync.client import connect
 
     from app.wecom.crypto import decrypt_media
-    from app.wecom.emulator import media as samples
-    from app.wecom.emulator.config import EmulatorConfig
-    from app.wecom.emulator.server import EmulatorServer
+    from emulator import media as samples
+    from emulator.config import EmulatorConfig
+    from emulator.server import EmulatorServer
 
     cfg = EmulatorConfig(aibot_bot_id="aib-1", aibot_secret="s3cret", aibot_ws_port=0)
     with EmulatorServer(cfg) as emu, connect(emu.ws_url) as conn:

@@ -15,9 +15,6 @@ import requests
 from app.wecom import aibot
 from app.wecom.client import WeComClient
 from app.wecom.crypto import decode_aes_key, decrypt_media, encrypt_media
-from app.wecom.emulator import EmulatorConfig, EmulatorServer
-from app.wecom.emulator import media as samples
-from app.wecom.emulator.callbacks import build_callback_xml
 from app.wecom.exceptions import (
     DecryptAesError,
     IllegalBufferError,
@@ -27,6 +24,9 @@ from app.wecom.exceptions import (
     WeComTransientError,
 )
 from app.wecom.messages import FileMessage, ImageMessage, VoiceMessage, parse_message
+from emulator import EmulatorConfig, EmulatorServer
+from emulator import media as samples
+from emulator.callbacks import build_callback_xml
 
 AES_KEY = base64.b64encode(os.urandom(32)).decode()[:43]
 

@@ -15,8 +15,8 @@ import redis
 
 from app.security import FieldCipher
 from app.wecom.client import Media
-from app.wecom.emulator import media as samples
 from app.wecom.exceptions import InvalidMediaError, MediaRejectedError, WeComTransientError
+from emulator import media as samples
 from tests.support.env import make_env, settings_from
 from tests.support.media_servers import FakeASRServer, FakeVisionServer
 from worker import commands, media
@@ -278,7 +278,7 @@ def test_a_slow_asr_server_is_retried_later(redis_client, servers):
 
 def test_aibot_media_urls_are_fetched_and_decrypted(redis_client, servers):
     from app.wecom.crypto import WeComCrypto
-    from app.wecom.emulator import EmulatorConfig, EmulatorServer
+    from emulator import EmulatorConfig, EmulatorServer
 
     key = base64.b64encode(os.urandom(32)).decode()[:43]
     with EmulatorServer(EmulatorConfig(aibot_token="t", aibot_aes_key=key)) as emu:
