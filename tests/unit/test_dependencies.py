@@ -1,6 +1,8 @@
 """The packages depend one way: ``worker`` -> ``app`` -> ``inference``, never back. The web
 process (``app``) builds the Celery app and publishes by task name, reads the heartbeats and
-calls models through ``app.llm`` without importing the worker; ``inference`` imports neither."""
+calls models through ``app.llm`` without importing the worker; ``inference`` imports neither.
+The local WeCom emulator (``emulator``, outside the images) uses ``app``'s protocol; no production
+package imports it."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FORBIDDEN = {"app": ("worker",), "inference": ("app", "worker")}
+FORBIDDEN = {
+    "app": ("worker", "emulator"),
+    "worker": ("emulator",),
+    "inference": ("app", "worker", "emulator"),
+}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -38,3 +44,9 @@ def test_the_check_sees_a_backward_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from worker.tasks import build_processor\n")
     assert imports_of(bad) == [(2, "worker.tasks")]
+
+
+def test_the_check_sees_an_import_of_the_emulator(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import emulator.media\nfrom emulator import EmulatorServer\n")
+    assert [m.split(".")[0] for _, m in imports_of(bad)] == ["emulator", "emulator"]
