@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -37,7 +38,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -102,12 +103,20 @@ def set_price(session: Session, model: str, input_per_m, cached_input_per_m, out
     return price
 
 
+@functools.cache
+def _price_statement():
+    """The latest version of one model's price in effect at a time, built once (made per call,
+    the statement cost the worker more CPU than the database spent on it)."""
+    return (select(ModelPrice)
+            .where(ModelPrice.model == bindparam("model"),
+                   ModelPrice.valid_from <= bindparam("at", type_=ModelPrice.valid_from.type))
+            .order_by(ModelPrice.valid_from.desc()).limit(1))
+
+
 def price_for(session: Session, model: str, at: datetime | None = None) -> ModelPrice | None:
     at = at or utcnow()
     for name in (model, FALLBACK_MODEL):
-        price = session.scalar(select(ModelPrice).where(ModelPrice.model == name,
-                                                        ModelPrice.valid_from <= at)
-                               .order_by(ModelPrice.valid_from.desc()).limit(1))
+        price = session.scalar(_price_statement(), {"model": name, "at": at})
         if price is not None:
             return price
     return None
@@ -281,24 +290,75 @@ def retire_price(session: Session, price_id: int, now: datetime | None = None) -
     return price
 
 
+@functools.cache
+def _budgets_statement(department: bool, api_key: bool):
+    """The enabled budgets of a user (``hashes``), a department and an API key, built once per
+    shape: made per call, it was the worker's costliest statement to build."""
+    scopes = [Budget.scope == BudgetScope.GLOBAL,
+              and_(Budget.scope == BudgetScope.USER,
+                   Budget.scope_value.in_(bindparam("hashes", expanding=True)))]
+    if department:
+        scopes.append(and_(Budget.scope == BudgetScope.DEPARTMENT,
+                           Budget.scope_value == bindparam("department")))
+    if api_key:
+        scopes.append(and_(Budget.scope == BudgetScope.API_KEY,
+                           Budget.scope_value == bindparam("api_key_id")))
+    return select(Budget).where(Budget.enabled.is_(True), or_(*scopes)).order_by(Budget.id)
+
+
 def applicable_budgets(session: Session, user_hash: str | Sequence[str], department: str,
                        api_key_id: str | None = None) -> list[Budget]:
     """``user_hash`` may list the user's blind index under every key of the ring (a budget set
     under an older key still applies until ``keys rotate-index`` moves it)."""
     hashes = [user_hash] if isinstance(user_hash, str) else list(user_hash)
-    scopes = [and_(Budget.scope == BudgetScope.GLOBAL),
-              and_(Budget.scope == BudgetScope.USER, Budget.scope_value.in_(hashes))]
+    params = {"hashes": hashes}
     if department:
-        scopes.append(and_(Budget.scope == BudgetScope.DEPARTMENT, Budget.scope_value == department))
+        params["department"] = department
     if api_key_id:
-        scopes.append(and_(Budget.scope == BudgetScope.API_KEY, Budget.scope_value == api_key_id))
-    return list(session.scalars(select(Budget).where(Budget.enabled.is_(True), or_(*scopes))
-                                .order_by(Budget.id)))
+        params["api_key_id"] = api_key_id
+    return list(session.scalars(_budgets_statement(bool(department), bool(api_key_id)), params))
 
 
 def _insert(session: Session, table):
     return (postgresql.insert(table) if session.get_bind().dialect.name == "postgresql"
             else sqlite.insert(table))
+
+
+ROLLED_UP = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")
+
+
+@functools.cache
+def _roll_up_statement(dialect: str):
+    """The ``usage_daily`` upsert, built once per dialect with every value a parameter."""
+    table = UsageDaily.__table__
+    keys = ("day", "department", "user_hash", "model")
+    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
+        {name: bindparam(name, type_=table.c[name].type) for name in (*keys, *ROLLED_UP)})
+    return stmt.on_conflict_do_update(
+        index_elements=list(keys),
+        set_={name: table.c[name] + stmt.excluded[name] for name in ROLLED_UP})
+
+
+@functools.cache
+def _lock_periods_statements(dialect: str, count: int):
+    """The period rows' insert-if-missing and their locking select for ``count`` keys, built once
+    per dialect and count; key ``i`` is the parameters ``b<i>`` (budget id) and ``s<i>`` (start)."""
+    table = BudgetPeriod.__table__
+    start_type = table.c.period_start.type
+    keys = [(bindparam(f"b{i}"), bindparam(f"s{i}", type_=start_type)) for i in range(count)]
+    zero = Decimal(0)
+    insert = ((postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+              .values([{"budget_id": b, "period_start": s, "spent": zero, "reserved": zero}
+                       for b, s in keys])
+              .on_conflict_do_nothing(index_elements=["budget_id", "period_start"]))
+    query = (select(BudgetPeriod)
+             .where(or_(*[and_(BudgetPeriod.budget_id == b, BudgetPeriod.period_start == s)
+                          for b, s in keys]))
+             .order_by(BudgetPeriod.budget_id)
+             .execution_options(populate_existing=True))
+    if dialect != "sqlite":
+        query = query.with_for_update()
+    return insert, query
 
 
 def _lock_periods(session: Session, keys: list[tuple[int, datetime]]) -> dict:
@@ -310,18 +370,17 @@ def _lock_periods(session: Session, keys: list[tuple[int, datetime]]) -> dict:
     keys = sorted(set(keys))
     if not keys:
         return {}
-    stmt = _insert(session, BudgetPeriod).values(
-        [{"budget_id": b, "period_start": s, "spent": Decimal(0), "reserved": Decimal(0)}
-         for b, s in keys]).on_conflict_do_nothing(index_elements=["budget_id", "period_start"])
-    session.execute(stmt)
-    query = (select(BudgetPeriod)
-             .where(or_(*[and_(BudgetPeriod.budget_id == b, BudgetPeriod.period_start == s)
-                          for b, s in keys]))
-             .order_by(BudgetPeriod.budget_id)
-             .execution_options(populate_existing=True))
-    if session.get_bind().dialect.name != "sqlite":
-        query = query.with_for_update()
-    return {(p.budget_id, p.period_start): p for p in session.scalars(query)}
+    insert, query = _lock_periods_statements(session.get_bind().dialect.name, len(keys))
+    params = {}
+    for i, (b, s) in enumerate(keys):
+        params[f"b{i}"], params[f"s{i}"] = b, s
+    session.execute(insert, params)
+    return {(p.budget_id, p.period_start): p for p in session.scalars(query, params)}
+
+
+@functools.cache
+def _budgets_by_id():
+    return select(Budget).where(Budget.id.in_(bindparam("ids", expanding=True)))
 
 
 def _encode_periods(keys: list[tuple[int, datetime]]) -> str:
@@ -447,22 +506,16 @@ class Accounting:
         return settled
 
     def _roll_up(self, session: Session, record: UsageRecord) -> None:
-        values = {"day": record.day, "department": record.department, "user_hash": record.user_hash,
-                  "model": record.model, "calls": 1, "prompt_tokens": record.prompt_tokens,
-                  "cached_tokens": record.cached_tokens,
-                  "completion_tokens": record.completion_tokens, "cost": record.cost}
-        stmt = _insert(session, UsageDaily).values(values)
-        table = UsageDaily.__table__
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["day", "department", "user_hash", "model"],
-            set_={name: table.c[name] + stmt.excluded[name]
-                  for name in ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")})
-        session.execute(stmt)
+        session.execute(_roll_up_statement(session.get_bind().dialect.name),
+                        {"day": record.day, "department": record.department,
+                         "user_hash": record.user_hash, "model": record.model,
+                         **{name: getattr(record, name) for name in ROLLED_UP if name != "calls"},
+                         "calls": 1})
 
     def _charge(self, session: Session, keys, cost: Decimal) -> list[RaisedAlert]:
         periods = _lock_periods(session, keys)
-        budgets = {b.id: b for b in session.scalars(select(Budget).where(
-            Budget.id.in_([k[0] for k in keys])))}
+        budgets = {b.id: b for b in session.scalars(_budgets_by_id(),
+                                                     {"ids": [k[0] for k in keys]})}
         alerts = []
         for key in sorted(periods):
             row, budget = periods[key], budgets.get(key[0])

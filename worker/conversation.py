@@ -29,8 +29,11 @@ class ConversationStore:
     def history(self, user_hash: str) -> list[dict]:
         """The turns as ``[{"role", "content"}]``; unreadable entries (rotated away keys) are skipped."""
         key = self._key(user_hash)
+        return self._turns(key, self.redis.lrange(key, 0, -1))
+
+    def _turns(self, key: str, raws) -> list[dict]:
         turns = []
-        for raw in self.redis.lrange(key, 0, -1):
+        for raw in raws:
             try:
                 entry = json.loads(self.cipher.decrypt(raw.decode(), "redis", "conversation", key))
             except (FieldDecryptError, ValueError):
@@ -41,7 +44,9 @@ class ConversationStore:
     def append_exchange(self, user_hash: str, ref: int, user_text: str, reply: str) -> None:
         """Add one question and its answer, unless the turn ``ref`` is already there."""
         key = self._key(user_hash)
-        if any(turn.get("ref") == ref for turn in self.history(user_hash)[-2:]):
+        # Only the last exchange can be this turn's (a retry appends right after it): two entries
+        # read and decrypted, not the whole history again.
+        if any(turn.get("ref") == ref for turn in self._turns(key, self.redis.lrange(key, -2, -1))):
             return
         sealed = [self.cipher.encrypt(json.dumps({"role": role, "content": text, "ref": ref},
                                                  ensure_ascii=False), "redis", "conversation", key)
