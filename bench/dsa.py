@@ -13,7 +13,9 @@ prefill runs in a minute here:
   only the layer's reading of them is timed, not how they got there), the whole layer and its
   attention alone (what DSA changes: the indexer and the chosen rows against every row; the
   layer's projections in and out are the same for both);
-- the cache bytes a position costs each (DSA adds the indexer's key to MLA's latent row).
+- the cache bytes a position costs each (DSA adds the indexer's key to MLA's latent row);
+- decode at GLM-5's own attention shape (64 heads, latent 512 + 64, indexer 32 x 128) after 32k
+  and 64k positions, the whole layer and the attention alone.
 Target (issue #22): DSA at least 3x dense MLA at 32k.
 """
 
@@ -39,8 +41,16 @@ SHAPE = dict(
 )
 
 
-def layers() -> tuple[DSAttention, MLAttention, ModelConfig]:
-    config = ModelConfig.from_dict(SHAPE)
+# GLM-5's own attention (inference/configs/glm-5.json): 64 heads, q LoRA 2048, latent 512 + rope 64,
+# nope 192, v 256, an indexer of 32 heads x 128; decode only (a prefill at this shape would take
+# minutes here)
+GLM5_SHAPE = dict(SHAPE, hidden_size=6144, num_attention_heads=64, num_key_value_heads=64, q_lora_rank=2048,
+                  kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, index_n_heads=32,
+                  index_head_dim=128)
+
+
+def layers(shape: dict = SHAPE) -> tuple[DSAttention, MLAttention, ModelConfig]:
+    config = ModelConfig.from_dict(shape)
     torch.manual_seed(0)
     dsa = DSAttention(config, 0).eval()
     with torch.no_grad():
@@ -141,6 +151,16 @@ def main() -> None:
         print("decode, the attention alone (indexer included; the projections in and out left out):")
         for n in (16384, 32768, 65536):
             t_dsa, t_mla = decode_attention(dsa, config, rotary, n), decode_attention(mla, config, rotary, n)
+            print(f"{'attend':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
+        del dsa, mla
+        dsa, mla, config = layers(GLM5_SHAPE)
+        rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+        print(f"\nGLM-5's own attention shape ({config.num_attention_heads} heads, latent {config.kv_lora_rank} + "
+              f"rope {config.qk_rope_head_dim}, indexer {config.index_n_heads} x {config.index_head_dim}), decode:")
+        for n in (32768, 65536):
+            t_dsa, t_mla = decode(dsa, config, rotary, n, 3), decode(mla, config, rotary, n, 3)
+            print(f"{'decode':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
+            t_dsa, t_mla = decode_attention(dsa, config, rotary, n, 3), decode_attention(mla, config, rotary, n, 3)
             print(f"{'attend':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
 
 

@@ -14,7 +14,8 @@ from inference.layers import cpu_kernels
 
 KEY_BLOCK = 64  # dsa_kernels.c's KEY_BLOCK: the transposed keys are padded to a multiple of it
 # queries from which scoring against the keys transposed pays (a copy of every key a call: ~4 ms
-# at 32k positions, fresh pages and the strided copy); fewer are scored against the keys in place
+# at 32k positions, fresh pages and the strided copy); fewer are scored by torch's product on the
+# keys in place, or, read through a paged pool's slots, by the kernel
 TRANSPOSE_ROWS = 16
 
 
@@ -33,6 +34,14 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     positions = positions.to(torch.long).contiguous()
     out = torch.empty(n, count, dtype=torch.long)
     threads, lib = torch.get_num_threads(), cpu_kernels.library()
+    if n < TRANSPOSE_ROWS and slots is None:
+        # A few queries against keys held in one piece: the library's product scores them
+        # (one pass over the keys for every head), the kernel picks the top `count`
+        scores = torch.matmul(q.reshape(n * heads, dim), keys.t()).mul_(scale).relu_()
+        scores = torch.bmm(weights[:, None], scores.view(n, heads, -1))[:, 0].contiguous()  # [n, T]
+        lib.wecom_dsa_top_rows(scores.data_ptr(), scores.shape[1], positions.data_ptr(), n, count, out.data_ptr(),
+                               threads)
+        return out
     if n < TRANSPOSE_ROWS:
         keys = keys.contiguous()
         slots = None if slots is None else slots.to(torch.long).contiguous()

@@ -175,6 +175,30 @@ static void index_scores_rows(const float *qT, const float *w, const float *keys
     }
 }
 
+/* The top `count` of each query's scores row (scores [n, ld], query i's first positions[i] + 1
+ * entries), in position order, into out [n, count]; a query with no more than `count` of them
+ * lists them all, then filler after its own position. For scores a library product made. */
+void wecom_dsa_top_rows(const float *scores, long ld, const long *positions, long n, long count, long *out,
+                        int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        uint32_t *bits = malloc((size_t)ld * sizeof(uint32_t));
+        long *cand = malloc((size_t)ld * sizeof(long));
+#pragma omp for schedule(dynamic, 1)
+        for (long i = 0; i < n; i++) {
+            long m = positions[i] + 1, *row = out + i * count;
+            if (m <= count) {
+                for (long c = 0; c < count; c++)
+                    row[c] = c;
+                continue;
+            }
+            top_count(scores + i * ld, m, count, bits, cand, row);
+        }
+        free(bits);
+        free(cand);
+    }
+}
+
 #define SPLIT_KEYS 1024 /* keys a task scores when a few queries share the threads */
 
 /* `wecom_dsa_select` for a few queries (decode, small verifies): the keys read where the cache
