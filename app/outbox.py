@@ -231,21 +231,24 @@ def _claim_statement():
         .values(status=MessageStatus.PROCESSING, lease_owner=bindparam("owner"),
                 lease_until=bindparam("until", type_=InboundMessage.lease_until.type),
                 attempts=InboundMessage.attempts + 1, updated_at=now)
-        .execution_options(synchronize_session=False)
+        .returning(InboundMessage)
+        .execution_options(synchronize_session=False, populate_existing=True)
     )
 
 
 def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
     """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
     now = utcnow()
-    result = session.execute(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
-                                                  "until": now + timedelta(seconds=lease_s)})
+    # RETURNING hands back the claimed row with the UPDATE: no second statement, and on SQLite
+    # no second write transaction (a read after the commit began one, with its writer turn).
+    claimed = session.scalars(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
+                                                   "until": now + timedelta(seconds=lease_s)}).one_or_none()
     session.commit()
+    if claimed is not None:
+        return Claim(ClaimResult.CLAIMED, claimed)
     row = session.get(InboundMessage, message_id, populate_existing=True)
     if row is None:
         return Claim(ClaimResult.MISSING)
-    if result.rowcount == 1:
-        return Claim(ClaimResult.CLAIMED, row)
     if row.status in MessageStatus.FINAL:
         return Claim(ClaimResult.DONE, row)
     if row.status == MessageStatus.PROCESSING and row.lease_until and row.lease_until >= now:

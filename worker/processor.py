@@ -120,32 +120,83 @@ def _model_failure(exc: LLMError) -> Exception:
     return PermanentFailure(f"model: {exc}"[:120])
 
 
+class _LeaseRenewer:
+    """One thread per process that renews the leases of the messages being worked on, each
+    every third of its lease. A thread started and joined per message cost the worker more CPU
+    than the message's statements; a lease is renewed as before, and one whose row another
+    worker took is marked lost."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._leases: dict[int, tuple[float, LeaseKeeper]] = {}  # id(keeper) -> (due, keeper)
+        self._pid = None
+
+    def add(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # first use, or a forked child: its own thread
+                self._pid = os.getpid()
+                self._leases.clear()
+                threading.Thread(target=self._run, daemon=True, name="lease-renewer").start()
+            self._leases[id(keeper)] = (time.monotonic() + keeper.lease_s / 3, keeper)
+            self._cond.notify()
+
+    def remove(self, keeper: LeaseKeeper) -> None:
+        with self._cond:
+            self._leases.pop(id(keeper), None)
+            while keeper._renewing:  # an exit waits for a renewal in flight, as a join did
+                self._cond.wait()
+
+    def _run(self):
+        pid = os.getpid()
+        while True:
+            with self._cond:
+                if self._pid != pid:
+                    return
+                now = time.monotonic()
+                due = [k for at, k in self._leases.values() if at <= now]
+                if not due:
+                    nxt = min((at for at, _ in self._leases.values()), default=now + 60)
+                    self._cond.wait(max(nxt - now, 0.01))
+                    continue
+                for keeper in due:
+                    keeper._renewing = True
+                    self._leases[id(keeper)] = (now + keeper.lease_s / 3, keeper)
+            for keeper in due:
+                try:
+                    keeper.renew()
+                finally:
+                    with self._cond:
+                        keeper._renewing = False
+                        if keeper.lost.is_set():
+                            self._leases.pop(id(keeper), None)
+                        self._cond.notify_all()
+
+
+_renewer = _LeaseRenewer()
+
+
 class LeaseKeeper:
     """Renews the row's lease in the background while a long generation runs."""
 
     def __init__(self, services: Services, message_id: int, owner: str, lease_s: float):
         self.services, self.message_id, self.owner, self.lease_s = services, message_id, owner, lease_s
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"lease-{message_id}")
+        self._renewing = False
 
     def __enter__(self):
-        self._thread.start()
+        _renewer.add(self)
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=5)
+        _renewer.remove(self)
 
-    def _run(self):
-        while not self._stop.wait(self.lease_s / 3):
-            try:
-                with self.services.db.session() as session:
-                    if not outbox.renew_lease(session, self.message_id, self.owner, self.lease_s):
-                        self.lost.set()
-                        return
-            except Exception:  # noqa: BLE001 - a failed renewal is retried next period
-                log.warning("lease renewal failed message_id=%s", self.message_id)
+    def renew(self):
+        try:
+            with self.services.db.session() as session:
+                if not outbox.renew_lease(session, self.message_id, self.owner, self.lease_s):
+                    self.lost.set()
+        except Exception:  # noqa: BLE001 - a failed renewal is retried next period
+            log.warning("lease renewal failed message_id=%s", self.message_id)
 
     def check(self):
         if self.lost.is_set():
