@@ -1,4 +1,7 @@
-"""Score the bundled demo model: `python -m inference.demo.eval [--model models/demo]`.
+"""Score the bundled demo model: `python -m inference.demo.eval [--model models/demo]`, and with
+`--questions FILE [--json]` its answers through the knowledge base as the worker gives them
+(`app/knowledge/evaluate.py`; `inference/demo/eval_sets/new_wordings.jsonl` is a set in
+wordings nowhere in the training data, with questions the handbook does not answer).
 
 Greedy answers (through `LLM.generate`, MTP speculative by default: greedy speculative decoding
 gives the same tokens as plain greedy, only faster) to the training questions and to the
@@ -98,7 +101,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--speculative-k", type=int, default=3, help="0: plain greedy decoding")
     parser.add_argument("--show", type=int, default=3, help="example answers to print per set")
+    parser.add_argument("--questions", default=None,
+                        help="score this question set through the knowledge base, as the worker answers")
+    parser.add_argument("--json", action="store_true", help="with --questions: one JSON object per line")
+    parser.add_argument("--passages", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --questions: give the model the passages (default: not for the bundled "
+                             "demo model, which was not trained on them, as make run)")
     args = parser.parse_args(argv)
+    if args.questions:
+        return knowledge_eval(args)
 
     llm = LLM.from_pretrained(args.model)
     training = [(item["question"], item["answer"]) for item in load_qa()]
@@ -116,6 +127,29 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.model} (greedy, system prompt {'on' if args.system else 'off'}, {time.time() - started:.0f} s)"
     )
     print("\n".join(lines))
+
+
+def knowledge_eval(args) -> None:
+    """The `--questions` mode: the worker's retrieval and prompt over the demo handbook (the
+    knowledge base lives above the engine, in `app`; this tool uses it, the engine never does)."""
+    import json
+    from pathlib import Path
+
+    from app.knowledge.evaluate import evaluate, load_questions  # noqa: PLC0415
+    from inference.demo.corpus import COMPANY_PATH
+
+    questions = load_questions(args.questions)[: args.limit]
+    demo = Path(args.model).resolve() == (Path(__file__).resolve().parents[2] / "models" / "demo").resolve()
+    passages = (not demo) if args.passages is None else args.passages
+    tally = evaluate(questions, args.model, COMPANY_PATH, passages)
+    if args.json:
+        for row in tally.rows:
+            print(json.dumps(row, ensure_ascii=False))
+        print(json.dumps({"summary": tally.summary(), "model": args.model, "passages_in_prompt": passages}))
+        return
+    for row in tally.rows[: args.show]:
+        print(f"  Q: {row['question']}\n  A: {row['answer']}\n  declined: {row['declined']}")
+    print(json.dumps(tally.summary(), ensure_ascii=False, indent=1))
 
 
 if __name__ == "__main__":

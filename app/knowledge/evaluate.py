@@ -1,0 +1,136 @@
+"""Score the bot's knowledge-base answers on a question set, the way the worker gives them.
+
+`python -m inference.demo.eval --questions FILE [--json]` (the demo model against the demo
+handbook) runs this: a throwaway database gets the handbook through the real upload path
+(`KnowledgeStore.add`), each question goes through the worker's retrieval and prompt (`Retriever`,
+`prompt.grounded_messages` or the question alone when `--no-passages`, `prompt.with_sources`,
+the "not found" reply without the model), and the model answers through `app.llm` (the bundled
+engine, greedy).
+
+FILE is JSON lines: `question` and either `facts` (a list of lists of alternative strings: an
+answer scores when each list has one of its strings in it; `section`, optional, what a right
+citation names) or `out_of_scope: true` (scores when declined). With `--json` one object per
+question, `{"question", "answer", "citations", "declined"}`, then the summary as one object.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app import migrate
+from app.config import Settings
+from app.db import Database
+from app.knowledge import prompt
+from app.knowledge.retrieval import Retriever
+from app.knowledge.store import KnowledgeStore
+from app.llm import GenerationParams, make_backend
+from app.services import Services
+
+HANDBOOK_TITLE = "星河科技员工手册 Employee Handbook"
+FALLBACK_CONTACT = "IT服务台（分机 8100）/ the IT help desk (ext. 8100)"
+
+
+def ephemeral_settings(database_url: str, model_dir: str, passages: bool) -> Settings:
+    """Settings for a run that talks to nobody: fresh random secrets, the bundled engine."""
+    return Settings(
+        wecom_corp_id="ww" + secrets.token_hex(8), wecom_agent_id=1000002, wecom_secret=secrets.token_urlsafe(32),
+        wecom_token=secrets.token_urlsafe(24),
+        wecom_aes_key=base64.b64encode(secrets.token_bytes(32)).decode().rstrip("="),
+        data_keys="k1:" + base64.b64encode(secrets.token_bytes(32)).decode(),
+        blind_index_key=secrets.token_urlsafe(48), secret_key=secrets.token_urlsafe(48),
+        database_url=database_url, inference_backend="engine", model_dir=model_dir,
+        kb_passages_in_prompt=passages, kb_fallback_contact=FALLBACK_CONTACT)
+
+
+def load_questions(path: str | Path) -> list[dict]:
+    items = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        if not isinstance(item.get("question"), str) or not (item.get("facts") or item.get("out_of_scope")):
+            raise ValueError(f"{path}:{number}: needs a question and facts or out_of_scope")
+        items.append(item)
+    return items
+
+
+@dataclass
+class Tally:
+    answered_facts: int = 0  # in-scope answers holding every fact
+    in_scope: int = 0
+    wrongly_declined: int = 0
+    declined_out: int = 0
+    out_of_scope: int = 0
+    cited_right: int = 0
+    cited_checked: int = 0
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, item: dict, answer: str, citations: list[str], declined: bool) -> None:
+        self.rows.append({"question": item["question"], "answer": answer, "citations": citations,
+                          "declined": declined})
+        if item.get("out_of_scope"):
+            self.out_of_scope += 1
+            self.declined_out += declined
+            return
+        self.in_scope += 1
+        self.wrongly_declined += declined
+        self.answered_facts += all(any(s in answer for s in group) for group in item["facts"])
+        if item.get("section") and not declined:
+            self.cited_checked += 1
+            self.cited_right += any(item["section"] in c for c in citations)
+
+    def summary(self) -> dict:
+        def share(a: int, b: int) -> float | None:
+            return round(a / b, 4) if b else None
+
+        return {"key_facts": share(self.answered_facts, self.in_scope), "in_scope": self.in_scope,
+                "wrongly_declined": share(self.wrongly_declined, self.in_scope),
+                "declined_out_of_scope": share(self.declined_out, self.out_of_scope),
+                "out_of_scope": self.out_of_scope,
+                "cited_section_correct": share(self.cited_right, self.cited_checked)}
+
+
+def evaluate(questions: list[dict], model_dir: str, handbook: Path, passages: bool,
+             max_tokens: int = 160) -> Tally:
+    with tempfile.TemporaryDirectory() as scratch:
+        url = f"sqlite:///{Path(scratch) / 'kb.sqlite3'}"
+        migrate.upgrade(url)
+        settings = ephemeral_settings(url, model_dir, passages)
+        db = Database(url)
+        try:
+            services = Services(settings, db)
+            KnowledgeStore(services).add(handbook.read_bytes(), HANDBOOK_TITLE, filename=handbook.name)
+            return _answer_all(questions, services, settings, max_tokens)
+        finally:
+            db.dispose()
+
+
+def _answer_all(questions: list[dict], services, settings: Settings, max_tokens: int) -> Tally:
+    retriever, backend, tally = Retriever(services), make_backend(settings), Tally()
+    contact = prompt.contact_of(settings)
+    params = GenerationParams(temperature=0, max_tokens=max_tokens)
+    try:
+        for item in questions:
+            question = item["question"]
+            result = retriever.search(question, [])  # a member of no department: public documents
+            if not result.found:
+                tally.add(item, prompt.not_found_reply(contact), [], True)
+                continue
+            if settings.kb_passages_in_prompt:
+                messages = prompt.grounded_messages(settings.system_prompt, [], question, result.passages, contact)
+            else:
+                messages = [{"role": "system", "content": settings.system_prompt},
+                            {"role": "user", "content": question}]
+            text = backend.generate(messages, params).text.strip()
+            cited = [result.passages[n - 1].source for n in prompt.cited_numbers(text, len(result.passages))]
+            tally.add(item, prompt.with_sources(text, result.passages), list(dict.fromkeys(cited)), False)
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    return tally

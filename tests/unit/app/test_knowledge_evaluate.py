@@ -1,0 +1,57 @@
+"""The knowledge-base eval (`python -m inference.demo.eval --questions FILE --json`): its scoring,
+and one short run through the real upload, retrieval, prompt and the bundled demo model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.knowledge.evaluate import Tally, load_questions
+from inference.demo import eval as demo_eval
+
+SET = "inference/demo/eval_sets/new_wordings.jsonl"
+
+
+def test_scoring_facts_declines_and_citations():
+    tally = Tally()
+    tally.add({"question": "a", "facts": [["10天", "10 days"], ["HR"]], "section": "3. HR"},
+              "第一年 10 days，找 HR", ["手册 › 3. HR 人力资源"], False)
+    tally.add({"question": "b", "facts": [["8100"]], "section": "2. IT"}, "打 8200", ["手册 › 7. Office"], False)
+    tally.add({"question": "c", "facts": [["x"]]}, "没找到", [], True)
+    tally.add({"question": "d", "out_of_scope": True}, "没找到", [], True)
+    tally.add({"question": "e", "out_of_scope": True}, "瞎说", [], False)
+    assert tally.summary() == {"key_facts": round(1 / 3, 4), "in_scope": 3, "wrongly_declined": round(1 / 3, 4),
+                               "declined_out_of_scope": 0.5, "out_of_scope": 2, "cited_section_correct": 0.5}
+
+
+def test_the_shipped_set_is_new_wordings_with_enough_of_each_kind():
+    from inference.demo.corpus import load_dialogues, load_qa
+
+    items = load_questions(SET)
+    trained = {q for it in load_qa() for q in [it["question"], *it["paraphrases"], *it["heldout"]]}
+    trained |= {m["content"] for d in load_dialogues() for m in d["messages"]}
+    assert not [i["question"] for i in items if i["question"] in trained]
+    assert sum(1 for i in items if i.get("facts")) >= 40 and sum(1 for i in items if i.get("out_of_scope")) >= 30
+
+
+def test_a_bad_line_is_refused(tmp_path):
+    bad = tmp_path / "q.jsonl"
+    bad.write_text('{"question": "no facts"}\n')
+    with pytest.raises(ValueError, match="q.jsonl:1"):
+        load_questions(bad)
+
+
+def test_json_mode_prints_each_answer_then_the_summary(tmp_path, capsys):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps(q, ensure_ascii=False) for q in [
+        {"question": "域账号的密码最少要几个字符？", "facts": [["12"]], "section": "2. IT"},
+        {"question": "明天上海会下雨吗？", "out_of_scope": True}]) + "\n")
+    demo_eval.main(["--questions", str(questions), "--json"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    rows, summary = lines[:-1], lines[-1]
+    assert [r["question"] for r in rows] == ["域账号的密码最少要几个字符？", "明天上海会下雨吗？"]
+    assert set(rows[0]) == {"question", "answer", "citations", "declined"}
+    assert rows[1]["declined"] is True and "没有找到" in rows[1]["answer"]
+    assert not rows[0]["declined"] and any("2. IT" in c for c in rows[0]["citations"])
+    assert summary["summary"]["in_scope"] == 1 and summary["passages_in_prompt"] is False
