@@ -38,7 +38,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -328,6 +328,14 @@ ROLLED_UP = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "co
 
 
 @functools.cache
+def _usage_insert():
+    table = UsageRecord.__table__
+    return insert(table).values(
+        {c.name: bindparam(c.name, type_=c.type) for c in table.columns if c.name != "id"}
+    ).returning(table.c.id)
+
+
+@functools.cache
 def _roll_up_statement(dialect: str):
     """The ``usage_daily`` upsert, built once per dialect with every value a parameter."""
     table = UsageDaily.__table__
@@ -478,15 +486,16 @@ class Accounting:
                 log.warning("no price for model %r (nor %r): this call costs nothing", model,
                             FALLBACK_MODEL)
             cost = cost_of(price, prompt_tokens, cached_tokens, completion_tokens)
-            record = UsageRecord(
-                created_at=now, day=local_day(now, self.tz), user_hash=usage.user_hash,
-                department=usage.department or "", api_key_id=usage.api_key_id, model=model[:64],
-                prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
-                completion_tokens=completion_tokens, cost=cost,
-                currency=price.currency if price else self.currency,
-                price_id=price.id if price else None, latency_ms=usage.latency_ms,
-                message_id=usage.message_id)
-            session.add(record)
+            record = {
+                "created_at": now, "day": local_day(now, self.tz), "user_hash": usage.user_hash,
+                "department": usage.department or "", "api_key_id": usage.api_key_id,
+                "model": model[:64], "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+                "completion_tokens": completion_tokens, "cost": cost,
+                "currency": price.currency if price else self.currency,
+                "price_id": price.id if price else None, "latency_ms": usage.latency_ms,
+                "message_id": usage.message_id}
+            # Core statements built once: the ORM's unit of work for one insert cost more.
+            usage_id = session.execute(_usage_insert(), record).scalar_one()
             self._roll_up(session, record)
 
             keys = None
@@ -500,17 +509,15 @@ class Accounting:
             for alert in alerts:
                 self._audit_alert(session, alert)
             session.flush()
-            settled = Settled(record.id, cost, alerts)
+            settled = Settled(usage_id, cost, alerts)
         if alerts and self.on_alerts is not None:
             self.on_alerts(alerts)
         return settled
 
-    def _roll_up(self, session: Session, record: UsageRecord) -> None:
+    def _roll_up(self, session: Session, record: dict) -> None:
         session.execute(_roll_up_statement(session.get_bind().dialect.name),
-                        {"day": record.day, "department": record.department,
-                         "user_hash": record.user_hash, "model": record.model,
-                         **{name: getattr(record, name) for name in ROLLED_UP if name != "calls"},
-                         "calls": 1})
+                        {**{k: record[k] for k in ("day", "department", "user_hash", "model",
+                                                   *ROLLED_UP[1:])}, "calls": 1})
 
     def _charge(self, session: Session, keys, cost: Decimal) -> list[RaisedAlert]:
         periods = _lock_periods(session, keys)

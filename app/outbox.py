@@ -243,10 +243,11 @@ def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Clai
     # no second write transaction (a read after the commit began one, with its writer turn).
     claimed = session.scalars(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
                                                    "until": now + timedelta(seconds=lease_s)}).one_or_none()
-    session.commit()
     if claimed is not None:
+        session.commit()
         return Claim(ClaimResult.CLAIMED, claimed)
-    row = session.get(InboundMessage, message_id, populate_existing=True)
+    row = session.get(InboundMessage, message_id, populate_existing=True)  # why not: same transaction
+    session.commit()
     if row is None:
         return Claim(ClaimResult.MISSING)
     if row.status in MessageStatus.FINAL:
@@ -274,13 +275,12 @@ def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -
 def _leased_update(columns: tuple[str, ...]):
     """``UPDATE`` of our leased row (id, owner, still processing) setting ``columns``, built once
     per column set with every value a parameter (``v_<column>``)."""
-    table = InboundMessage.__table__
+    table = InboundMessage.__table__  # a Core statement: the ORM's bulk-update path cost more
     return (
-        update(InboundMessage)
-        .where(InboundMessage.id == bindparam("message_id"), InboundMessage.lease_owner == bindparam("owner"),
-               InboundMessage.status == MessageStatus.PROCESSING)
+        update(table)
+        .where(table.c.id == bindparam("message_id"), table.c.lease_owner == bindparam("owner"),
+               table.c.status == MessageStatus.PROCESSING)
         .values({name: bindparam(f"v_{name}", type_=table.c[name].type) for name in columns})
-        .execution_options(synchronize_session=False)
     )
 
 
