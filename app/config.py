@@ -20,6 +20,7 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -181,6 +182,10 @@ class Settings(BaseSettings):
 
     # -- storage and queue ---------------------------------------------------------------------
     database_url: str = "sqlite:///var/wecom-bot.sqlite3"
+    database_replica_url: str = Field(
+        default="",
+        description="a PostgreSQL streaming replica for the dashboard, reports and exports "
+                    "(empty: they read the primary); writes always go to DATABASE_URL")
     redis_url: str = "redis://127.0.0.1:6379/0"
     celery_broker_url: str | None = None
 
@@ -230,6 +235,8 @@ class Settings(BaseSettings):
     # 45009 (WeCom's frequency limit, counted per minute and per hour): the first retry waits
     # this long, each further one twice as long, at most 300 s (worker/retry_policy.py).
     wecom_rate_limit_retry_s: float = Field(default=60.0, ge=1, le=300)
+    # A 👍/👎 template card after each model answer on the app channel (app.feedback).
+    feedback_cards: bool = True
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
 
     # -- audit, accounting, budgets (see app/audit.py, app/accounting.py) ----------------------
@@ -483,6 +490,16 @@ class Settings(BaseSettings):
     def aibot_ws_enabled(self) -> bool:
         """The long connection: a bot id and its secret (the callback's token and key not needed)."""
         return bool(self.aibot_bot_id.strip()) and self.aibot_secret is not None
+
+    @field_validator("database_replica_url")
+    @classmethod
+    def _replica_matches_primary(cls, value: str, info: ValidationInfo) -> str:
+        value = value.strip()
+        if value and "database_url" in info.data:  # a bad DATABASE_URL is reported on its own
+            from app.db import check_replica_url
+
+            check_replica_url(info.data["database_url"], value)
+        return value
 
     @model_validator(mode="after")
     def _broker_defaults_to_redis(self) -> Settings:

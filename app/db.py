@@ -351,14 +351,38 @@ class WriterQueue:
 
 
 class Database:
-    """An engine plus its session factory."""
+    """An engine plus its session factory, and optionally a read replica's.
 
-    def __init__(self, url: str, **engine_kwargs):
+    ``replica_url`` (``DATABASE_REPLICA_URL``, PostgreSQL only) is a streaming replica of the
+    primary. Only ``replica_reader`` / ``report_sessions`` read from it: the admin dashboard,
+    the finance CSV, audit search and the audit export, reads where a few seconds of replication
+    lag are harmless. Every write, and every read that must see its own or another process's
+    latest writes (logins, budgets, the worker's claims, rate limits), stays on the primary.
+    """
+
+    # After the replica failed to connect, reports read from the primary for this long before
+    # the replica is tried again (a down replica must not cost every dashboard a connect timeout).
+    REPLICA_RETRY_S = 30.0
+
+    def __init__(self, url: str, replica_url: str | None = None, **engine_kwargs):
         self.url = url
         self.engine = make_engine(url, **engine_kwargs)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._readers = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}),
                                      expire_on_commit=False)
+        self.replica_url = replica_url or None
+        self.replica_engine: Engine | None = None
+        self._replica_readers = None
+        self._replica_lock = threading.Lock()
+        self._replica_down_until = 0.0  # monotonic; 0: not known to be down
+        if self.replica_url:
+            check_replica_url(url, self.replica_url)
+            self.replica_engine = make_engine(self.replica_url, **engine_kwargs)
+            # READ ONLY transactions: a write sent here by mistake fails, even on a stand-in
+            # that is not a hot standby (a real one refuses writes anyway).
+            self._replica_readers = sessionmaker(
+                self.replica_engine.execution_options(postgresql_readonly=True),
+                expire_on_commit=False)
 
     @contextlib.contextmanager
     def transaction(self):
@@ -376,6 +400,53 @@ class Database:
         error (``PRAGMA query_only``). Elsewhere it is ``session()``."""
         return self._readers()
 
+    def report_sessions(self) -> sessionmaker:
+        """The session factory for reports, dashboards and exports: the replica's when one is
+        set and reachable, else the primary's ``reader``. Chosen once per call, so a report that
+        opens several sessions (the audit export's batches) calls this once and reads all of
+        them from the same server, never half from a replica that lags.
+
+        A replica that does not connect is logged once (a warning, without its password);
+        reads then go to the primary, and the replica is tried again after
+        ``REPLICA_RETRY_S``; its return is logged once too.
+        """
+        if self._replica_readers is None:
+            return self._readers
+        if self._replica_down_until and time.monotonic() < self._replica_down_until:
+            return self._readers
+        try:
+            with self.replica_engine.connect():  # checks one out (pre-pinged) and back
+                pass
+        except Exception as exc:  # noqa: BLE001 - whatever the driver raises, reports go on
+            with self._replica_lock:
+                first = not self._replica_down_until
+                self._replica_down_until = time.monotonic() + self.REPLICA_RETRY_S
+            if first:
+                log.warning("read replica %s unreachable, reports read from the primary "
+                            "(retried every %.0f s): %s", self._replica_name(),
+                            self.REPLICA_RETRY_S, _first_line(exc))
+            return self._readers
+        with self._replica_lock:
+            recovered, self._replica_down_until = bool(self._replica_down_until), 0.0
+        if recovered:
+            log.warning("read replica %s reachable again, reports read from it",
+                        self._replica_name())
+        return self._replica_readers
+
+    def replica_reader(self) -> Session:
+        """A read-only session for reports: on the replica (``report_sessions``), else a
+        ``reader`` on the primary. Its data may lag the primary by the replication delay: never
+        use it for anything that must see a write just made."""
+        return self.report_sessions()()
+
+    @property
+    def replica_down(self) -> bool:
+        """Whether the last attempt to reach the replica failed (reports on the primary)."""
+        return bool(self._replica_down_until)
+
+    def _replica_name(self) -> str:
+        return make_url(self.replica_url).render_as_string(hide_password=True)
+
     def writer_holder(self) -> str | None:
         """Who holds SQLite's writer turn now (``WriterQueue.holder``); None off SQLite files."""
         queue = getattr(self.engine, "writer_queue", None)
@@ -383,3 +454,29 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        if self.replica_engine is not None:
+            self.replica_engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def check_replica_url(primary_url: str, replica_url: str) -> None:
+    """ValueError unless ``replica_url`` can serve as a read replica of ``primary_url``: both
+    PostgreSQL (SQLite has no replicas: an embedded file is read where it is written)."""
+    try:
+        replica = make_url(replica_url)
+    except Exception as exc:  # noqa: BLE001 - sqlalchemy.exc.ArgumentError and friends
+        raise ValueError(f"is not a database URL: {_first_line(exc)}") from None
+    primary = make_url(primary_url)
+    if primary.get_backend_name() == "sqlite":
+        raise ValueError("is for PostgreSQL only: DATABASE_URL is SQLite, which has no read "
+                         "replicas (leave DATABASE_REPLICA_URL empty)")
+    if replica.get_backend_name() != primary.get_backend_name():
+        raise ValueError(f"must be the same database as DATABASE_URL "
+                         f"({primary.get_backend_name()}), not {replica.get_backend_name()}")
+    if (replica.host, replica.port, replica.database) == (primary.host, primary.port,
+                                                          primary.database):
+        log.info("DATABASE_REPLICA_URL names the primary itself: reports read from the primary")

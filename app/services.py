@@ -24,7 +24,8 @@ class Services:
 
     @cached_property
     def db(self) -> Database:
-        return self._db or Database(self.settings.database_url)
+        return self._db or Database(self.settings.database_url,
+                                    replica_url=self.settings.database_replica_url or None)
 
     @cached_property
     def cipher(self) -> FieldCipher:

@@ -92,7 +92,7 @@ def audit_search():
         stmt = select(AuditEvent).where(*query.conditions())
         if before:
             stmt = stmt.where(AuditEvent.seq < before)
-        with svc.db.reader() as session:
+        with svc.db.replica_reader() as session:  # the replica when one is set
             for row in session.scalars(stmt.order_by(AuditEvent.seq.desc()).limit(PAGE)):
                 try:
                     payload = svc.audit.payload_of(row)

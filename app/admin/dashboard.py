@@ -40,7 +40,7 @@ def dashboard():
         flash(f"Filter ignored: {error}", "error")
     svc = services()
     tz = svc.settings.timezone
-    with svc.db.reader() as session:
+    with svc.db.replica_reader() as session:  # the replica when one is set
         spend = reports.spend(session, filters)
         context = {
             "filters": filters, "spend": spend, "charts": chart_data(spend),
@@ -60,5 +60,5 @@ def spend_json():
     filters, error = _filters()
     if error:
         return jsonify(error=error), 400
-    with services().db.reader() as session:
+    with services().db.replica_reader() as session:
         return jsonify(chart_data(reports.spend(session, filters)))

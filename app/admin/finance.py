@@ -30,7 +30,9 @@ def finance_csv(svc, filters: reports.Filters, granularity: str):
     settings = svc.settings
     extra = (settings.currency, settings.finance_accounting_subject, settings.finance_invoice_item)
     yield "\ufeff".encode() + _line(reports.FINANCE_COLUMNS)
-    with svc.db.reader() as session:  # streamed to the client: never holds the writers up
+    # Streamed to the client from the replica when one is set (else a primary reader that never
+    # holds the writers up); the export's audit event was written on the primary before.
+    with svc.db.replica_reader() as session:
         for row in reports.finance_rows(session, filters, granularity):
             yield _line((*row[:8], f"{row[8]:.6f}", *extra))
 
