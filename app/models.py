@@ -443,3 +443,44 @@ ENCRYPTED_COLUMNS.update({
     KnowledgeDocument.__tablename__: ("id", ("title_enc", "filename_enc", "content_enc")),
     KnowledgeChunk.__tablename__: ("id", ("section_enc", "text_enc", "vector_enc")),
 })
+
+
+# -- feedback on answers (app.feedback) ------------------------------------------------------------
+class AnswerRating(Base):
+    """One 👍/👎 on a model answer: at most one per message (``message_id`` is unique, so WeCom's
+    retries and a second click store nothing). ``model`` and ``department`` are copied from the
+    answer's usage row, so the dashboard groups ratings without joining the usage tables."""
+
+    __tablename__ = "answer_ratings"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    message_id: Mapped[int] = mapped_column(BigInt)
+    rating: Mapped[int] = mapped_column(Integer)  # +1 helpful, -1 not helpful
+    channel: Mapped[str] = mapped_column(String(16), default="app")
+    user_hash: Mapped[str] = mapped_column(String(64))
+    department: Mapped[str] = mapped_column(String(32), default="")
+    model: Mapped[str] = mapped_column(String(64), default="")
+    day: Mapped[date] = mapped_column(Date)  # the company-local day, as the usage rollups
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (UniqueConstraint("message_id", name="uq_answer_ratings_message"),
+                      Index("ix_ratings_day", "day"))
+
+
+class FeedbackComment(Base):
+    """A ``/feedback <text>`` comment, sealed; ``message_id``: the user's last answer, if any."""
+
+    __tablename__ = "feedback_comments"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    message_id: Mapped[int | None] = mapped_column(BigInt)
+    user_hash: Mapped[str] = mapped_column(String(64))
+    department: Mapped[str] = mapped_column(String(32), default="")
+    day: Mapped[date] = mapped_column(Date)
+    comment_enc: Mapped[str | None] = mapped_column(Text)  # sealed with the row's id
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (Index("ix_feedback_comments_day", "day"),)
+
+
+ENCRYPTED_COLUMNS[FeedbackComment.__tablename__] = ("id", ("comment_enc",))

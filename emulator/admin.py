@@ -103,6 +103,30 @@ def send():
         return bad_request(str(exc))
 
 
+@bp.post("/_emulator/card_click")
+def card_click():
+    """A user clicks a button of a template card the app sent: {"userid", "task_id", "key"}.
+    Delivers the ``template_card_event`` callback with a fresh ``response_code`` for that card."""
+    body = _json_body()
+    st = state()
+    userid, task_id, key = (str(body.get(k) or "") for k in ("userid", "task_id", "key"))
+    card = st.find_card(userid.lower(), task_id) if userid and task_id else None
+    if card is None:
+        return bad_request("no such card for this user", 404)
+    keys = [b.get("key") for b in (card.get("payload") or {}).get("button_list") or []]
+    if key not in keys:
+        return bad_request("key is not one of the card's buttons")
+    if card.get("card_update"):
+        return bad_request("the card was updated: its buttons are no longer clickable", 409)
+    spec = {"from_user": card["touser"], "event": "template_card_event", "event_key": key,
+            "task_id": task_id, "card_type": card["payload"].get("card_type", ""),
+            "response_code": st.issue_response_code(card["seq"]), "wait": body.get("wait")}
+    try:
+        return jsonify(deliverer().send(spec, wait=bool(body.get("wait"))))
+    except CallbackError as exc:
+        return bad_request(str(exc))
+
+
 @bp.post("/_emulator/verify")
 def verify():
     return jsonify(deliverer().verify())

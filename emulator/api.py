@@ -20,6 +20,10 @@ from emulator.state import EmulatorState
 log = logging.getLogger("emulator")
 bp = Blueprint("wecom_api", __name__, url_prefix="/cgi-bin")
 
+# The emulator's errcode for an unknown or spent response_code (WeCom documents the one-use rule,
+# not its code); the app treats any errcode of update_template_card the same way.
+INVALID_RESPONSE_CODE = 40058
+
 ERRMSG = {
     -1: "system busy",
     0: "ok",
@@ -44,6 +48,7 @@ ERRMSG = {
     60123: "invalid party id",
     81013: "user & party & tag all invalid",
     301002: "not allow operate another agent with this accesstoken.",
+    INVALID_RESPONSE_CODE: "invalid response_code, it is unknown, used or expired",
 }
 
 # msgtype -> the fields its object must carry (text and markdown are checked for size as well)
@@ -159,22 +164,70 @@ def _message_send() -> dict:
     msgid = secrets.token_urlsafe(36)
     interval = _duplicate_interval(body)
     delivered = suppressed = 0
+    response_codes: list[str] = []
     for userid in users:
         if interval and st.is_duplicate(userid, {"msgtype": msgtype, msgtype: payload}, interval):
             suppressed += 1
             continue
-        st.store_message({
+        stored = st.store_message({
             "msgid": msgid, "touser": userid, "msgtype": msgtype, "agentid": agentid,
             "content": payload.get("content") if msgtype in ("text", "markdown") else None,
             "payload": payload, "time": st.wall(), "source": "message/send",
         })
+        if msgtype == "template_card":
+            response_codes.append(st.issue_response_code(stored["seq"]))
         delivered += 1
     st.bump("message/send", "delivered", delivered)
     if suppressed:
         st.bump("message/send", "duplicates_suppressed", suppressed)
     log.info("message/send msgid=%s msgtype=%s delivered=%d suppressed=%d invalid=%d",
              msgid[:8], msgtype, delivered, suppressed, sum(len(v.split("|")) for v in invalid.values()))
+    if response_codes:  # WeCom: one code with the send, for updating the card(s) once
+        invalid["response_code"] = response_codes[0]
     return error(0, msgid=msgid, **invalid)
+
+
+# -- message/update_template_card ------------------------------------------------------------
+@bp.post("/message/update_template_card")
+def update_template_card():
+    return answer("message/update_template_card", _update_template_card)
+
+
+def _update_template_card() -> dict:
+    """更新模版卡片消息: ``button.replace_name`` greys the buttons out with that text, or
+    ``template_card`` replaces the card; the ``response_code`` works once."""
+    st = state()
+    code = st.check_token(request.args.get("access_token"))
+    if code:
+        return error(code)
+    try:
+        body = json.loads(request.get_data() or b"")
+    except (ValueError, UnicodeDecodeError):
+        return error(47001)
+    if not isinstance(body, dict):
+        return error(47001)
+    try:
+        agentid = int(body.get("agentid"))
+    except (TypeError, ValueError):
+        return error(41011)
+    if agentid != st.config.agent_id:
+        return error(301002)
+    button, card = body.get("button"), body.get("template_card")
+    if not (isinstance(button, dict) and button.get("replace_name")) and not isinstance(card, dict):
+        return error(47001, "data format error, button.replace_name or template_card required")
+    message = st.use_response_code(str(body.get("response_code") or ""))
+    if message is None:
+        return error(INVALID_RESPONSE_CODE)
+    with st.lock:
+        if isinstance(card, dict):
+            message["payload"] = card
+            message["card_update"] = {"template_card": True}
+        else:
+            message["card_update"] = {"replace_name": str(button["replace_name"])}
+        message["updated_time"] = st.wall()
+    st.bump("message/update_template_card", "updated")
+    log.info("update_template_card seq=%s", message["seq"])
+    return error(0)
 
 
 def _check_payload(msgtype: str, payload: dict) -> tuple[int, dict]:

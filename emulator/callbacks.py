@@ -26,7 +26,7 @@ from emulator.state import EmulatorState
 log = logging.getLogger("emulator")
 
 MESSAGE_TYPES = ("text", "image", "voice", "video", "location", "link", "file")
-EVENTS = ("subscribe", "unsubscribe", "enter_agent", "LOCATION", "click", "view")
+EVENTS = ("subscribe", "unsubscribe", "enter_agent", "LOCATION", "click", "view", "template_card_event")
 
 _ENVELOPE = ("<xml><ToUserName><![CDATA[{corp}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]>"
              "</Encrypt><AgentID><![CDATA[{agent}]]></AgentID></xml>")
@@ -59,6 +59,11 @@ def build_callback_xml(corp_id: str, agent_id: int, spec: dict, create_time: int
             fields += [("Latitude", spec.get("latitude", 23.104105), False),
                        ("Longitude", spec.get("longitude", 113.320107), False),
                        ("Precision", spec.get("precision", 65.0), False)]
+        elif event == "template_card_event":  # a click on a template card's button
+            fields += [("EventKey", spec.get("event_key") or "", True),
+                       ("TaskId", spec.get("task_id") or "", True),
+                       ("CardType", spec.get("card_type") or "button_interaction", True),
+                       ("ResponseCode", spec.get("response_code") or "", True)]
         elif event not in ("subscribe", "unsubscribe"):
             fields.append(("EventKey", spec.get("event_key") or "", True))
     else:

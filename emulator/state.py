@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 
 from emulator.config import EmulatorConfig
 
-FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get")
+FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get",
+              "message/update_template_card")
 _MAX_TOKENS = 1000
 
 
@@ -66,6 +67,8 @@ class EmulatorState:
             # AI bot conversations by delivery id: the stream each message got and its refreshes
             self.aibot: OrderedDict[int, dict] = OrderedDict()
             self._duplicates: OrderedDict[tuple[str, str], float] = OrderedDict()
+            # template cards: response_code -> the card message (seq) it may update once
+            self.response_codes: OrderedDict[str, dict] = OrderedDict()
             self.stats: dict[str, dict] = {}
             if tokens:
                 self._tokens.clear()
@@ -194,6 +197,35 @@ class EmulatorState:
             record = dict(record, seq=self.next_seq(), direction="out")
             self.messages.append(record)
             return record
+
+    # -- template cards ------------------------------------------------------------------------
+    def issue_response_code(self, seq: int) -> str:
+        """A code that may update the card message ``seq`` once (message/send and every click
+        hand one out, as WeCom does)."""
+        code = secrets.token_urlsafe(24)
+        with self.lock:
+            self.response_codes[code] = {"seq": seq, "used": False}
+            while len(self.response_codes) > self.config.max_items:
+                self.response_codes.popitem(last=False)
+        return code
+
+    def use_response_code(self, code: str) -> dict | None:
+        """The card message the code updates (the code is spent), or None: unknown or used."""
+        with self.lock:
+            entry = self.response_codes.get(code or "")
+            if entry is None or entry["used"]:
+                return None
+            entry["used"] = True
+            return next((m for m in self.messages if m["seq"] == entry["seq"]), None)
+
+    def find_card(self, userid: str, task_id: str) -> dict | None:
+        """The template card message ``task_id`` sent to ``userid`` (the newest)."""
+        with self.lock:
+            for m in reversed(self.messages):
+                if (m.get("msgtype") == "template_card" and m.get("touser") == userid
+                        and (m.get("payload") or {}).get("task_id") == task_id):
+                    return m
+        return None
 
     def store_inbound(self, record: dict) -> dict:
         with self.lock:

@@ -43,7 +43,7 @@ from app.wecom.exceptions import (
     WeComTransientError,
 )
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
-from worker import commands, media, retry_policy
+from worker import commands, feedback, media, retry_policy
 from worker.conversation import ConversationStore
 from worker.knowledge import Grounder
 from worker.metering import Meter
@@ -322,6 +322,7 @@ class MessageProcessor:
                 self.conversations.append_exchange(self._conversation_key(row, payload), row.id,
                                                    payload["content"], reply)
             row.reply_kind, row.chunks_total = kind, len(chunks)
+            row.model = usage.get("model") or row.model  # a model answer gets the feedback card
         else:
             reply = cipher.decrypt(row.reply_enc, TABLE, "reply_enc", row.id)
             kind = row.reply_kind or "text"
@@ -330,10 +331,11 @@ class MessageProcessor:
         finish_values = {}
         if stream is None:
             self._send_chunks(row, owner, user_id, kind, chunks, lease)
+            finish_values["chunks_sent"] = row.chunks_sent  # the last chunk's, recorded by the finish
         elif not stream.finish(chunks[0]):
             finish_values["failure_reason"] = "aibot: stream closed by the callback at the deadline"
         if reply == RATE_LIMIT_NOTICE:
-            self._finish(row, owner, MessageStatus.RATE_LIMITED,
+            self._finish(row, owner, MessageStatus.RATE_LIMITED, **finish_values,
                          failure_reason=f"rate limited: over {self.user_limit.describe()}")
             self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks),
                                    channel=row.channel)
@@ -341,6 +343,8 @@ class MessageProcessor:
         self._finish(row, owner, MessageStatus.ANSWERED, **finish_values)
         self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=kind,
                                channel=row.channel)
+        if stream is None:
+            feedback.offer_card(self, row, user_id)
 
     def _limited(self, row):
         """The polite notice (first time in the window), SILENT after it, None when within limit.
@@ -386,6 +390,8 @@ class MessageProcessor:
         if row.msg_type == "event":
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return self.settings.welcome_message, "text", {}
+            if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
+                feedback.on_card_event(self, row, user_id, payload)
             return None
         if media.handles(row, payload):
             try:
@@ -479,6 +485,10 @@ class MessageProcessor:
         return reply, "text", usage
 
     def _send_chunks(self, row, owner, user_id, kind, chunks, lease: LeaseKeeper) -> None:
+        """Send the chunks not sent yet, each recorded (``chunks_sent``) once WeCom took it; the
+        last one's count is left for the caller's finish to write, in the same UPDATE that ends
+        the message (``row.chunks_sent`` holds it): one transaction fewer, and no new window,
+        since a crash right after a send loses its record either way."""
         # Any send may reach WeCom although its answer is lost (a timeout, a worker killed before
         # recording the chunk), so every send asks WeCom to drop an identical one within the
         # window. WeCom compares the whole request, so the first attempt must carry it too:
@@ -498,9 +508,10 @@ class MessageProcessor:
                 raise PermanentFailure("wecom: invalid receiver", notify=False) from exc
             except WeComAPIError as exc:
                 raise PermanentFailure(f"wecom: errcode {exc.errcode}", notify=False) from exc
-            with self.services.db.session() as session:
-                if not outbox.save_progress(session, row.id, owner, chunks_sent=index + 1):
-                    raise LeaseLost()
+            if index + 1 < len(chunks):
+                with self.services.db.session() as session:
+                    if not outbox.save_progress(session, row.id, owner, chunks_sent=index + 1):
+                        raise LeaseLost()
             row.chunks_sent = index + 1
 
     # -- endings -------------------------------------------------------------------------------

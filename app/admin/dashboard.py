@@ -9,6 +9,7 @@ from __future__ import annotations
 from flask import flash, jsonify, render_template, request
 
 from app.admin import COST_VIEWERS, bp, reports, roles_required, services
+from app.admin.feedback_views import feedback_context
 
 
 def _filters():
@@ -51,6 +52,7 @@ def dashboard():
             "failures": reports.delivery_failures(session, filters, tz),
             "currency": svc.settings.currency,
         }
+    context.update(feedback_context(svc, filters))  # ratings of answers (app.feedback)
     return render_template("admin/dashboard.html", **context)
 
 

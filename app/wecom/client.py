@@ -324,6 +324,30 @@ class WeComClient:
         self._check_receivers(touser, data)
         return data
 
+    def send_template_card(self, touser: str, card: dict, *,
+                           duplicate_check_interval: int | None = None) -> dict:
+        """Send a template card (模板卡片消息) to ``touser``; WeCom's answer carries the
+        ``response_code`` that may update the card once (``update_template_card``)."""
+        if not touser or "@all" in touser.split("|"):
+            raise ValueError("touser must name members; the bot never broadcasts to @all")
+        body: dict[str, Any] = {"touser": touser, "msgtype": "template_card",
+                                "agentid": self.agent_id, "template_card": card}
+        if duplicate_check_interval is not None:
+            body["enable_duplicate_check"] = 1
+            body["duplicate_check_interval"] = int(min(duplicate_check_interval,
+                                                       MAX_DUPLICATE_CHECK_INTERVAL))
+        data = self._call("POST", "/cgi-bin/message/send", json=body)
+        self._check_receivers(touser, data)
+        return data
+
+    def update_template_card(self, userids: list[str], response_code: str, *,
+                             replace_name: str) -> dict:
+        """Turn a clicked card's buttons into one that cannot be clicked, labelled
+        ``replace_name`` (更新模版卡片消息; ``response_code`` is usable once, within 72 h)."""
+        body = {"userids": list(userids), "agentid": self.agent_id,
+                "response_code": response_code, "button": {"replace_name": replace_name}}
+        return self._call("POST", "/cgi-bin/message/update_template_card", json=body)
+
     @staticmethod
     def _check_receivers(touser: str, data: dict) -> None:
         # WeCom answers errcode 0 with the receivers it dropped, lower-cased.

@@ -31,6 +31,54 @@
     return "［" + item.msgtype + "］" + (p.title || p.description || "");
   }
 
+  // A template card (button_interaction): its buttons post the template_card_event callback;
+  // once the app calls update_template_card they are replaced by its text, not clickable.
+  function renderCard(bubble, item) {
+    var p = item.payload || {};
+    bubble.textContent = "";
+    bubble.classList.add("card");
+    var title = document.createElement("div");
+    title.className = "card-title";
+    title.textContent = (p.main_title && p.main_title.title) || "";
+    bubble.appendChild(title);
+    if (p.main_title && p.main_title.desc) {
+      var desc = document.createElement("div");
+      desc.className = "muted small";
+      desc.textContent = p.main_title.desc;
+      bubble.appendChild(desc);
+    }
+    var row = document.createElement("div");
+    row.className = "card-buttons";
+    (p.button_list || []).forEach(function (b) {
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "card-button";
+      button.setAttribute("data-key", b.key || "");
+      button.textContent = b.text || b.key;
+      button.addEventListener("click", function () {
+        Array.prototype.forEach.call(row.querySelectorAll("button"), function (x) { x.disabled = true; });
+        postJSON("/_emulator/card_click", { userid: item.touser, task_id: p.task_id, key: b.key })
+          .then(poll)
+          .catch(function (e) { setStatus("点击失败：" + e.message); });
+      });
+      row.appendChild(button);
+    });
+    bubble.appendChild(row);
+  }
+
+  function updateCard(node, item) {
+    var u = item.card_update;
+    if (!u || node.getAttribute("data-updated")) return;
+    node.setAttribute("data-updated", "1");
+    var row = node.querySelector(".card-buttons");
+    if (!row) return;
+    row.textContent = "";
+    var done = document.createElement("span");
+    done.className = "card-done";
+    done.textContent = u.replace_name || "已更新";
+    row.appendChild(done);
+  }
+
   function deliveryText(d) {
     if (!d) return "";
     if (d.status === "pending") return "投递中…";
@@ -48,6 +96,7 @@
       var bubble = document.createElement("div");
       bubble.className = "bubble";
       bubble.textContent = describe(item);
+      if (item.msgtype === "template_card") renderCard(bubble, item);
       var meta = document.createElement("span");
       meta.className = "meta";
       bubble.appendChild(meta);
@@ -57,6 +106,7 @@
       box.scrollTop = box.scrollHeight;
       if (item.direction === "out" && /^aibot/.test(item.source || "")) setStatus("");
     }
+    if (item.msgtype === "template_card") updateCard(node, item);
     var metaNode = node.querySelector(".meta");
     var time = new Date(item.time * 1000).toLocaleTimeString("zh-CN", { hour12: false });
     var extra = item.direction === "in" ? deliveryText(deliveries[item.delivery_id]) :

@@ -245,7 +245,8 @@ class Stack:
     def replies(self, user: str) -> list[str]:
         data = self.emu("GET", "messages", params={"touser": user})
         items = data["messages"] if isinstance(data, dict) else data
-        return [_content(item) for item in items]
+        # the 👍/👎 card after a model answer (app.feedback) is not a reply's text
+        return [_content(item) for item in items if item.get("msgtype") != "template_card"]
 
     def outbox_rows(self) -> list[dict]:
         return select_rows(self.db.url,

@@ -547,3 +547,40 @@ def test_the_emulator_runs_on_loopback_for_demo_and_tests(host, environ):
     from emulator.config import refuse_production
 
     refuse_production(host, environ)
+
+
+# -- template cards: send, click, update_template_card ------------------------------------------
+def test_a_template_card_is_clicked_and_updated_once(receiver_emu):
+    emu, receiver = receiver_emu
+    access_token = token(emu)
+    card = {"card_type": "button_interaction", "task_id": "fb-1-abc", "main_title": {"title": "有帮助吗？"},
+            "button_list": [{"text": "👍", "key": "feedback_up"}, {"text": "👎", "key": "feedback_down"}]}
+    sent = send(emu, {"touser": "zhangwei", "msgtype": "template_card", "agentid": emu.state.config.agent_id,
+                      "template_card": card}, access_token=access_token)
+    assert sent["errcode"] == 0 and sent["response_code"]
+    assert admin(emu, "POST", "card_click", json={"userid": "zhangwei", "task_id": "fb-1-abc",
+                                                  "key": "nope"}).status_code == 400
+    assert admin(emu, "POST", "card_click", json={"userid": "lisi", "task_id": "fb-1-abc",
+                                                  "key": "feedback_up"}).status_code == 404
+    assert admin(emu, "POST", "card_click", json={"userid": "zhangwei", "task_id": "fb-1-abc",
+                                                  "key": "feedback_up"}).ok
+    post = wait_for(lambda: receiver.posts)[0]["xml"]
+    assert post.findtext("Event") == "template_card_event" and post.findtext("EventKey") == "feedback_up"
+    assert post.findtext("TaskId") == "fb-1-abc" and post.findtext("CardType") == "button_interaction"
+    code = post.findtext("ResponseCode")
+    assert code and code != sent["response_code"]
+
+    def update(response_code):
+        return requests.post(emu.url + "/cgi-bin/message/update_template_card",
+                             params={"access_token": access_token}, timeout=5,
+                             json={"userids": ["zhangwei"], "agentid": emu.state.config.agent_id,
+                                   "response_code": response_code, "button": {"replace_name": "已评价 👍"}}).json()
+
+    assert update(code)["errcode"] == 0
+    assert update(code)["errcode"] == 40058  # a response_code works once
+    assert update("made-up")["errcode"] == 40058
+    [shown] = [m for m in admin(emu, "GET", "messages", params={"touser": "zhangwei"}).json()["messages"]
+               if m["msgtype"] == "template_card"]
+    assert shown["card_update"] == {"replace_name": "已评价 👍"}
+    assert admin(emu, "POST", "card_click", json={"userid": "zhangwei", "task_id": "fb-1-abc",
+                                                  "key": "feedback_down"}).status_code == 409

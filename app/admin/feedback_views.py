@@ -1,0 +1,21 @@
+"""The dashboard's feedback section (``app.feedback``): satisfaction by day, department and
+model for every dashboard role; the worst-rated answers, question and answer decrypted, for the
+admin role only (finance sees the aggregates alone)."""
+
+from __future__ import annotations
+
+from flask_login import current_user
+
+from app import feedback
+from app.models import AdminRole
+
+
+def feedback_context(svc, filters) -> dict:
+    reviewer = current_user.role == AdminRole.ADMIN
+    with svc.db.reader() as session:
+        context = {"satisfaction": feedback.satisfaction(session, filters.since, filters.until,
+                                                         filters.department)}
+        context["worst_rated"] = feedback.worst_rated(
+            session, svc, filters.since, filters.until, filters.department,
+            decrypt=True) if reviewer else None
+    return context

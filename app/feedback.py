@@ -1,0 +1,240 @@
+"""Feedback on answers: 👍/👎 on each model answer, ``/feedback <text>`` comments, and the reports.
+
+On the app channel the worker follows a model answer with a template card of WeCom's
+``button_interaction`` type (模板卡片消息, ``message/send`` with ``msgtype: template_card``). Its
+``task_id`` names the answered message (``fb-<message id>-<keyed check>``): the check is a blind
+index of the id, so a task id cannot be made up for another message. A click comes back as the
+``template_card_event`` callback (``EventKey`` the button's key, ``TaskId``, ``ResponseCode``),
+signed and encrypted like every callback; it goes through the outbox like any event, and the
+worker records the rating and turns the card's buttons into "rated" with
+``message/update_template_card`` (the callback's ``response_code``, usable once, for 72 h).
+
+A rating is stored once per message (``answer_ratings.message_id`` is unique): WeCom's retries
+of the event and a second click store nothing new and are not audited twice. Ratings carry the
+answer's model and the employee's department (copied from the answer's usage row), never text.
+Comments are sealed (AES-GCM, ``comment_enc``) like message text. Both are audited
+(``feedback`` events, without the text).
+
+The dashboard shows satisfaction by day, department and model; the worst-rated answers (👎, the
+newest first) are listed for the admin role only, question and answer decrypted for it alone.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from sqlalchemy import case, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.audit import EventType
+from app.db import utcnow
+from app.models import AnswerRating, FeedbackComment, InboundMessage, MessageStatus, UsageRecord
+
+log = logging.getLogger(__name__)
+
+CARD_EVENT = "template_card_event"
+UP, DOWN = "feedback_up", "feedback_down"
+RATINGS = {UP: 1, DOWN: -1}
+COMMENTS_TABLE = FeedbackComment.__tablename__
+MAX_COMMENT_CHARS = 2000
+_TASK_ID = re.compile(r"fb-([0-9]{1,19})-([0-9a-f]{16})")
+_PURPOSE = "feedback-task"
+
+CARD_TITLE = "这个回答有帮助吗？"
+CARD_DESC = "Was this answer helpful?"
+RATED_TEXT = {1: "已评价：👍 有帮助 · thanks", -1: "已评价：👎 没帮助 · thanks"}
+
+
+# -- the card -------------------------------------------------------------------------------------
+def task_id(blind_index, message_id: int) -> str:
+    """The card's task id for ``message_id`` (WeCom: at most 128 of ``[0-9a-zA-Z_-@]``)."""
+    return f"fb-{int(message_id)}-{blind_index(_PURPOSE, str(int(message_id)))[:16]}"
+
+
+def message_of(blind_index, task: str) -> int | None:
+    """The message id a task id names, or None when it is not one of ours (or forged)."""
+    match = _TASK_ID.fullmatch(task or "")
+    if not match:
+        return None
+    message_id, check = match.groups()
+    for digest in blind_index.candidates(_PURPOSE, message_id):
+        if hmac.compare_digest(digest[:16], check):
+            return int(message_id)
+    return None
+
+
+def build_card(task: str) -> dict:
+    """The ``template_card`` object: a button_interaction card with 👍 and 👎."""
+    return {
+        "card_type": "button_interaction",
+        "main_title": {"title": CARD_TITLE, "desc": CARD_DESC},
+        "task_id": task,
+        "button_list": [
+            {"text": "👍 有帮助", "style": 1, "key": UP},
+            {"text": "👎 没帮助", "style": 2, "key": DOWN},
+        ],
+    }
+
+
+def rating_of(event_key: str) -> int | None:
+    """+1, -1, or None for a key that is not one of the card's buttons."""
+    return RATINGS.get((event_key or "").strip())
+
+
+@dataclass(frozen=True)
+class CardClick:
+    message_id: int
+    rating: int
+    response_code: str
+
+
+def parse_click(blind_index, payload: dict) -> CardClick | None:
+    """A ``template_card_event``'s stored payload as a click on a feedback card, else None."""
+    message_id = message_of(blind_index, str(payload.get("task_id") or ""))
+    rating = rating_of(str(payload.get("event_key") or ""))
+    if message_id is None or rating is None:
+        return None
+    return CardClick(message_id, rating, str(payload.get("response_code") or ""))
+
+
+# -- storing ----------------------------------------------------------------------------------------
+class Recorded:
+    STORED = "stored"
+    DUPLICATE = "duplicate"  # already rated: WeCom's retry, or a second click
+    UNKNOWN = "unknown"  # no such message, or not this employee's
+
+
+def record_rating(services, message_id: int, user_hashes: list[str] | str, rating: int,
+                  tz, channel: str = "app", request_id: str | None = None) -> str:
+    """Store ``rating`` (+1/-1) of the answer ``message_id`` by its own asker, once; audited."""
+    if rating not in (1, -1):
+        raise ValueError("rating must be 1 or -1")
+    hashes = [user_hashes] if isinstance(user_hashes, str) else list(user_hashes)
+    with services.db.transaction() as session:
+        message = session.get(InboundMessage, message_id)
+        if message is None or message.user_hash not in hashes:
+            return Recorded.UNKNOWN
+        if session.scalar(select(AnswerRating.id).where(AnswerRating.message_id == message_id)):
+            return Recorded.DUPLICATE
+        usage = session.execute(select(UsageRecord.model, UsageRecord.department)
+                                .where(UsageRecord.message_id == message_id).limit(1)).first()
+        model = (usage.model if usage else None) or message.model or ""
+        department = usage.department if usage else ""
+        now = utcnow()
+        try:
+            with session.begin_nested():
+                session.add(AnswerRating(message_id=message_id, rating=rating, channel=channel,
+                                         user_hash=message.user_hash, department=department or "",
+                                         model=model[:64], day=now.astimezone(tz).date(),
+                                         created_at=now))
+        except IntegrityError:  # a concurrent delivery of the same click won
+            return Recorded.DUPLICATE
+        services.audit.append(session, EventType.FEEDBACK, actor=message.user_hash,
+                              request_id=request_id,
+                              payload={"kind": "rating", "message_id": message_id,
+                                       "rating": "up" if rating > 0 else "down", "model": model[:64],
+                                       "channel": channel})
+    _publish_head(services)
+    return Recorded.STORED
+
+
+def store_comment(services, user_hash: str, text: str, tz, department: str = "",
+                  request_id: str | None = None) -> int:
+    """Seal and store a ``/feedback`` comment (tied to the user's last answer); audited. Its id."""
+    text = text.strip()[:MAX_COMMENT_CHARS]
+    if not text:
+        raise ValueError("empty comment")
+    now = utcnow()
+    with services.db.transaction() as session:
+        last = session.scalar(select(func.max(InboundMessage.id)).where(
+            InboundMessage.user_hash == user_hash, InboundMessage.status == MessageStatus.ANSWERED,
+            InboundMessage.model.is_not(None)))
+        row = FeedbackComment(message_id=last, user_hash=user_hash, department=department or "",
+                              day=now.astimezone(tz).date(), created_at=now)
+        session.add(row)
+        session.flush()
+        row.comment_enc = services.cipher.encrypt(text, COMMENTS_TABLE, "comment_enc", row.id)
+        services.audit.append(session, EventType.FEEDBACK, actor=user_hash, request_id=request_id,
+                              payload={"kind": "comment", "comment_id": row.id, "message_id": last,
+                                       "chars": len(text)})
+        comment_id = row.id
+    _publish_head(services)
+    return comment_id
+
+
+def _publish_head(services) -> None:
+    try:
+        services.audit.publish_head(services.db)
+    except Exception:  # noqa: BLE001 - the next append or checkpoint publishes it
+        log.warning("audit head not published after a feedback event")
+
+
+# -- reports (the dashboard) ------------------------------------------------------------------------
+def _within(since: date, until: date, department: str | None):
+    conditions = [AnswerRating.day >= since, AnswerRating.day <= until]
+    if department is not None:
+        conditions.append(AnswerRating.department == department)
+    return conditions
+
+
+def satisfaction(session: Session, since: date, until: date, department: str | None = None) -> dict:
+    """👍/👎 counts and the share of 👍 by day, department and model, and in total."""
+    up = func.sum(case((AnswerRating.rating > 0, 1), else_=0)).label("up")
+    down = func.sum(case((AnswerRating.rating < 0, 1), else_=0)).label("down")
+    where = _within(since, until, department)
+
+    def rows(column):
+        result = session.execute(select(column, up, down).where(*where).group_by(column).order_by(column))
+        return [_share({"key": key if not isinstance(key, datetime) else key.date(), "up": int(u or 0),
+                        "down": int(d or 0)}) for key, u, d in result]
+
+    total = session.execute(select(up, down).where(*where)).one()
+    return {"total": _share({"key": "all", "up": int(total.up or 0), "down": int(total.down or 0)}),
+            "days": rows(AnswerRating.day), "departments": rows(AnswerRating.department),
+            "models": rows(AnswerRating.model)}
+
+
+def _share(row: dict) -> dict:
+    rated = row["up"] + row["down"]
+    row["rated"] = rated
+    row["percent"] = round(100.0 * row["up"] / rated, 1) if rated else None
+    return row
+
+
+def worst_rated(session: Session, services, since: date, until: date, department: str | None = None,
+                limit: int = 10, decrypt: bool = False) -> list[dict]:
+    """The 👎 answers, newest first; question and answer decrypted only when ``decrypt`` (the
+    admin role): otherwise only the message id, day, model and department."""
+    found = session.execute(
+        select(AnswerRating, InboundMessage.payload_enc, InboundMessage.reply_enc)
+        .join(InboundMessage, InboundMessage.id == AnswerRating.message_id, isouter=True)
+        .where(*_within(since, until, department), AnswerRating.rating < 0)
+        .order_by(AnswerRating.created_at.desc(), AnswerRating.id.desc()).limit(limit))
+    out = []
+    for rating, payload_enc, reply_enc in found:
+        item = {"message_id": rating.message_id, "day": rating.day, "model": rating.model,
+                "department": rating.department, "channel": rating.channel}
+        if decrypt:
+            item["question"], item["answer"] = _texts(services, rating.message_id, payload_enc, reply_enc)
+        out.append(item)
+    return out
+
+
+def _texts(services, message_id: int, payload_enc: str | None, reply_enc: str | None) -> tuple[str, str]:
+    table = InboundMessage.__tablename__
+    question = answer = "(not available)"
+    try:
+        if payload_enc:
+            question = json.loads(services.cipher.decrypt(payload_enc, table, "payload_enc", message_id)
+                                  ).get("content") or "(no text)"
+        if reply_enc:
+            answer = services.cipher.decrypt(reply_enc, table, "reply_enc", message_id)
+    except Exception:  # noqa: BLE001 - a row sealed under a retired key: say so, show the rest
+        log.warning("worst-rated answer not decrypted message_id=%s", message_id)
+    return question, answer
