@@ -12,7 +12,7 @@ from app.models import AdminRole
 
 def feedback_context(svc, filters) -> dict:
     reviewer = current_user.role == AdminRole.ADMIN
-    with svc.db.reader() as session:
+    with svc.db.replica_reader() as session:  # the replica when one is set (app.db)
         context = {"satisfaction": feedback.satisfaction(session, filters.since, filters.until,
                                                          filters.department)}
         context["worst_rated"] = feedback.worst_rated(
