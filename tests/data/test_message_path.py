@@ -55,6 +55,9 @@ class FakeWeCom:
         self.sent.append((touser, kind, content))
         return {"errcode": 0}
 
+    def send_template_card(self, touser, card, **_):  # the 👍/👎 card (app.feedback)
+        return {"errcode": 0, "response_code": "rc"}
+
     def get_user(self, userid):
         return {"userid": userid, "department": [7, 9], "main_department": 9}
 

@@ -122,6 +122,9 @@ class Stack:
             # The fake model opens its own think part or sends it apart (GLM-4.5 behind vLLM):
             # its answers stream as they come ("auto" would hold a plain answer to its end).
             "OPENAI_REPLY_START": "answer",
+            # The 👍/👎 card after each answer (app.feedback) is a second message/send: off unless
+            # a test asks for it (FEEDBACK_CARDS=true), as the fault tests count those calls.
+            "FEEDBACK_CARDS": "false",
         })
         self.env.update(extra_env or {})
         self.emulator = EmulatorServer(EmulatorConfig(
