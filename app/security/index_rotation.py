@@ -7,7 +7,8 @@ the database keeps sealed (DATA_KEYS): a message's sender (``user_enc``) and pay
 A value is rewritten only when its old digest is one of the ring's digests of that plaintext
 (so a plaintext reconstructed wrongly is never written), with a compare-and-set on the old
 value. The users' old -> current digests, learned from the messages, then move ``usage_records``,
-``usage_daily`` (rows that meet their current twin are added into it) and user budgets.
+``usage_daily`` (rows that meet their current twin are added into it), user budgets and the
+feedback rows (``answer_ratings``, ``feedback_comments``).
 
 Batched (one transaction per batch), idempotent (a value already current is left as it is) and
 resumable (a rerun learns the users again from the messages, all already current). What cannot
@@ -24,7 +25,16 @@ from collections import Counter
 from sqlalchemy import select, update
 
 from app.audit import EventType
-from app.models import ApiKey, Budget, BudgetScope, InboundMessage, UsageDaily, UsageRecord
+from app.models import (
+    AnswerRating,
+    ApiKey,
+    Budget,
+    BudgetScope,
+    FeedbackComment,
+    InboundMessage,
+    UsageDaily,
+    UsageRecord,
+)
 from app.outbox import TABLE as INBOUND
 
 SUMMED = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")
@@ -114,6 +124,11 @@ def _usage(services, users: dict[str, str], batch_size: int, counts: Counter) ->
                 counts["usage_records.user_hash"] += session.execute(
                     update(UsageRecord).where(UsageRecord.user_hash == old)
                     .values(user_hash=new)).rowcount
+                for table in (AnswerRating, FeedbackComment):  # app.feedback's rows
+                    moved = session.execute(
+                        update(table).where(table.user_hash == old).values(user_hash=new)).rowcount
+                    if moved:
+                        counts[f"{table.__tablename__}.user_hash"] += moved
                 for row in session.scalars(select(UsageDaily).where(UsageDaily.user_hash == old)).all():
                     twin = session.get(UsageDaily, (row.day, row.department, new, row.model))
                     if twin is None:

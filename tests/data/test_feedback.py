@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 
 from app import feedback
 from app.models import AnswerRating, AuditEvent, FeedbackComment, InboundMessage
+from app.outbox import user_hash
 from tests.data.test_message_path import SENTINEL_REPLY, USER_ID, FakeLLM, ids_of, post_message
 from worker.conversation import ConversationStore
 from worker.processor import MessageProcessor
@@ -174,3 +175,21 @@ def test_feedback_comment_is_sealed_audited_and_never_in_clear(app, services, da
                     assert secret not in dump, (table, secret)
     finally:
         engine.dispose()
+
+
+def test_rotate_index_moves_the_feedback_rows_to_the_current_key(env):
+    from app.security.index_rotation import rotate_index
+    from tests.data.test_blind_index_rotation import NEW, OLD, accept, services_with
+
+    old = services_with(env, OLD)
+    message_id = accept(old, 9001).id
+    assert feedback.record_rating(old, message_id, user_hash(old.blind_index, "zhangwei"), 1,
+                                  old.settings.timezone) == feedback.Recorded.STORED
+    feedback.store_comment(old, user_hash(old.blind_index, "zhangwei"), "评论", old.settings.timezone)
+    both = services_with(env, f"{NEW},{OLD}")
+    counts = rotate_index(both)
+    assert counts["answer_ratings.user_hash"] == 1 and counts["feedback_comments.user_hash"] == 1
+    current = user_hash(services_with(env, NEW).blind_index, "zhangwei")
+    with both.db.session() as session:
+        assert session.scalar(select(AnswerRating.user_hash)) == current
+        assert session.scalar(select(FeedbackComment.user_hash)) == current
