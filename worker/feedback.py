@@ -41,7 +41,9 @@ def on_card_event(processor, row, user_id: str, payload: dict) -> None:
     if click is None:
         log.info("template_card_event not from a feedback card message_id=%s", row.id)
         return
-    result = feedback.record_rating(services, click.message_id, row.user_hash, click.rating,
+    # the asker under every key of the blind-index ring (the answer may predate a key rotation)
+    askers = [row.user_hash, *services.blind_index.candidates("wecom-user", user_id)]
+    result = feedback.record_rating(services, click.message_id, askers, click.rating,
                                     processor.settings.timezone, channel=row.channel or "app",
                                     request_id=row.request_id)
     log.info("feedback rating message_id=%s rated=%s result=%s", row.id, click.message_id, result)
