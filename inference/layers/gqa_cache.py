@@ -143,15 +143,28 @@ class GQAStep:
         self.write_slots = torch.cat(write).to(device)
         # A decode-only step on CUDA: every query's slot list (its window or every position, then
         # its valid key nodes) in one padded table, for the batched kernel (one launch a layer)
-        self.decode_table = None
+        # (routed mode: the window's and the nodes' lists apart, each its own softmax)
+        self.decode_table = self.local_table = self.node_table = None
         if all(sp.num_new == 1 for sp in self.seqs) and paged_decode_triton.wanted(device):
-            lists = [sp.local_slots if sp.node_slots is None else torch.cat((sp.local_slots, sp.node_slots))
-                     for sp in self.seqs]
-            table = torch.nn.utils.rnn.pad_sequence(lists, batch_first=True)
-            self.decode_table = (table, torch.tensor([len(x) for x in lists], device=device))
+            empty = torch.empty(0, dtype=torch.long, device=device)
+            nodes = [empty if sp.node_slots is None else sp.node_slots for sp in self.seqs]
+            locals_ = [sp.local_slots for sp in self.seqs]
+            self.decode_table = _table([torch.cat(pair) for pair in zip(locals_, nodes, strict=True)], device)
+            self.decode_split = torch.tensor([len(x) for x in locals_], device=device)  # then node slots
+            if window is not None:
+                self.local_table, self.node_table = _table(locals_, device), _table(nodes, device)
         self.elect_slots = torch.cat(elect_slots).to(device) if elect_slots else None
         self.node_targets = torch.cat(targets).to(device) if targets else None
         self.layers = [PagedGQALayer(cache, i, self) for i in range(layout.num_layers)]
+
+
+def _table(lists: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot lists as one padded `[batch, longest]` table and their lengths (a list may be empty)."""
+    width = max(1, max(len(x) for x in lists))
+    table = torch.zeros(len(lists), width, dtype=torch.long, device=device)
+    for row, slots in enumerate(lists):
+        table[row, : len(slots)] = slots
+    return table, torch.tensor([len(x) for x in lists], device=device)
 
 
 class PagedGQALayer:
@@ -176,8 +189,19 @@ class PagedGQALayer:
                 chosen = plan.elect_slots.gather(1, best[:, None])[:, 0]
                 self.cache.node_k[layer][:, plan.node_targets] = pool_k[:, chosen]
                 self.cache.node_v[layer][:, plan.node_targets] = pool_v[:, chosen]
-        if plan.decode_table is not None and gate is None:  # one softmax over each slot list
-            return paged_decode_triton.gqa_decode(q.transpose(0, 1), pool_k, pool_v, *plan.decode_table).transpose(0, 1)
+        node_k = self.cache.node_k[layer] if self.window is not None else pool_k
+        node_v = self.cache.node_v[layer] if self.window is not None else pool_v
+        if plan.decode_table is not None and gate is None:  # one softmax over window and nodes
+            return paged_decode_triton.gqa_decode(q.transpose(0, 1), pool_k, pool_v, *plan.decode_table,
+                                                  second=(node_k, node_v, plan.decode_split)).transpose(0, 1)
+        if plan.local_table is not None and gate is not None:
+            # routed: p_local * Attn(window) + p_global * Attn(nodes); a path the router zeroed,
+            # or no node yet (its attention is 0), adds nothing
+            rows = q.transpose(0, 1)
+            local = paged_decode_triton.gqa_decode(rows, pool_k, pool_v, *plan.local_table)
+            nodes = paged_decode_triton.gqa_decode(rows, node_k, node_v, *plan.node_table)
+            g = gate.to(q.dtype)
+            return (g[:, 0, None, None] * local + g[:, 1, None, None] * nodes).transpose(0, 1)
         outs, a = [], 0
         for sp in plan.seqs:
             keys, values = pool_k[:, sp.local_slots], pool_v[:, sp.local_slots]

@@ -10,8 +10,9 @@ in registers:
 
 - `gqa_decode`: one query per sequence against `[kv_heads, slots, head_dim]` key/value pools;
   the query heads that share a kv head (GQA) are one program, so each key row is read once for
-  all of them. The slot list is what the query attends to (dense: every position; the sparse
-  window's "union" mode: the window's slots then the key nodes').
+  all of them. The slot list is what the query attends to: every position (dense), or the
+  sparse window's slots and then its key nodes' (slots of the node pools: "union" mode is one
+  softmax over both; "routed" mode two calls, mixed by the router's weights).
 - `latent_decode`: Multi-head Latent Attention's decode in latent space, one `[slots, rank + rope]`
   pool, each latent row read once for a block of heads; scores `q_nope . c + q_rope . k_rope`,
   values the row's first `rank`. The slot list is every position (GLM-4.7-Flash) or the chosen
@@ -49,8 +50,9 @@ def _kernels():
         return None
 
     @jit
-    def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, lengths_ptr, out_ptr, scale,
-                          stride_qb, stride_qh, stride_kh, stride_ks, stride_sb, stride_ob, stride_oh,
+    def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_ptr, split_ptr, out_ptr, scale,
+                          stride_qb, stride_qh, stride_kh, stride_ks, stride_k2h, stride_k2s, stride_sb,
+                          stride_ob, stride_oh,
                           GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                           BLOCK_N: tl.constexpr):
         b, kv = tl.program_id(0), tl.program_id(1)
@@ -60,17 +62,21 @@ def _kernels():
         q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
                     mask=(g[:, None] < GROUP) & (d[None, :] < D), other=0.0)
         length = tl.load(lengths_ptr + b)
+        split = tl.load(split_ptr + b)  # entries before it are slots of the first pools, after it of the second
         top = tl.full((BLOCK_G,), float("-inf"), tl.float32)
         total = tl.zeros((BLOCK_G,), tl.float32)
         acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
         for start in range(0, length, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
             live = n < length
+            first = n < split
             slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
-            rows = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
-            keep = live[:, None] & (d[None, :] < D)
-            k = tl.load(k_ptr + rows, mask=keep, other=0.0)
-            v = tl.load(v_ptr + rows, mask=keep, other=0.0)
+            keep1 = (live & first)[:, None] & (d[None, :] < D)
+            keep2 = (live & (n >= split))[:, None] & (d[None, :] < D)
+            rows1 = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
+            rows2 = kv * stride_k2h + slot[:, None] * stride_k2s + d[None, :]
+            k = tl.load(k_ptr + rows1, mask=keep1, other=0.0) + tl.load(k2_ptr + rows2, mask=keep2, other=0.0)
+            v = tl.load(v_ptr + rows1, mask=keep1, other=0.0) + tl.load(v2_ptr + rows2, mask=keep2, other=0.0)
             s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
             s = tl.where(live[None, :], s, float("-inf"))
             new_top = tl.maximum(top, tl.max(s, axis=1))
@@ -137,21 +143,28 @@ def wanted(device: torch.device) -> bool:
 
 
 def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
-               lengths: torch.Tensor, scale: float | None = None, block_n: int = 64) -> torch.Tensor:
+               lengths: torch.Tensor, scale: float | None = None, block_n: int = 64,
+               second: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`q [B, Hq, D]` (one query a sequence) against the slots `slots [B, W]` (the first
-    `lengths[b]` of row b) of `pool_k`/`pool_v [Hkv, S, D]`: `[B, Hq, D]`."""
+    `lengths[b]` of row b) of `pool_k`/`pool_v [Hkv, S, D]`: `[B, Hq, D]`. `second`: another
+    pair of pools `(k2, v2)` and a per-sequence `split [B]`: a row's entries from `split[b]` on
+    are slots of those (the sparse window's key nodes, kept in their own pools), one softmax
+    over both."""
     batch, heads, dim = q.shape
     kv_heads = pool_k.shape[0]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads do not share {kv_heads} kv heads evenly")
     group = heads // kv_heads
     q, slots, lengths = q.contiguous(), slots.contiguous(), lengths.to(torch.int32).contiguous()
+    k2, v2, split = second if second is not None else (pool_k, pool_v, lengths)
+    split = split.to(torch.int32).contiguous()
     out = torch.empty_like(q)
     kernel = _kernels()[0]
     CALLS["gqa"] += 1
     kernel[(batch, kv_heads)](
-        q, pool_k, pool_v, slots, lengths, out, scale if scale is not None else dim**-0.5,
-        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), slots.stride(0), out.stride(0), out.stride(1),
+        q, pool_k, pool_v, k2, v2, slots, lengths, split, out, scale if scale is not None else dim**-0.5,
+        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), k2.stride(0), k2.stride(1), slots.stride(0),
+        out.stride(0), out.stride(1),
         GROUP=group, D=dim, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), BLOCK_N=block_n)
     return out
 

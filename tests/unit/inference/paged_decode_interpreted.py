@@ -5,8 +5,10 @@ A script of its own, started by test_paged_decode_triton.py: Triton must see TRI
 before it is first imported.
 """
 
+import contextlib
 import json
 import os
+from pathlib import Path
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -106,9 +108,57 @@ def engine_case(make_hf, kind: str) -> dict:
     reference = run()
     kernels.MODE = "interpret"
     before = kernels.CALLS[kind]
-    tokens = run()
+    with compared_layers() as worst:
+        tokens = run()
     kernels.MODE = "0"
-    return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before}
+    return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before,
+            "worst_difference": worst[0]}
+
+
+@contextlib.contextmanager
+def compared_layers():
+    """Every decode step's attention computed twice, through the kernels and through the torch
+    path (the cache writes are the same both times), the largest difference kept: tokens alone
+    can hide a wrong context that happens not to change a greedy choice."""
+    from inference.layers.dsa import DSAttention
+    from inference.layers.gqa_cache import PagedGQALayer
+    from inference.layers.mla import MLAttention
+
+    worst = [0.0]
+    gqa, mla, dsa = PagedGQALayer.attend, MLAttention.forward, DSAttention.forward
+
+    def gqa_both(self, q, k, v, norms, gate):
+        plan = self.plan
+        out = gqa(self, q, k, v, norms, gate)
+        saved = plan.decode_table, plan.local_table
+        if saved != (None, None):
+            plan.decode_table = plan.local_table = None
+            worst[0] = max(worst[0], (out - gqa(self, q, k, v, norms, gate)).abs().max().item())
+            plan.decode_table, plan.local_table = saved
+        return out
+
+    def mla_both(self, x, rotations, cache):
+        out = mla(self, x, rotations, cache)
+        table = getattr(cache, "decode_table", None)
+        if table is not None:
+            cache.decode_table = None
+            worst[0] = max(worst[0], (out - mla(self, x, rotations, cache)).abs().max().item())
+            cache.decode_table = table
+        return out
+
+    def dsa_both(self, x, rotations, cache, chosen=None):
+        out, mine = dsa(self, x, rotations, cache, chosen)
+        if getattr(cache, "batched_decode", False):
+            cache.batched_decode = False
+            worst[0] = max(worst[0], (out - dsa(self, x, rotations, cache, chosen)[0]).abs().max().item())
+            cache.batched_decode = True
+        return out, mine
+
+    PagedGQALayer.attend, MLAttention.forward, DSAttention.forward = gqa_both, mla_both, dsa_both
+    try:
+        yield worst
+    finally:
+        PagedGQALayer.attend, MLAttention.forward, DSAttention.forward = gqa, mla, dsa
 
 
 def glm4():
@@ -119,10 +169,24 @@ def glm4():
                                       pad_token_id=0, eos_token_id=[1]))
 
 
+def sparse(routed: bool):
+    """A tiny glm5_sparse (window 16, a key node per 4): the window and the nodes, one softmax
+    (union) or the router's mix of the two (routed)."""
+    from tests.unit.inference.helpers import glm5_config, write_checkpoint
+
+    class Saved:  # what engine_case's save_pretrained expects
+        def save_pretrained(self, path):
+            write_checkpoint(Path(path), glm5_config(num_mtp_heads=0, routed=routed, vocab_size=300))
+
+    return Saved()
+
+
 def engines() -> dict:
     from tests.unit.inference import test_glm4_moe_lite, test_glm_moe_dsa
 
     return {"glm4": engine_case(glm4, "gqa"),
+            "glm5_sparse_union": engine_case(lambda: sparse(False), "gqa"),
+            "glm5_sparse_routed": engine_case(lambda: sparse(True), "gqa"),
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
             "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent")}
 
