@@ -106,6 +106,16 @@ static void top_count(const float *s, long m, long count, uint32_t *bits, long *
             out[c++] = i;
 }
 
+/* A query with no more than `count` positions (m) keeps them all: 0..count-1 into row (those
+ * past its own are filler the caller masks); true when that was the case. */
+static int all_earlier(long *row, long m, long count) {
+    if (m > count)
+        return 0;
+    for (long c = 0; c < count; c++)
+        row[c] = c;
+    return 1;
+}
+
 /* The lightning indexer's choice for n queries: q [n, H, D] (rotated), w [n, H] (the head
  * weights, already scaled), the keys transposed kT [D, ldk]; query i sees positions
  * 0..positions[i] and keeps the `count` best. out [n, count]: the chosen positions in increasing
@@ -121,11 +131,8 @@ void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk,
 #pragma omp for schedule(dynamic, 4)
         for (long i = 0; i < n; i++) {
             long m = positions[i] + 1, *row = out + i * count;
-            if (m <= count) {
-                for (long c = 0; c < count; c++)
-                    row[c] = c;
+            if (all_earlier(row, m, count))
                 continue;
-            }
             index_scores(q + i * H * D, w + i * H, kT, ldk, m, H, D, scale, s);
             top_count(s, m, count, bits, cand, row);
         }
@@ -187,11 +194,8 @@ void wecom_dsa_top_rows(const float *scores, long ld, const long *positions, lon
 #pragma omp for schedule(dynamic, 1)
         for (long i = 0; i < n; i++) {
             long m = positions[i] + 1, *row = out + i * count;
-            if (m <= count) {
-                for (long c = 0; c < count; c++)
-                    row[c] = c;
+            if (all_earlier(row, m, count))
                 continue;
-            }
             top_count(scores + i * ld, m, count, bits, cand, row);
         }
         free(bits);
@@ -217,11 +221,8 @@ void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, co
     long *cand = malloc((size_t)most * sizeof(long));
     for (long i = 0; i < n; i++) {
         long m = positions[i] + 1, *row = out + i * count;
-        if (m <= count) {
-            for (long c = 0; c < count; c++)
-                row[c] = c;
+        if (all_earlier(row, m, count))
             continue;
-        }
         for (long d = 0; d < D; d++)
             for (long h = 0; h < Hp; h++)
                 qT[d * Hp + h] = h < H ? q[(i * H + h) * D + d] : 0.0f;
