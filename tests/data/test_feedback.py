@@ -7,7 +7,6 @@ clear; the dashboard's reports count the ratings."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -16,7 +15,14 @@ from sqlalchemy import func, select
 from app import feedback
 from app.models import AnswerRating, AuditEvent, FeedbackComment, InboundMessage
 from app.outbox import user_hash
-from tests.data.test_message_path import SENTINEL_REPLY, USER_ID, FakeLLM, ids_of, post_message
+from tests.data.test_message_path import (
+    SENTINEL_REPLY,
+    USER_ID,
+    FakeLLM,
+    ids_of,
+    post_message,
+    post_xml,
+)
 from worker.conversation import ConversationStore
 from worker.processor import MessageProcessor
 
@@ -65,14 +71,7 @@ def post_card_event(client, services, task_id: str, key: str, create_time: int,
            f"<CardType><![CDATA[button_interaction]]></CardType>"
            f"<ResponseCode><![CDATA[{response_code}]]></ResponseCode>"
            f"<AgentID>{s.wecom_agent_id}</AgentID></xml>")
-    crypto = services.wecom_crypto
-    encrypt = crypto.encrypt(xml)
-    timestamp, nonce = str(int(time.time())), uuid.uuid4().hex[:10]
-    body = (f"<xml><ToUserName><![CDATA[{s.wecom_corp_id}]]></ToUserName>"
-            f"<AgentID>{s.wecom_agent_id}</AgentID><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>")
-    return client.post("/wecom/callback", data=body.encode(), headers={"User-Agent": "WeCom/Test"},
-                       query_string={"msg_signature": crypto.signature(timestamp, nonce, encrypt),
-                                     "timestamp": timestamp, "nonce": nonce})
+    return post_xml(client, services, xml)
 
 
 def processor_for(services, wecom):

@@ -68,6 +68,12 @@ def post_message(client, services, text: str, msg_id: int, user: str = USER_ID):
            f"<FromUserName><![CDATA[{user}]]></FromUserName><CreateTime>{int(time.time())}</CreateTime>"
            f"<MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{text}]]></Content>"
            f"<MsgId>{msg_id}</MsgId><AgentID>{s.wecom_agent_id}</AgentID></xml>")
+    return post_xml(client, services, xml)
+
+
+def post_xml(client, services, xml: str):
+    """POST a plaintext callback body to /wecom/callback as WeCom sends it: encrypted, signed."""
+    s = services.settings
     crypto = services.wecom_crypto
     encrypt = crypto.encrypt(xml)
     timestamp, nonce = str(int(time.time())), uuid.uuid4().hex[:10]
