@@ -228,17 +228,15 @@ class MessageProcessor:
 
     # -- entry point ---------------------------------------------------------------------------
     def process(self, message_id: int) -> Outcome:
-        outcome = self._process_one(message_id)
+        claimed = []
+        outcome = self._process_one(message_id, claimed)
         if outcome.status != "done" or outcome.reason == "not-ours":
             return outcome
-        self._drain_after(message_id)
+        self._drain_after(message_id, claimed[0].user_hash)
         return outcome
 
-    def _drain_after(self, message_id: int) -> None:
+    def _drain_after(self, message_id: int, user_hash: str) -> None:
         """Answer the user's next queued messages now, in order, while we are here."""
-        with self.services.db.reader() as session:
-            row = session.get(outbox.InboundMessage, message_id)
-            user_hash = row.user_hash if row else None
         current = message_id
         for _ in range(MAX_DRAIN):
             with self.services.db.reader() as session:  # the claim below decides, in a write
@@ -249,7 +247,8 @@ class MessageProcessor:
                 return  # its own task (or the sweeper) takes it from here
             current = nxt
 
-    def _process_one(self, message_id: int) -> Outcome:
+    def _process_one(self, message_id: int, claimed: list | None = None) -> Outcome:
+        """``claimed``: gets the claimed row (its user's next messages follow without a read)."""
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         lease_s = self.settings.claim_lease_s
         with self.services.db.session() as session:
@@ -258,6 +257,8 @@ class MessageProcessor:
                 return self._not_claimed(message_id, claim)
             row = claim.row
             session.expunge(row)
+        if claimed is not None:
+            claimed.append(row)
 
         with (request_context(row.request_id),
               LeaseKeeper(self.services, message_id, owner, lease_s) as lease):
