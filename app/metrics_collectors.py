@@ -57,6 +57,32 @@ class QueueDepthCollector(Collector):
                                 value=counts[-1])
 
 
+class AmqpQueueDepthCollector(Collector):
+    """``wecom_bot_queue_depth{queue}`` from RabbitMQ: a passive declare gives the ready
+    messages (RabbitMQ counts the unacknowledged ones apart; they are not reported here)."""
+
+    def __init__(self, broker_url: str, queues: tuple[str, ...] = ("chat",)):
+        self.broker_url = broker_url
+        self.queues = queues
+
+    def collect(self):
+        from kombu import Connection
+
+        try:
+            with Connection(self.broker_url, connect_timeout=2) as connection:
+                channel = connection.default_channel
+                counts = [channel.queue_declare(queue, passive=True).message_count for queue in self.queues]
+        except Exception:  # noqa: BLE001 - no broker (or no queue yet): leave the series out
+            log.warning("queue depth not collected: broker unavailable")
+            return
+        depth = GaugeMetricFamily("wecom_bot_queue_depth",
+                                  "Tasks waiting in the Celery queue (not yet taken by a worker)",
+                                  labels=["queue"])
+        for queue, count in zip(self.queues, counts, strict=True):
+            depth.add_metric([queue], count)
+        yield depth
+
+
 class BudgetSpendCollector(Collector):
     """``wecom_bot_budget_spent`` / ``_reserved`` / ``_limit`` per enabled budget, this period."""
 

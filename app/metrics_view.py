@@ -22,7 +22,12 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from app.metrics_collectors import BudgetSpendCollector, QueueDepthCollector
+from app.metrics_collectors import (
+    AmqpQueueDepthCollector,
+    BudgetSpendCollector,
+    QueueDepthCollector,
+)
+from app.task_queue import is_amqp
 
 bp = Blueprint("metrics", __name__)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -34,9 +39,12 @@ def scrape_registry(services) -> CollectorRegistry:
 
     registry = CollectorRegistry(auto_describe=False)
     broker = services.settings.celery_broker_url
-    queue_redis = services.redis if broker == services.settings.redis_url else Redis.from_url(
-        broker, socket_timeout=2, socket_connect_timeout=1)
-    registry.register(QueueDepthCollector(queue_redis))
+    if is_amqp(broker):
+        registry.register(AmqpQueueDepthCollector(broker))
+    else:
+        queue_redis = services.redis if broker == services.settings.redis_url else Redis.from_url(
+            broker, socket_timeout=2, socket_connect_timeout=1)
+        registry.register(QueueDepthCollector(queue_redis))
     registry.register(BudgetSpendCollector(services.db, services.settings.timezone))
     return registry
 

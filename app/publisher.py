@@ -27,6 +27,8 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from kombu.utils.uuid import uuid
 
+from app.task_queue import chat_queue, is_amqp
+
 _EMBED_JSON = json.dumps({"callbacks": None, "errbacks": None, "chain": None, "chord": None})
 
 
@@ -35,6 +37,9 @@ class TaskPublisher:
         conf = celery.conf
         self.celery = celery
         self.queue = queue or conf.task_default_queue
+        # RabbitMQ: publish to the declared quorum queue through its exchange (declared on first
+        # use, so a message sent before any worker started is not dropped as unroutable)
+        self.amqp_queue = chat_queue(celery) if is_amqp(conf.broker_url) else None
         self.retry = bool(conf.task_publish_retry)
         self.retry_policy = dict(conf.task_publish_retry_policy or {})
         self._templates: dict[tuple[int, str], tuple[str, str]] = {}
@@ -49,16 +54,34 @@ class TaskPublisher:
         if headers:
             task_headers.update(headers)
         with self.celery.producer_or_acquire() as producer:
-            producer.publish(body, exchange="", routing_key=self.queue, serializer="json",
-                             headers=task_headers, retry=self.retry, retry_policy=self.retry_policy,
-                             **properties)
+            self._publish(producer, body, task_headers, properties)
         return task_id
+
+    def _publish(self, producer, body, headers: dict, properties: dict) -> None:
+        if self.amqp_queue is None:
+            producer.publish(body, exchange="", routing_key=self.queue, serializer="json",
+                             headers=headers, retry=self.retry, retry_policy=self.retry_policy, **properties)
+            return
+        queue = self.amqp_queue
+        producer.publish(body, exchange=queue.exchange, routing_key=queue.routing_key, serializer="json",
+                         headers=headers, retry=self.retry, retry_policy=self.retry_policy,
+                         declare=[queue], **{"delivery_mode": 2, **properties})
 
     def send_many(self, name: str, tasks: list[tuple[list, dict | None]], client=None) -> list[str]:
         """Publish task ``name`` once per ``(args, headers)``, in one round trip; returns the
         task ids. No retry: on a failure none was sent, and the caller leaves them to the sweeper.
         ``client``: a Redis client of the broker's to push with (default: kombu's channel's,
         taken from Celery's producer pool for each call)."""
+        if self.amqp_queue is not None:  # RabbitMQ: each confirmed, on one producer
+            ids = []
+            with self.celery.producer_or_acquire() as producer:
+                for args, headers in tasks:
+                    ids.append(uuid())
+                    task_headers, properties, body, _ = self.celery.amqp.create_task_message(
+                        ids[-1], name, args, {}, ignore_result=None)
+                    task_headers.update(headers or {})
+                    self._publish(producer, body, task_headers, properties)
+            return ids
         ids, messages = [], []
         for args, headers in tasks:
             task_id = uuid()

@@ -12,6 +12,7 @@ nothing; the task itself is idempotent (see ``worker.processor``).
 from __future__ import annotations
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 from app import broker
 from app.config import Settings
@@ -68,4 +69,31 @@ def make_celery(settings: Settings) -> Celery:
                if settings.audit_checkpoint_minutes else {}),
         },
     )
+    if is_amqp(settings.celery_broker_url):
+        app.conf.update(_rabbitmq_options())
     return app
+
+
+def is_amqp(url: str | None) -> bool:
+    return (url or "").startswith(("amqp://", "amqps://", "pyamqp://"))
+
+
+def chat_queue(app: Celery):
+    """The queue the chat tasks go to, as the broker declares it (RabbitMQ: a quorum queue)."""
+    return next(q for q in app.conf.task_queues if q.name == app.conf.task_default_queue)
+
+
+def _rabbitmq_options() -> dict:
+    """RabbitMQ, the recommended production broker: the chat queue is a quorum queue (replicated
+    across the cluster's nodes, durable), every publish waits for the broker's confirm, and the
+    messages are persistent. Acknowledgement stays late (``task_acks_late``): a worker that dies
+    leaves its task to the queue. Celery turns off global QoS for quorum queues by itself."""
+    return {
+        "task_queues": (Queue("chat", Exchange("chat", type="direct"), routing_key="chat",
+                              queue_arguments={"x-queue-type": "quorum"}, durable=True),),
+        "task_default_exchange": "chat",
+        "task_default_routing_key": "chat",
+        "task_default_delivery_mode": "persistent",
+        "broker_transport_options": {"confirm_publish": True},
+        "worker_detect_quorum_queues": True,
+    }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start Redis (and PostgreSQL, when installed) if nothing listens on their ports yet.
+# Start Redis (and PostgreSQL and RabbitMQ, when installed) if nothing listens on their ports yet.
 set -u
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -18,5 +18,10 @@ if ! listening 5432 && [ -d /etc/postgresql ] && command -v pg_ctlcluster >/dev/
   echo "starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
   for _ in $(seq 50); do listening 5432 && break; sleep 0.2; done
+fi
+if ! listening 5672 && command -v rabbitmq-server >/dev/null; then
+  echo "starting RabbitMQ"
+  rabbitmq-server -detached || true
+  for _ in $(seq 120); do listening 5672 && break; sleep 0.5; done
 fi
 exit 0
