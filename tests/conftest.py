@@ -14,3 +14,9 @@ def pytest_runtest_makereport(item, call):
         for stack in list(LIVE_STACKS):
             for title, text in stack.log_tails():
                 report.sections.append((f"stack log: {title}", text))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--broker", choices=("redis", "rabbitmq"), default="redis",
+                     help="the Celery broker of the integration suite's stacks (tests/integration): "
+                          "redis (default) or rabbitmq (the machine's RabbitMQ, a vhost per run)")

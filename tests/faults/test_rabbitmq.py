@@ -8,10 +8,8 @@ so the restart test's traffic never meets another run's.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -19,21 +17,14 @@ from app.config import Settings
 from app.publisher import TaskPublisher
 from app.task_queue import HANDLE_MESSAGE, chat_queue, make_celery
 from tests.faults.conftest import answered_once, wait_answered
+from tests.support.rabbitmq import rabbitmq_vhost, rabbitmqctl
 from tests.support.stack import Stack, make_env, wait_for
-
-
-def rabbitmqctl(*args: str) -> str:
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, check=True,
-                          timeout=120).stdout
 
 
 @pytest.fixture(scope="module")
 def vhost():
-    name = f"wecom_test_{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    yield f"amqp://guest:guest@127.0.0.1:5672/{name}", name
-    rabbitmqctl("delete_vhost", name)
+    with rabbitmq_vhost() as url:
+        yield url, url.rsplit("/", 1)[1]
 
 
 def celery_on(url: str):
