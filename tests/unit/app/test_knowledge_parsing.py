@@ -12,6 +12,7 @@ from app.knowledge import parsing
 from app.knowledge.chunking import chunk_blocks
 from app.knowledge.parsing import Block, UploadError, detect, parse
 from app.knowledge.terms import TermHasher, count_tokens, terms
+from emulator.media import pdf_document
 
 HANDBOOK = """# Handbook
 
@@ -33,28 +34,8 @@ Salary is paid on the 10th of the following month.
 
 
 def pdf_bytes(lines: list[str]) -> bytes:
-    """A small valid PDF with one page of text (Helvetica), offsets computed."""
-    text = "BT /F1 12 Tf 72 720 Td " + " ".join(f"({line}) Tj 0 -16 Td" for line in lines) + " ET"
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        b"/Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d >>\nstream\n" % len(text) + text.encode() + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, 1):
-        offsets.append(out.tell())
-        out.write(b"%d 0 obj\n" % number + body + b"\nendobj\n")
-    xref = out.tell()
-    out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
-    for offset in offsets:
-        out.write(b"%010d 00000 n \n" % offset)
-    out.write(b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref))
-    return out.getvalue()
+    """A small valid PDF with one page of text: the emulator's sample maker (its media/get)."""
+    return pdf_document(lines)
 
 
 def docx_bytes() -> bytes:
