@@ -144,6 +144,16 @@ class Stack:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> Stack:
+        """Start everything; a start that fails stops what it had started (a fixture that never
+        got the stack could not, and its worker would go on consuming another run's tasks)."""
+        try:
+            return self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.stop()
+            raise
+
+    def _start(self) -> Stack:
         LIVE_STACKS.add(self)
         self.emulator.start()
         self.env["WECOM_API_BASE"] = self.emulator.url
