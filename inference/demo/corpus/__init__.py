@@ -15,6 +15,7 @@ CORPUS_DIR = Path(__file__).resolve().parent
 QA_PATH = CORPUS_DIR / "qa.jsonl"
 DIALOGUES_PATH = CORPUS_DIR / "dialogues.jsonl"
 COMPANY_PATH = CORPUS_DIR / "company.md"
+UNANSWERABLE_PATH = CORPUS_DIR / "unanswerable.jsonl"
 
 TOPICS = ("it", "hr", "expense", "travel", "security", "office", "bot", "greeting", "smalltalk")
 LANGS = ("zh", "en")
@@ -46,6 +47,15 @@ def load_qa() -> list[dict]:
 def load_dialogues() -> list[dict]:
     """Multi-turn dialogues: ``{"id", "messages": [{"role", "content"}, ...]}``."""
     return _read_jsonl(DIALOGUES_PATH)
+
+
+def load_unanswerable() -> list[dict]:
+    """Questions the handbook does not answer: ``{"question", "lang", "near"}``.
+
+    ``near`` names the handbook section the question sounds close to, or ``"none"``
+    for off-topic questions. Used to teach the model to decline.
+    """
+    return _read_jsonl(UNANSWERABLE_PATH)
 
 
 def training_pairs() -> list[tuple[str, str]]:

@@ -145,3 +145,18 @@ def test_key_facts_match_handbook(qa):
     for item in qa:
         for ext in re.findall(r"(?<![\d,.])8\d{3}(?![\d,])", item["answer"]):
             assert ext in known_ext, (item["id"], ext)
+
+
+def test_unanswerable_questions():
+    rows = corpus.load_unanswerable()
+    assert len(rows) >= 100
+    for row in rows:
+        assert isinstance(row.get("question"), str) and row["question"].strip(), row
+        assert row.get("lang") in corpus.LANGS, row
+        assert isinstance(row.get("near"), str) and row["near"].strip(), row
+    keys = [norm(r["question"]) for r in rows]
+    dupes = [k for k, n in Counter(keys).items() if n > 1]
+    assert not dupes, dupes
+    training = {norm(q) for q, _ in corpus.training_pairs()}
+    clash = [r["question"] for r in rows if norm(r["question"]) in training]
+    assert not clash, clash
