@@ -15,6 +15,12 @@ CORPUS_DIR = Path(__file__).resolve().parent
 QA_PATH = CORPUS_DIR / "qa.jsonl"
 DIALOGUES_PATH = CORPUS_DIR / "dialogues.jsonl"
 COMPANY_PATH = CORPUS_DIR / "company.md"
+COMPANY_ZH_PATH = CORPUS_DIR / "company.zh.md"
+# Handbook editions for the demo knowledge base, as (path, title); company.md is the source of truth.
+HANDBOOKS = (
+    (COMPANY_PATH, "星河科技员工手册 Employee Handbook"),
+    (COMPANY_ZH_PATH, "星河科技员工手册（中文版）"),
+)
 UNANSWERABLE_PATH = CORPUS_DIR / "unanswerable.jsonl"
 
 TOPICS = ("it", "hr", "expense", "travel", "security", "office", "bot", "greeting", "smalltalk")

@@ -160,3 +160,49 @@ def test_unanswerable_questions():
     training = {norm(q) for q, _ in corpus.training_pairs()}
     clash = [r["question"] for r in rows if norm(r["question"]) in training]
     assert not clash, clash
+
+
+def _handbook_body(text: str) -> str:
+    """The handbook minus its `#` title and the `>` note (the editions word those differently)."""
+    return "\n".join(line for line in text.splitlines()[1:] if not line.startswith((">", "# ")))
+
+
+def _ascii_names(text: str) -> set[str]:
+    """Names that must stay verbatim: `code` spans, plus ASCII names in **bold** (no numbers)."""
+    names = set(re.findall(r"`([^`\n]+)`", text))
+    for span in re.findall(r"\*\*([^*\n]+)\*\*", text):
+        if not span.isascii() or re.search(r"\d", span):
+            continue  # numbers are checked on their own; translated labels are not names
+        words = span.split()
+        if len(words) > 1 and all(w[0].isupper() for w in words):
+            names.add(span)  # Xinghe Connect
+        # VPN, USB, AI, Wi-Fi (not per-diem)
+        names.update(w for w in words if re.fullmatch(r"[A-Z]{2,}|[A-Z][A-Za-z]*-[A-Za-z]+", w))
+    return names
+
+
+def test_chinese_handbook_matches_english():
+    """company.zh.md: same ##/### headings, same numbers and names as company.md."""
+    assert corpus.HANDBOOKS[0][0] == corpus.COMPANY_PATH
+    assert corpus.HANDBOOKS[1][0] == corpus.COMPANY_ZH_PATH
+    en = corpus.COMPANY_PATH.read_text(encoding="utf-8")
+    zh = corpus.COMPANY_ZH_PATH.read_text(encoding="utf-8")
+    assert zh.splitlines()[0] == "# 星河科技员工手册（中文版）"
+    assert CJK.search(_handbook_body(zh))
+
+    def headings(text):
+        return [line for line in text.splitlines() if re.match(r"#{2,3} ", line)]
+
+    assert headings(zh) == headings(en)
+
+    # Every number of company.md, at least as often as there ("5,000" counts as 5 and 000);
+    # the Chinese writes city tiers as 一线/二线城市 where the English has Tier 1/Tier 2.
+    en_nums = Counter(re.findall(r"\d+(?:\.\d+)?", _handbook_body(en)))
+    zh_nums = Counter(re.findall(r"\d+(?:\.\d+)?", _handbook_body(zh)))
+    zh_nums.update({"1": zh.count("一线城市"), "2": zh.count("二线城市")})
+    missing = {n: (k, zh_nums[n]) for n, k in en_nums.items() if zh_nums[n] < k}
+    assert not missing, f"numbers in company.md missing from company.zh.md (en, zh): {missing}"
+
+    names = _ascii_names(_handbook_body(en))
+    assert {"Xinghe-Staff", "vpn.xinghe.example", "Xinghe Connect", "/usage"} <= names
+    assert not {n for n in names if n not in zh}, names
