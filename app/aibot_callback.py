@@ -22,7 +22,7 @@ import redis
 from flask import Blueprint, Response, current_app, g, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import metrics, outbox
+from app import feedback, metrics, outbox
 from app.aibot_streams import EXPIRED_NOTICE, TRUNCATED_NOTICE
 from app.callback import (
     CallbackRejected,
@@ -107,6 +107,12 @@ def answer(message: aibot.AibotMessage) -> dict | None:
     if message.msg_type == "event":
         if message.event == "enter_chat":
             return aibot.text_message(_services().settings.welcome_message)
+        if message.event == aibot.FEEDBACK_EVENT:
+            try:
+                accept_feedback(_services(), message, g.request_id, fingerprint())
+            except IntakeUnavailable as exc:
+                log.warning("outbox write failed request_id=%s: %s", g.request_id, exc)
+                raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
         return None
     if message.msg_type not in aibot.QUESTION_TYPES:
         return aibot.stream_message(new_stream_id(), UNSUPPORTED_NOTICE, True)
@@ -129,10 +135,39 @@ def question(message: aibot.AibotMessage) -> dict | None:
     except IntakeUnavailable as exc:
         log.warning("outbox write failed request_id=%s: %s", g.request_id, exc)
         raise CallbackRejected(503, "storage unavailable, retry later", "storage") from None
+    offered = feedback_of(services, asked, accepted.id)
     if not accepted.created:
         log.info("duplicate aibot callback message_id=%s request_id=%s", accepted.id, g.request_id)
-        return refresh(accepted.stream_id)
-    return aibot.stream_message(accepted.stream_id, services.settings.aibot_thinking_text, False)
+        # WeCom asks again because our first reply never reached it: this one is its first
+        reply = refresh(accepted.stream_id)
+        if offered:
+            reply["stream"]["feedback"] = {"id": offered}
+        return reply
+    return aibot.stream_message(accepted.stream_id, services.settings.aibot_thinking_text, False,
+                                feedback_id=offered)
+
+
+def feedback_of(services, asked: aibot.AibotMessage, message_id: int) -> str | None:
+    """The ``feedback.id`` the first reply to this question carries (WeCom's 👍/👎 under the
+    answer), or None (feedback off, or a command: no model answer to rate)."""
+    if not feedback.offers_feedback(services.settings, asked.content):
+        return None
+    return feedback.feedback_id(services.blind_index, message_id)
+
+
+def accept_feedback(services, message: aibot.AibotMessage, request_id: str | None,
+                    fingerprint_: str | None) -> outbox.Accepted | None:
+    """A ``feedback_event`` (callback or long connection) into the outbox, where its msgid drops
+    WeCom's second delivery and the worker records it (``worker/feedback.py``); a malformed one
+    is logged and dropped (None). ``IntakeUnavailable`` when the write failed."""
+    problem = feedback.aibot_problem(message)
+    if problem is not None:
+        log.warning("aibot feedback_event ignored: %s", problem)
+        return None
+    accepted = services.intake.accept(outbox.Arrival(message, request_id, CHANNEL), fingerprint_)
+    log.info("aibot feedback_event %s message_id=%s", "accepted" if accepted.created else "duplicate",
+             accepted.id)
+    return accepted
 
 
 def askable(message: aibot.AibotMessage, settings) -> aibot.AibotMessage | dict | None:

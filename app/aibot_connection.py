@@ -16,7 +16,9 @@ message only when @mentioned, the outbox row deduplicated by msgid (a message de
 two replicas, or by callback and connection, is one row), the worker's task; voice (WeCom's
 transcript), images, files and mixed messages as by callback, each image's and file's own
 ``aeskey`` carried to the worker (worker/media.py). ``enter_chat`` gets the welcome text
-(``aibot_respond_welcome_msg``).
+(``aibot_respond_welcome_msg``). A question's first stream frame carries ``feedback.id``
+(``app.feedback``); a ``feedback_event`` (the employee's 👍/👎 on it) goes to the outbox like
+the callback's, deduplicated by msgid, and the worker records it.
 
 **Replies** are the stream the worker writes to Redis for the callback's refresh polls
 (``app.aibot_streams``); nothing in the worker changes. The holder pushes each stream instead of
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import aibot_callback, outbox
+from app import aibot_callback, outbox, redis_client
 from app.callback import CallbackRejected
 from app.intake import IntakeUnavailable
 from app.logging_setup import request_id_var
@@ -194,6 +196,7 @@ class Session:
     sent: dict[str, _Sent] = field(default_factory=dict)  # stream id -> last frame sent
     unacked: dict[str, int] = field(default_factory=dict)  # req_id -> respond frames awaiting ack
     finished: dict[str, str] = field(default_factory=dict)  # req_id -> its stream, finish sent
+    offered: dict[str, str] = field(default_factory=dict)  # stream id -> feedback id, first frame
 
     def send(self, frame: aibot_ws.Frame) -> None:
         self.ws.send(frame.encode())
@@ -285,8 +288,28 @@ class Session:
             self.send(aibot_ws.respond_welcome(frame.req_id, self.holder.services.settings.welcome_message))
         elif kind == aibot_ws.DISCONNECTED_EVENT:
             raise ConnectionClosed("WeCom: a newer connection of this bot replaced this one")
+        elif kind == aibot.FEEDBACK_EVENT:
+            self.on_feedback(frame)
         else:
             log.info("event ignored eventtype=%s", kind or "?")
+
+    def on_feedback(self, frame: aibot_ws.Frame) -> None:
+        """A 👍/👎 on a reply that carried ``feedback.id``: into the outbox (dedup by msgid), the
+        worker records it; nothing is sent back. Malformed: a log line."""
+        request_id = "ws-" + secrets.token_hex(8)
+        token = request_id_var.set(request_id)
+        try:
+            try:
+                message = aibot.parse_message(json.dumps(frame.body or {}), int(time.time()))
+            except MessageParseError as exc:
+                log.warning("malformed feedback_event ignored req_id=%s: %s", frame.req_id, exc)
+                return
+            try:
+                aibot_callback.accept_feedback(self.holder.services, message, request_id, None)
+            except IntakeUnavailable as exc:  # WeCom does not push an event again: it is lost
+                log.warning("feedback_event not accepted req_id=%s: %s", frame.req_id, type(exc).__name__)
+        finally:
+            request_id_var.reset(token)
 
     def on_message(self, frame: aibot_ws.Frame) -> None:
         holder = self.holder
@@ -334,6 +357,9 @@ class Session:
                 # comes by the connection): answer on the req_id it gave this time.
                 holder.pending.add(accepted.stream_id, frame.req_id, message.msg_id)
                 self.sent.pop(accepted.stream_id, None)
+            offered = aibot_callback.feedback_of(services, asked, accepted.id)
+            if offered:  # on this req_id's first frame (pump)
+                self.offered[accepted.stream_id] = offered
             self.pump()
         finally:
             request_id_var.reset(token)
@@ -383,8 +409,11 @@ class Session:
                 log.info("owed stream without a row dropped req_id=%s", req_id)
                 holder.pending.remove(stream_id)
                 self.sent.pop(stream_id, None)
+                self.offered.pop(stream_id, None)
                 continue
-            self.send(aibot_ws.respond_stream(req_id, stream_id, reply["content"], reply["finish"]))
+            offered = self.offered.pop(stream_id, None) if last.content is None else None
+            self.send(aibot_ws.respond_stream(req_id, stream_id, reply["content"], reply["finish"],
+                                              feedback_id=offered))
             self.unacked[req_id] = self.unacked.get(req_id, 0) + 1
             last.content, last.finish = reply["content"], reply["finish"]
             if reply["finish"]:
@@ -475,7 +504,7 @@ def check(settings) -> int:
     if not settings.aibot_ws_enabled:
         return 0
     try:
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = redis_client.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
         return 0 if client.exists(LEASE_KEY) else 1
     except redis.RedisError:
         return 1

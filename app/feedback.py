@@ -15,8 +15,23 @@ answer's model and the employee's department (copied from the answer's usage row
 Comments are sealed (AES-GCM, ``comment_enc``) like message text. Both are audited
 (``feedback`` events, without the text).
 
-The dashboard shows satisfaction by day, department and model; the worst-rated answers (👎, the
-newest first) are listed for the admin role only, question and answer decrypted for it alone.
+On the AI bot (智能机器人) channel WeCom has its own 👍/👎: a reply whose *first* stream reply
+carries ``stream.feedback.id`` shows the thumbs, and a rating comes back as the
+``feedback_event`` event (callback or long connection) with that id, ``type`` 1 accurate, 2
+inaccurate (with ``inaccurate_reason_list`` codes and free text) or 3 withdrawn. The id is the
+same keyed ``fb-<message id>-<check>`` (``feedback_id``), put on the first reply by whoever
+sends it (the callback's immediate answer, the connection holder's first frame) for every
+question that is not a command. The event goes through the outbox like any other (so WeCom's
+second delivery of a msgid is one row, and a user's rating is handled after the answer it rates)
+and the worker records it with ``record_aibot_feedback``: a later rating replaces the earlier
+(the row keeps ``message_id`` unique), a withdrawal sets it to 0 (counted neither way), the
+reason codes go in ``reasons`` and the free text is sealed as a ``FeedbackComment`` of that
+answer. Only the asker can rate, only a model answer of the AI bot, and every refusal (an unknown
+or forged id, another employee, a malformed event) is a log line, never an error.
+
+The dashboard shows satisfaction by day, department, model and channel; the worst-rated answers
+(👎, the newest first) are listed for the admin role only, question and answer decrypted for it
+alone.
 """
 
 from __future__ import annotations
@@ -45,6 +60,14 @@ COMMENTS_TABLE = FeedbackComment.__tablename__
 MAX_COMMENT_CHARS = 2000
 _TASK_ID = re.compile(r"fb-([0-9]{1,19})-([0-9a-f]{16})")
 _PURPOSE = "feedback-task"
+
+# The AI bot's feedback_event (app/wecom/aibot.py parses it): WeCom's types and reason codes.
+AIBOT_EVENT = "feedback_event"
+AIBOT_ACCURATE, AIBOT_INACCURATE, AIBOT_WITHDRAWN = 1, 2, 3
+AIBOT_RATINGS = {AIBOT_ACCURATE: 1, AIBOT_INACCURATE: -1, AIBOT_WITHDRAWN: 0}
+REASONS = {1: "与问题无关 irrelevant", 2: "内容不完整 incomplete", 3: "内容有错误 wrong",
+           4: "数据分析错误 data analysis error"}
+FEEDBACK_ID_MAX_BYTES = 256
 
 CARD_TITLE = "这个回答有帮助吗？"
 CARD_DESC = "Was this answer helpful?"
@@ -103,11 +126,81 @@ def parse_click(blind_index, payload: dict) -> CardClick | None:
     return CardClick(message_id, rating, str(payload.get("response_code") or ""))
 
 
+# -- the AI bot's feedback id and event -------------------------------------------------------------
+def feedback_id(blind_index, message_id: int) -> str:
+    """The AI bot reply's ``feedback.id`` for ``message_id``: the card's keyed task id (opaque to
+    WeCom, ASCII, far below its 256 bytes; no user id or text in it)."""
+    return task_id(blind_index, message_id)
+
+
+def offers_feedback(settings, question: str | None) -> bool:
+    """Whether an AI bot question's first reply carries a feedback id: feedback on
+    (``FEEDBACK_CARDS``) and the question not a command (``/help`` is not a model answer)."""
+    if not getattr(settings, "feedback_cards", True):
+        return False
+    return not (question or "").strip().startswith(("/", "／"))
+
+
+@dataclass(frozen=True)
+class AibotFeedback:
+    message_id: int
+    kind: int  # AIBOT_ACCURATE, AIBOT_INACCURATE, AIBOT_WITHDRAWN
+    reasons: tuple[int, ...]
+    comment: str
+
+    @property
+    def rating(self) -> int:
+        return AIBOT_RATINGS[self.kind]
+
+
+def aibot_problem(message) -> str | None:
+    """Why a parsed ``feedback_event`` (``app.wecom.aibot.AibotMessage``) cannot be recorded, or
+    None; checked where it arrives, so that a malformed event is a log line, not an outbox row.
+    Whether the id is one of ours is the worker's question (``parse_aibot_feedback``)."""
+    if not message.msg_id:
+        return "no msgid (needed to drop WeCom's second delivery)"
+    if not message.from_user:
+        return "no from.userid"
+    if not message.feedback_id:
+        return "no feedback_event.id"
+    if len(message.feedback_id.encode()) > FEEDBACK_ID_MAX_BYTES:
+        return "feedback_event.id longer than 256 bytes"
+    if message.feedback_type not in AIBOT_RATINGS:
+        return f"feedback_event.type {message.feedback_type} is not 1, 2 or 3"
+    return None
+
+
+def parse_aibot_feedback(blind_index, payload: dict) -> AibotFeedback | str:
+    """An accepted ``feedback_event``'s stored payload as the rating of one of our answers, or
+    a sentence saying why not (an id that is not ours, or forged; a type out of range)."""
+    message_id = message_of(blind_index, str(payload.get("feedback_id") or ""))
+    if message_id is None:
+        return "unknown feedback id"
+    kind = payload.get("feedback_type")
+    if type(kind) is not int or kind not in AIBOT_RATINGS:
+        return "feedback type out of range"
+    reasons = payload.get("feedback_reasons") or ()
+    codes = tuple(sorted({r for r in reasons if type(r) is int and r in REASONS})) \
+        if kind == AIBOT_INACCURATE and isinstance(reasons, list | tuple) else ()
+    comment = payload.get("content") if kind == AIBOT_INACCURATE else ""
+    return AibotFeedback(message_id, kind, codes,
+                         comment.strip()[:MAX_COMMENT_CHARS] if isinstance(comment, str) else "")
+
+
+def reason_labels(reasons: str) -> list[str]:
+    """``"1,3"`` -> the reasons' names, for the dashboard."""
+    return [REASONS.get(int(code), code) for code in (reasons or "").split(",") if code.isdigit()]
+
+
 # -- storing ----------------------------------------------------------------------------------------
 class Recorded:
     STORED = "stored"
     DUPLICATE = "duplicate"  # already rated: WeCom's retry, or a second click
     UNKNOWN = "unknown"  # no such message, or not this employee's
+    CHANGED = "changed"  # the AI bot: a new rating replaced the earlier one
+    WITHDRAWN = "withdrawn"  # the AI bot: the rating was withdrawn (now 0)
+    NOT_RATED = "not_rated"  # the AI bot: a withdrawal of a rating that was never stored
+    NOT_AN_ANSWER = "not_an_answer"  # the AI bot: the rated reply was no model answer of the bot
 
 
 def record_rating(services, message_id: int, user_hashes: list[str] | str, rating: int,
@@ -142,6 +235,64 @@ def record_rating(services, message_id: int, user_hashes: list[str] | str, ratin
                                        "channel": channel})
     _publish_head(services)
     return Recorded.STORED
+
+
+def record_aibot_feedback(services, rated: AibotFeedback, user_hashes: list[str] | str, tz,
+                          request_id: str | None = None) -> str:
+    """Record an AI bot ``feedback_event``: the asker's 👍/👎 of the answer ``rated.message_id``
+    stored, or replacing an earlier one, or withdrawn (set to 0); a 👎's reason codes with it and
+    its free text sealed as a comment on that answer. Audited (without the text) unless nothing
+    changed. Returns a ``Recorded`` value."""
+    hashes = [user_hashes] if isinstance(user_hashes, str) else list(user_hashes)
+    rating, reasons = rated.rating, ",".join(str(r) for r in rated.reasons)[:32]
+    with services.db.transaction() as session:
+        message = session.get(InboundMessage, rated.message_id)
+        if message is None or message.user_hash not in hashes:
+            return Recorded.UNKNOWN
+        if message.channel != "aibot" or not message.model:
+            return Recorded.NOT_AN_ANSWER
+        usage = session.execute(select(UsageRecord.model, UsageRecord.department)
+                                .where(UsageRecord.message_id == message.id).limit(1)).first()
+        model = ((usage.model if usage else None) or message.model or "")[:64]
+        department = (usage.department if usage else "") or ""
+        now = utcnow()
+        today = now.astimezone(tz).date()
+        existing = session.scalars(select(AnswerRating).where(AnswerRating.message_id == message.id)
+                                   .with_for_update()).first()
+        if existing is None:
+            if rating == 0:
+                return Recorded.NOT_RATED
+            try:
+                with session.begin_nested():
+                    session.add(AnswerRating(message_id=message.id, rating=rating, channel="aibot",
+                                             user_hash=message.user_hash, department=department,
+                                             model=model, day=today, created_at=now, reasons=reasons))
+            except IntegrityError:  # a concurrent rating of the same answer won
+                return Recorded.DUPLICATE
+            result = Recorded.STORED
+        elif (existing.rating, existing.reasons) == (rating, reasons) and not rated.comment:
+            return Recorded.DUPLICATE  # the same rating again: nothing new to count or audit
+        else:
+            result = Recorded.WITHDRAWN if rating == 0 else Recorded.CHANGED
+            existing.rating, existing.reasons, existing.day, existing.created_at = rating, reasons, today, now
+        comment_id = None
+        if rated.comment:
+            row = FeedbackComment(message_id=message.id, user_hash=message.user_hash,
+                                  department=department, day=today, created_at=now)
+            session.add(row)
+            session.flush()
+            row.comment_enc = services.cipher.encrypt(rated.comment, COMMENTS_TABLE, "comment_enc", row.id)
+            comment_id = row.id
+        payload = {"kind": "rating", "message_id": message.id, "channel": "aibot", "model": model,
+                   "rating": {1: "up", -1: "down", 0: "withdrawn"}[rating], "result": result}
+        if rated.reasons:
+            payload["reasons"] = list(rated.reasons)
+        if comment_id is not None:
+            payload.update(comment_id=comment_id, chars=len(rated.comment))
+        services.audit.append(session, EventType.FEEDBACK, actor=message.user_hash,
+                              request_id=request_id, payload=payload)
+    _publish_head(services)
+    return result
 
 
 def store_comment(services, user_hash: str, text: str, tz, department: str = "",
@@ -184,7 +335,8 @@ def _within(since: date, until: date, department: str | None):
 
 
 def satisfaction(session: Session, since: date, until: date, department: str | None = None) -> dict:
-    """👍/👎 counts and the share of 👍 by day, department and model, and in total."""
+    """👍/👎 counts and the share of 👍 by day, department, model and channel (app, aibot), and
+    in total; a withdrawn AI bot rating (0) counts neither way."""
     up = func.sum(case((AnswerRating.rating > 0, 1), else_=0)).label("up")
     down = func.sum(case((AnswerRating.rating < 0, 1), else_=0)).label("down")
     where = _within(since, until, department)
@@ -197,7 +349,7 @@ def satisfaction(session: Session, since: date, until: date, department: str | N
     total = session.execute(select(up, down).where(*where)).one()
     return {"total": _share({"key": "all", "up": int(total.up or 0), "down": int(total.down or 0)}),
             "days": rows(AnswerRating.day), "departments": rows(AnswerRating.department),
-            "models": rows(AnswerRating.model)}
+            "models": rows(AnswerRating.model), "channels": rows(AnswerRating.channel)}
 
 
 def _share(row: dict) -> dict:
@@ -219,7 +371,8 @@ def worst_rated(session: Session, services, since: date, until: date, department
     out = []
     for rating, payload_enc, reply_enc in found:
         item = {"message_id": rating.message_id, "day": rating.day, "model": rating.model,
-                "department": rating.department, "channel": rating.channel}
+                "department": rating.department, "channel": rating.channel,
+                "reasons": reason_labels(rating.reasons)}
         if decrypt:
             item["question"], item["answer"] = _texts(services, rating.message_id, payload_enc, reply_enc)
         out.append(item)

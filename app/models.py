@@ -449,19 +449,25 @@ ENCRYPTED_COLUMNS.update({
 class AnswerRating(Base):
     """One 👍/👎 on a model answer: at most one per message (``message_id`` is unique, so WeCom's
     retries and a second click store nothing). ``model`` and ``department`` are copied from the
-    answer's usage row, so the dashboard groups ratings without joining the usage tables."""
+    answer's usage row, so the dashboard groups ratings without joining the usage tables.
+
+    The AI bot's ratings (channel ``aibot``, revision 0011) may change: a later 👍/👎 replaces the
+    rating, a withdrawal sets it to 0 (counted neither way); ``reasons`` holds WeCom's
+    ``inaccurate_reason_list`` codes of a 👎 (``"1,3"``; the free text is a sealed
+    ``FeedbackComment``)."""
 
     __tablename__ = "answer_ratings"
 
     id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
     message_id: Mapped[int] = mapped_column(BigInt)
-    rating: Mapped[int] = mapped_column(Integer)  # +1 helpful, -1 not helpful
+    rating: Mapped[int] = mapped_column(Integer)  # +1 helpful, -1 not helpful, 0 withdrawn (AI bot)
     channel: Mapped[str] = mapped_column(String(16), default="app")
     user_hash: Mapped[str] = mapped_column(String(64))
     department: Mapped[str] = mapped_column(String(32), default="")
     model: Mapped[str] = mapped_column(String(64), default="")
     day: Mapped[date] = mapped_column(Date)  # the company-local day, as the usage rollups
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    reasons: Mapped[str] = mapped_column(String(32), default="", server_default="")
 
     __table_args__ = (UniqueConstraint("message_id", name="uq_answer_ratings_message"),
                       Index("ix_ratings_day", "day"))

@@ -1,5 +1,6 @@
 """The worker's side of feedback (``app.feedback``): the 👍/👎 card after a model answer on the
-app channel, the card's click (``template_card_event``), and the ``/feedback <text>`` command.
+app channel, the card's click (``template_card_event``), the AI bot's own 👍/👎
+(``feedback_event``), and the ``/feedback <text>`` command.
 
 Nothing here may fail a message: the answer has been sent when the card is offered, and a click
 is an event with no reply. A failed card send or update is logged and counted, never retried
@@ -16,6 +17,7 @@ from worker import commands
 
 log = logging.getLogger(__name__)
 CARD_EVENT = feedback.CARD_EVENT
+AIBOT_EVENT = feedback.AIBOT_EVENT
 COMMENT_THANKS = "谢谢你的反馈！我们会认真阅读。\nThanks for your feedback!"
 COMMENT_USAGE = "用法：/feedback 你的意见\nUsage: /feedback <your comment>"
 
@@ -54,6 +56,29 @@ def on_card_event(processor, row, user_id: str, payload: dict) -> None:
                                              replace_name=feedback.RATED_TEXT[click.rating])
     except Exception as exc:  # noqa: BLE001 - the rating is stored; the card stays clickable
         log.warning("feedback card not updated message_id=%s: %s", row.id, exc)
+
+
+def on_aibot_feedback(processor, row, user_id: str, payload: dict) -> None:
+    """An AI bot ``feedback_event``: the rater's 👍/👎 (or its withdrawal) of the answer its
+    ``feedback.id`` names, recorded for the asker only; anything else is a log line. No reply:
+    WeCom shows the rating itself."""
+    services = processor.services
+    rated = feedback.parse_aibot_feedback(services.blind_index, payload)
+    if isinstance(rated, str):
+        log.warning("aibot feedback_event not recorded message_id=%s: %s", row.id, rated)
+        return
+    askers = [row.user_hash, *services.blind_index.candidates("wecom-user", user_id)]
+    result = feedback.record_aibot_feedback(services, rated, askers, processor.settings.timezone,
+                                            request_id=row.request_id)
+    if result == feedback.Recorded.UNKNOWN:
+        log.warning("aibot feedback_event not recorded message_id=%s rated=%s: no such answer, or "
+                    "not this employee's", row.id, rated.message_id)
+    elif result == feedback.Recorded.NOT_AN_ANSWER:
+        log.warning("aibot feedback_event not recorded message_id=%s rated=%s: not a model answer "
+                    "of the AI bot", row.id, rated.message_id)
+    else:
+        log.info("aibot feedback rating message_id=%s rated=%s type=%s result=%s", row.id,
+                 rated.message_id, rated.kind, result)
 
 
 @commands.register("feedback", "对回答提意见 / comment on the answers")

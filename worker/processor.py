@@ -393,6 +393,8 @@ class MessageProcessor:
                 return self.settings.welcome_message, "text", {}
             if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
                 feedback.on_card_event(self, row, user_id, payload)
+            elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
+                feedback.on_aibot_feedback(self, row, user_id, payload)
             return None
         if media.handles(row, payload):
             try:

@@ -15,7 +15,11 @@ Same SHA1 signature and AES as the self-built app (``crypto.py``), but:
   a ``{"msgtype": "stream", "stream": {"id", "finish", "content"}}`` message. While ``finish`` is
   false WeCom keeps POSTing ``msgtype: stream`` refresh callbacks carrying ``stream.id`` (about
   once a second) and shows each reply's ``content`` as the whole text so far; a stream that is
-  not finished within 6 minutes expires (errcode 846608).
+  not finished within 6 minutes expires (errcode 846608);
+* a first stream reply may carry ``stream.feedback.id`` (at most 256 bytes): WeCom then shows 👍/👎
+  under it, and a rating comes back as ``msgtype: event``, ``event.eventtype: feedback_event``,
+  ``event.feedback_event: {id, type (1 accurate, 2 inaccurate, 3 withdrawn), content,
+  inaccurate_reason_list}`` (``app/feedback.py`` records it).
 
 This module parses and builds; it keeps no state (``app/aibot_streams.py`` does).
 """
@@ -32,6 +36,10 @@ from app.wecom.exceptions import MessageParseError
 
 #: The msgtypes that carry a question for the model (text, a transcript, an image, a file).
 QUESTION_TYPES = ("text", "mixed", "voice", "image", "file")
+#: The event WeCom sends when an employee rates a reply that carried ``feedback.id``.
+FEEDBACK_EVENT = "feedback_event"
+#: WeCom's limit on ``feedback.id``: UTF-8, at most 256 bytes.
+FEEDBACK_ID_MAX_BYTES = 256
 MAX_JSON_BYTES = 256 * 1024
 # WeCom separates an @mention from the text with a space or U+2005 (four-per-em space).
 _SPACES = " \t\u2005\u00a0\u3000"
@@ -62,6 +70,12 @@ class AibotMessage:
     file_url: str = ""  # file: the encrypted file's URL
     media_keys: tuple[str, ...] = field(default=())  # each image's own aeskey ("" for the bot's)
     file_key: str = ""  # the file's own aeskey, when it has one
+    # ``feedback_event`` (a 👍/👎 on an answer, app/feedback.py): the id our reply carried, WeCom's
+    # type (1 accurate, 2 inaccurate, 3 withdrawn; 0 when missing or not a number) and the
+    # reason codes; the employee's free text is ``content`` (sealed in the outbox like a question)
+    feedback_id: str = ""
+    feedback_type: int = 0
+    feedback_reasons: tuple[int, ...] = field(default=())
 
     @property
     def is_group(self) -> bool:
@@ -116,7 +130,10 @@ def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
         return AibotMessage(**fields, stream_id=stream_id)
     if msg_type == "event":
         event = data.get("event") if isinstance(data.get("event"), dict) else {}
-        return AibotMessage(**fields, event=_string(event, "eventtype") or "unknown")
+        kind = _string(event, "eventtype") or "unknown"
+        if kind == FEEDBACK_EVENT:
+            return AibotMessage(**fields, event=kind, **_feedback_fields(event.get(FEEDBACK_EVENT)))
+        return AibotMessage(**fields, event=kind)
     if not fields["msg_id"]:
         raise MessageParseError("msgid is missing")
     if not fields["from_user"]:
@@ -163,6 +180,23 @@ def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
     return AibotMessage(**fields)  # video, ...: no text for the model
 
 
+def _feedback_fields(body) -> dict:
+    """``event.feedback_event`` read leniently: what is missing or of the wrong kind is left
+    empty, and the event is then refused with a log line (``app.feedback.aibot_problem``), never
+    with a 400 that WeCom would retry."""
+    if not isinstance(body, dict):
+        return {}
+    feedback_id, kind = body.get("id"), body.get("type")
+    comment, reasons = body.get("content"), body.get("inaccurate_reason_list")
+    if isinstance(kind, str) and kind.isdigit() and len(kind) < 4:
+        kind = int(kind)
+    return {"feedback_id": feedback_id if isinstance(feedback_id, str) else "",
+            "feedback_type": kind if type(kind) is int else 0,
+            "content": comment if isinstance(comment, str) else None,
+            "feedback_reasons": tuple(r for r in reasons if type(r) is int)[:16]
+            if isinstance(reasons, list) else ()}
+
+
 def _string(data: dict, key: str) -> str:
     value = data.get(key)
     if value is None:
@@ -187,8 +221,13 @@ def strip_mention(text: str, bot_name: str) -> str | None:
 
 
 # -- replies -------------------------------------------------------------------------------------
-def stream_message(stream_id: str, content: str, finish: bool) -> dict:
-    return {"msgtype": "stream", "stream": {"id": stream_id, "finish": bool(finish), "content": content}}
+def stream_message(stream_id: str, content: str, finish: bool, feedback_id: str | None = None) -> dict:
+    """A stream reply; ``feedback_id`` (the first reply only) opts it in to WeCom's 👍/👎: a
+    rating then comes back as a ``feedback_event`` naming that id."""
+    stream = {"id": stream_id, "finish": bool(finish), "content": content}
+    if feedback_id:
+        stream["feedback"] = {"id": feedback_id}
+    return {"msgtype": "stream", "stream": stream}
 
 
 def text_message(content: str) -> dict:

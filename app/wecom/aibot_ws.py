@@ -15,7 +15,9 @@ URL, no trusted IPs, no signature or AES (TLS carries it). Every frame is one JS
 * bot -> WeCom ``aibot_respond_msg`` with the callback's own ``req_id``: a ``stream`` body
   ``{id, finish, content}``, sent again with the whole text so far until ``finish`` (no refresh
   polling: the bot pushes), each acked; ``aibot_respond_welcome_msg`` answers ``enter_chat``
-  (within 5 s) with a ``text`` body; ``aibot_send_msg`` pushes unprompted.
+  (within 5 s) with a ``text`` body; ``aibot_send_msg`` pushes unprompted. A req_id's first
+  stream frame may carry ``stream.feedback.id``: a 👍/👎 on that reply then comes back as an
+  ``aibot_event_callback`` with ``event.eventtype: feedback_event`` (``app.feedback``).
 
 Acks carry the req_id of the frame they answer and no ``cmd``. This module builds and parses;
 ``app.aibot_connection`` holds the connection.
@@ -110,9 +112,13 @@ def ping() -> Frame:
     return Frame(PING, new_req_id(PING))
 
 
-def respond_stream(req_id: str, stream_id: str, content: str, finish: bool) -> Frame:
-    return Frame(RESPOND, req_id, {"msgtype": "stream",
-                                   "stream": {"id": stream_id, "finish": bool(finish), "content": content}})
+def respond_stream(req_id: str, stream_id: str, content: str, finish: bool,
+                   feedback_id: str | None = None) -> Frame:
+    """A stream frame; ``feedback_id`` on a req_id's first frame opts the reply in to 👍/👎."""
+    stream = {"id": stream_id, "finish": bool(finish), "content": content}
+    if feedback_id:
+        stream["feedback"] = {"id": feedback_id}
+    return Frame(RESPOND, req_id, {"msgtype": "stream", "stream": stream})
 
 
 def respond_welcome(req_id: str, text: str) -> Frame:
