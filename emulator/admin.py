@@ -170,6 +170,22 @@ def aibot_enter_chat():
         return bad_request(str(exc))
 
 
+@bp.post("/_emulator/aibot/feedback")
+def aibot_feedback():
+    """A user rates an AI bot reply, as WeCom's 👍/👎 under it: {"delivery_id", "type": 1
+    accurate | 2 inaccurate | 3 withdrawn, "reasons"?: [1-4] and "content"? (type 2), "from_user"?
+    (default the asker), "msg_id"? (the same again: WeCom's second delivery)}. Only a finished
+    reply whose first stream reply carried feedback.id can be rated (409 otherwise)."""
+    body = _json_body()
+    delivery_id = body.get("delivery_id")
+    if type(delivery_id) is not int:
+        return bad_request("delivery_id must be an integer")
+    try:
+        return jsonify(aibot().rate(delivery_id, body))
+    except CallbackError as exc:
+        return bad_request(str(exc), getattr(exc, "status", 400))
+
+
 @bp.get("/_emulator/aibot/ws")
 def aibot_ws_status():
     """The long connection: configured, subscribed now, its port and counters."""

@@ -8,6 +8,13 @@ refresh callback (``msgtype: stream``, ``stream.id``) every ``aibot_poll_interva
 shows each reply's content as the whole answer so far, until ``finish`` or 6 minutes after the
 stream began (WeCom's errcode 846608: the stream expired). The final text is stored as a bot
 message (``source: "aibot_stream"``), every refresh in the conversation record.
+
+Feedback: as WeCom, only a reply whose *first* stream reply carried ``stream.feedback.id`` (a
+string of at most 256 UTF-8 bytes) can be rated, once it finished; the id is kept as the
+conversation's ``feedback_id`` (a ``feedback`` on a later reply is ignored and counted as
+``late_feedback``). ``rate`` sends the ``feedback_event`` callback (``type`` 1 accurate, 2
+inaccurate with ``inaccurate_reason_list`` and ``content``, 3 withdrawn) and records it in the
+conversation's ``ratings``; the long connection sends it as an ``aibot_event_callback`` frame.
 """
 
 from __future__ import annotations
@@ -62,9 +69,70 @@ def summary(body: dict) -> str:
     return f"[{kind}]"
 
 
+class NotRatable(CallbackError):
+    """WeCom shows no 👍/👎 under this reply (no feedback.id in its first reply, not finished)."""
+
+    status = 409
+
+
+class NoSuchReply(CallbackError):
+    status = 404
+
+
+FEEDBACK_TYPES = (1, 2, 3)  # accurate, inaccurate, withdrawn
+FEEDBACK_REASONS = (1, 2, 3, 4)  # 与问题无关, 内容不完整, 内容有错误, 数据分析错误
+
+
+def feedback_of(stream: dict) -> str | None:
+    """A reply's ``stream.feedback.id`` when it is one WeCom accepts, else None."""
+    fb = stream.get("feedback")
+    fid = fb.get("id") if isinstance(fb, dict) else None
+    if isinstance(fid, str) and fid and len(fid.encode()) <= 256:
+        return fid
+    return None
+
+
+def feedback_event(state: EmulatorState, record: dict, spec: dict) -> dict:
+    """The ``feedback_event`` a user's 👍/👎 on ``record``'s reply makes (``CallbackError`` when
+    WeCom would show no thumbs under it, or the rating is not one WeCom's UI can give)."""
+    if not isinstance(spec, dict):
+        raise CallbackError("body must be a JSON object")
+    if not record.get("feedback_id"):
+        raise NotRatable("this reply carried no feedback.id in its first stream reply: "
+                         "WeCom shows no 👍/👎 under it")
+    if record.get("status") != "finished":
+        raise NotRatable("the reply has not finished")
+    kind = spec.get("type")
+    if type(kind) is not int or kind not in FEEDBACK_TYPES:
+        raise CallbackError("type must be 1 (accurate), 2 (inaccurate) or 3 (withdrawn)")
+    reasons, content = spec.get("reasons") or [], spec.get("content")
+    if not isinstance(reasons, list) or any(type(r) is not int or r not in FEEDBACK_REASONS for r in reasons):
+        raise CallbackError("reasons must be a list of codes 1-4")
+    if content is not None and not isinstance(content, str):
+        raise CallbackError("content must be a string")
+    if kind != 2 and (reasons or content):
+        raise CallbackError("reasons and content come with type 2 (inaccurate) only")
+    rater = state.directory.user(spec.get("from_user") or record["from_user"])
+    if rater is None:
+        raise CallbackError("from_user is not in the directory")
+    event = {"id": record["feedback_id"], "type": kind}
+    if kind == 2:
+        event["inaccurate_reason_list"] = reasons
+        if content:
+            event["content"] = content
+    body = {"msgid": str(spec.get("msg_id") or secrets.token_hex(16)), "create_time": int(state.wall()),
+            "aibotid": state.config.aibot_id, "chattype": record.get("chat_type") or "single",
+            "from": {"userid": rater["userid"]}, "msgtype": "event",
+            "event": {"eventtype": "feedback_event", "feedback_event": event}}
+    if body["chattype"] == "group":
+        body["chatid"] = record.get("chat_id") or ""
+    return body
+
+
 class AibotDeliverer:
     def __init__(self, state: EmulatorState):
         self.state = state
+        self.long_connection = None  # emulator.aibot_ws.LongConnection, when there is one
         self._background = BackgroundThreads("wecom-emulator-aibot", "aibot conversation")
 
     @property
@@ -201,6 +269,12 @@ class AibotDeliverer:
         if kind == "refresh" or reply.get("msgtype") == "stream":
             stream = reply.get("stream") or {}
             with self.state.lock:
+                record = self.state.aibot[delivery_id]
+                if stream.get("feedback") is not None:
+                    if kind == "message" and not record["refreshes"] and feedback_of(stream):
+                        record["feedback_id"] = feedback_of(stream)
+                    else:  # WeCom reads it from the first reply only
+                        self.state.bump("aibot", "late_feedback" if feedback_of(stream) else "bad_feedback")
                 self.state.aibot[delivery_id]["refreshes"].append({
                     "kind": kind, "content": stream.get("content", ""),
                     "finish": bool(stream.get("finish")), "stream_id": stream.get("id"),
@@ -223,7 +297,7 @@ class AibotDeliverer:
                               "msgtype": "stream" if final is not None else reply.get("msgtype"),
                               "content": content, "payload": {}, "agentid": None, "time": st.wall(),
                               "source": "aibot_stream", "delivery_id": delivery_id,
-                              "stream_id": record["stream_id"]})
+                              "stream_id": record["stream_id"], "feedback_id": record.get("feedback_id")})
         st.bump("aibot", status)
         log.info("aibot conversation delivery=%d status=%s refreshes=%d", delivery_id, status,
                  len(record["refreshes"]))
@@ -231,7 +305,37 @@ class AibotDeliverer:
     def conversation(self, delivery_id: int) -> dict | None:
         with self.state.lock:
             record = self.state.aibot.get(delivery_id)
-            return json.loads(json.dumps(record)) if record is not None else None
+            return json.loads(json.dumps(record, default=str)) if record is not None else None
+
+    # -- feedback on a reply ------------------------------------------------------------------
+    def rate(self, delivery_id: int, spec: dict) -> dict:
+        """A user's 👍/👎 (or its withdrawal) on a finished reply that carried ``feedback.id``:
+        the ``feedback_event`` callback, or over the long connection for a reply it carried."""
+        st = self.state
+        with st.lock:
+            record = st.aibot.get(delivery_id)
+            record = json.loads(json.dumps(record, default=str)) if record is not None else None
+        if record is None or record.get("event"):
+            raise NoSuchReply("no such AI bot reply")
+        body = feedback_event(st, record, spec)
+        entry = {"msg_id": body["msgid"], "type": body["event"]["feedback_event"]["type"],
+                 "from_user": body["from"]["userid"], "time": st.wall()}
+        if record.get("mode") == "ws":
+            if self.long_connection is None:
+                raise CallbackError("the AI bot's long connection is not running")
+            self.long_connection.send_event(body)
+            entry["status"] = "sent"
+        else:
+            try:
+                self._post(body, delivery_id, "feedback")
+                entry["status"] = "sent"
+            except _Unanswered as exc:
+                entry.update(status="error", error=str(exc))
+        with st.lock:
+            st.aibot[delivery_id].setdefault("ratings", []).append(entry)
+        st.bump("aibot", "feedback_" + entry["status"])
+        log.info("aibot feedback delivery=%d type=%s status=%s", delivery_id, entry["type"], entry["status"])
+        return entry
 
     def conversations(self) -> list[dict]:
         with self.state.lock:

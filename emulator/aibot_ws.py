@@ -14,7 +14,9 @@ from any connection of the bot (a new holder may finish what the old one began);
 the stream's text, and the first frame with ``finish`` ends the turn (a later one for the same
 stream is acknowledged and counted as ``duplicate_finish``, shown to nobody). A message no frame
 answered before its connection closed is pushed again, same msgid, new req_id, to the next
-subscribed connection (the app deduplicates by msgid).
+subscribed connection (the app deduplicates by msgid). A ``stream.feedback.id`` on the first
+frame of a message's req_id makes the reply ratable (``AibotDeliverer.rate``); the rating is an
+``aibot_event_callback`` frame (``feedback_event``) that no frame answers.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from urllib.parse import quote
 
 from app.wecom import aibot_ws as proto
-from emulator.aibot import summary
+from emulator.aibot import feedback_of, summary
 from emulator.callbacks import CallbackError
 from emulator.state import EmulatorState
 
@@ -59,6 +61,7 @@ class LongConnection:
     def __init__(self, state: EmulatorState, aibot):
         self.state = state
         self.aibot = aibot  # the callback deliverer: the same message shapes and records
+        aibot.long_connection = self  # it rates a reply over the connection that carried it
         self.current = None  # the subscribed connection
         self.by_req: dict[str, int] = {}  # req_id -> delivery id
         self.waiting: list[int] = []  # deliveries to push when a connection subscribes
@@ -229,6 +232,15 @@ class LongConnection:
             "event": {"eventtype": "enter_chat"}}).encode())
         return {"delivery_id": delivery_id}
 
+    def send_event(self, body: dict) -> None:
+        """An event no frame answers (a ``feedback_event``) to the subscribed connection."""
+        with self.state.lock:
+            conn = self.current
+        if conn is None:
+            raise CallbackError("no long connection is subscribed")
+        conn.send(proto.Frame(proto.EVENT_CALLBACK, proto.new_req_id("event"), body).encode())
+        self.state.bump("aibot_ws", "event")
+
     def _push(self, delivery_id: int) -> None:
         st = self.state
         req_id = proto.new_req_id(proto.MSG_CALLBACK)
@@ -243,6 +255,7 @@ class LongConnection:
             record["status"] = "pushed"
             record["pushes"] += 1
             record["req_id"] = req_id
+            record["req_frames"] = 0  # frames answered on this req_id: the first may carry feedback
             self.by_req[req_id] = delivery_id
             conn.pushed.add(delivery_id)
             body = record["body"]
@@ -280,6 +293,14 @@ class LongConnection:
                 return proto.ack(frame.req_id, STREAM_EXPIRED, "stream finished or expired")
             if record["stream_id"] not in (None, stream["id"]):
                 st.bump("aibot_ws", "second_stream")
+            if stream.get("feedback") is not None:  # WeCom reads it from a reply's first frame only
+                first = frame.req_id == record.get("req_id") and not record.get("req_frames")
+                if first and feedback_of(stream):
+                    record["feedback_id"] = feedback_of(stream)
+                else:
+                    st.bump("aibot_ws", "late_feedback" if feedback_of(stream) else "bad_feedback")
+            if frame.req_id == record.get("req_id"):
+                record["req_frames"] = record.get("req_frames", 0) + 1
             record["stream_id"] = stream["id"]
             record["status"] = "streaming"
             content = str(stream.get("content") or "")
@@ -303,7 +324,7 @@ class LongConnection:
         st.store_message({"msgid": None, "touser": record["from_user"], "chat_id": record["chat_id"],
                           "msgtype": "stream", "content": content, "payload": {}, "agentid": None,
                           "time": st.wall(), "source": "aibot_ws", "delivery_id": delivery_id,
-                          "stream_id": record["stream_id"]})
+                          "stream_id": record["stream_id"], "feedback_id": record.get("feedback_id")})
         st.bump("aibot_ws", "finished")
         if done is not None:
             done.set()

@@ -79,6 +79,42 @@
     row.appendChild(done);
   }
 
+  // An AI bot reply whose first stream reply carried feedback.id: WeCom's 👍/👎 under it (and a
+  // withdrawal once rated), each posting the feedback_event through the emulator.
+  function renderThumbs(bubble, item) {
+    var row = document.createElement("div");
+    row.className = "card-buttons thumbs";
+    function rate(type, label) {
+      Array.prototype.forEach.call(row.querySelectorAll("button"), function (x) { x.disabled = true; });
+      postJSON("/_emulator/aibot/feedback", { delivery_id: item.delivery_id, type: type })
+        .then(function () { show(type === 3 ? null : label); })
+        .catch(function (e) { setStatus("评价失败：" + e.message); show(null); });
+    }
+    function button(text, type, cls) {
+      var b = document.createElement("button");
+      b.type = "button";
+      b.className = "card-button " + cls;
+      b.textContent = text;
+      b.addEventListener("click", function () { rate(type, text); });
+      return b;
+    }
+    function show(rated) {
+      row.textContent = "";
+      if (rated) {
+        var done = document.createElement("span");
+        done.className = "card-done";
+        done.textContent = "已评价：" + rated;
+        row.appendChild(done);
+        row.appendChild(button("撤销", 3, "thumb-withdraw"));
+      } else {
+        row.appendChild(button("👍", 1, "thumb-up"));
+        row.appendChild(button("👎", 2, "thumb-down"));
+      }
+    }
+    show(null);
+    bubble.appendChild(row);
+  }
+
   function deliveryText(d) {
     if (!d) return "";
     if (d.status === "pending") return "投递中…";
@@ -97,6 +133,7 @@
       bubble.className = "bubble";
       bubble.textContent = describe(item);
       if (item.msgtype === "template_card") renderCard(bubble, item);
+      if (item.direction === "out" && item.feedback_id && item.delivery_id) renderThumbs(bubble, item);
       var meta = document.createElement("span");
       meta.className = "meta";
       bubble.appendChild(meta);

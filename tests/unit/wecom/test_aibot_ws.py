@@ -349,3 +349,98 @@ def test_the_emulator_sends_every_kind_over_the_connection_each_image_and_file_w
         inbound = [(m["msg_type"], m["content"]) for m in emu.state.inbound if m["channel"] == "aibot_ws"]
         assert inbound == [("voice", "报销流程是什么"), ("image", "[image]"), ("file", "[file]"),
                            ("mixed", "有什么不同 [image] [image]")]
+
+
+# -- the AI bot's 👍/👎 (app.feedback) over the connection -----------------------------------------
+def test_a_questions_first_frame_carries_the_feedback_id_and_a_rating_goes_to_the_outbox(client, monkeypatch):
+    from app import aibot_callback, feedback, outbox
+    from app.security.blind_index import BlindIndex
+
+    fake = FakeWS()
+    texts = {}
+    session = session_for(client, fake, monkeypatch, texts)
+    index = BlindIndex([b"k" * 32])
+    session.holder.services = SimpleNamespace(
+        settings=SimpleNamespace(aibot_name="小星", feedback_cards=True), blind_index=index)
+    ids = iter(range(40, 50))
+
+    def submit(services, message, request_id, fingerprint_, stream_id):
+        texts[stream_id] = [("", False), ("答", False), ("答：好", True)]
+        return outbox.Accepted(next(ids), True, stream_id)
+
+    monkeypatch.setattr(aibot_callback, "submit", submit)
+    session.handle(_media_frame("text", "req-q", text={"content": "年假有几天"}))
+    session.handle(_media_frame("text", "req-c", text={"content": "/help"}))
+    for _ in range(3):
+        session.pump()
+    by_req = {}
+    for f in fake.sent:
+        by_req.setdefault(f["headers"]["req_id"], []).append(f["body"]["stream"])
+    question, command = by_req["req-q"], by_req["req-c"]
+    assert question[0]["feedback"] == {"id": feedback.feedback_id(index, 40)}
+    assert [("feedback" in s) for s in question] == [True, False, False]  # the first frame only
+    assert not any("feedback" in s for s in command)  # a command's reply: nothing to rate
+
+    accepted = []
+    monkeypatch.setattr(aibot_callback, "accept_feedback",
+                        lambda services, message, request_id, fp: accepted.append(message))
+    event = {"msgid": "ev-9", "aibotid": "aib-1", "chattype": "single", "from": {"userid": "zhangwei"},
+             "msgtype": "event", "event": {"eventtype": "feedback_event", "feedback_event": {
+                 "id": question[0]["feedback"]["id"], "type": 2, "content": "不对",
+                 "inaccurate_reason_list": [3]}}}
+    session.handle(ws.Frame(ws.EVENT_CALLBACK, "req-ev", event))
+    [rated] = accepted
+    assert (rated.msg_id, rated.feedback_type, rated.feedback_reasons, rated.content) == ("ev-9", 2, (3,), "不对")
+    session.handle(ws.Frame(ws.EVENT_CALLBACK, "req-bad", {"msgtype": "event", "msgid": [1],
+                                                           "event": {"eventtype": "feedback_event"}}))
+    assert len(accepted) == 1 and len(fake.sent) == len(question) + len(command)  # no reply to events
+
+
+def test_the_emulator_lets_a_user_rate_only_a_reply_that_carried_a_feedback_id():
+    import requests
+    from websockets.sync.client import connect
+
+    from emulator.config import EmulatorConfig
+    from emulator.server import EmulatorServer
+
+    cfg = EmulatorConfig(aibot_bot_id="aib-1", aibot_secret="s3cret", aibot_ws_port=0)
+    with EmulatorServer(cfg) as emu, connect(emu.ws_url) as conn:
+        conn.send(ws.subscribe("aib-1", "s3cret").encode())
+        assert ws.decode(conn.recv(timeout=5)).errcode == 0
+
+        def turn(first_feedback, later_feedback=None) -> int:
+            sent = requests.post(f"{emu.url}/_emulator/aibot/send",
+                                 json={"mode": "ws", "from_user": "zhangwei", "content": "年假?"}, timeout=5)
+            frame = ws.decode(conn.recv(timeout=5))
+            for content, finish, fid in (("…", False, first_feedback), ("答", True, later_feedback)):
+                conn.send(ws.respond_stream(frame.req_id, f"s-{frame.req_id}", content, finish, fid).encode())
+                assert ws.decode(conn.recv(timeout=5)).errcode == 0
+            return sent.json()["delivery_id"]
+
+        def rate(delivery_id, **body):
+            return requests.post(f"{emu.url}/_emulator/aibot/feedback",
+                                 json={"delivery_id": delivery_id, **body}, timeout=5)
+
+        rated = turn("fb-1-abc")
+        answer = rate(rated, type=2, reasons=[1, 3], content="不完整")
+        assert answer.status_code == 200, answer.text
+        event = ws.decode(conn.recv(timeout=5))
+        assert event.cmd == ws.EVENT_CALLBACK and ws.event_type(event) == "feedback_event"
+        assert event.body["from"] == {"userid": "zhangwei"} and event.body["msgid"] == answer.json()["msg_id"]
+        assert event.body["event"]["feedback_event"] == {"id": "fb-1-abc", "type": 2, "content": "不完整",
+                                                         "inaccurate_reason_list": [1, 3]}
+        assert rate(rated, type=3).status_code == 200
+        assert ws.event_type(ws.decode(conn.recv(timeout=5))) == "feedback_event"
+        assert rate(rated, type=1, from_user="lina", msg_id="same").status_code == 200  # another rater
+        assert ws.decode(conn.recv(timeout=5)).body["from"] == {"userid": "lina"}
+        for bad in ({"type": 4}, {"type": 1, "reasons": [1]}, {"type": 2, "reasons": [5]},
+                    {"type": 1, "from_user": "nobody"}):
+            assert rate(rated, **bad).status_code == 400, bad
+        unrated = turn(None)  # WeCom shows no thumbs under a reply without feedback.id
+        assert rate(unrated, type=1).status_code == 409
+        late = turn(None, "fb-2-abc")  # feedback on a later frame: WeCom reads the first only
+        assert rate(late, type=1).status_code == 409
+        assert rate(999, type=1).status_code == 404
+        conversation = emu.long_connection.conversation(rated)
+        assert [r["type"] for r in conversation["ratings"]] == [2, 3, 1]
+        assert emu.state.snapshot_stats()["aibot_ws"]["late_feedback"] == 1
