@@ -13,7 +13,7 @@ from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
-from app import logging_setup
+from app import logging_setup, redis_client
 from app.config import Settings, get_settings
 from app.db import MAX_ROW_ID
 from app.services import Services
@@ -32,6 +32,8 @@ class RowIdConverter(IntegerConverter):
 def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
     settings = settings or (services.settings if services else get_settings())
     services = services or Services(settings)
+    # a Redis Cluster as Celery's broker (or a malformed REDIS_URL) stops the start, not a task
+    redis_client.check_settings(settings)
 
     logging_setup.configure(settings)
     app = Flask(__name__)

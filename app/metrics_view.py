@@ -35,14 +35,14 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 def scrape_registry(services) -> CollectorRegistry:
     """The registry of the scrape-time collectors, one per app."""
-    from redis import Redis
+    from app import redis_client
 
     registry = CollectorRegistry(auto_describe=False)
     broker = services.settings.celery_broker_url
     if is_amqp(broker):
         registry.register(AmqpQueueDepthCollector(broker))
     else:
-        queue_redis = services.redis if broker == services.settings.redis_url else Redis.from_url(
+        queue_redis = services.redis if broker == services.settings.redis_url else redis_client.from_url(
             broker, socket_timeout=2, socket_connect_timeout=1)
         registry.register(QueueDepthCollector(queue_redis))
     registry.register(BudgetSpendCollector(services.db, services.settings.timezone))

@@ -100,7 +100,7 @@ class TaskPublisher:
         """A Redis client of the broker's own, for a thread that publishes often; None when the
         broker is not a plain Redis URL (then ``send_many`` goes through kombu)."""
         url = self.celery.conf.broker_url or ""
-        if not url.startswith(("redis://", "rediss://")):
+        if not url.startswith(("redis://", "rediss://")):  # amqp://, kombu's sentinel://
             return None
         options = self.celery.conf.broker_transport_options or {}
         return redis.Redis.from_url(url, socket_timeout=options.get("socket_timeout", 2),

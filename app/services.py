@@ -78,9 +78,13 @@ class Services:
 
     @cached_property
     def redis(self) -> redis.Redis:
+        """REDIS_URL's client: one server, a Redis Cluster or Sentinel's primary
+        (app/redis_client.py)."""
+        from app import redis_client
+
         # Short timeouts: a dead Redis must never hold a callback past WeCom's 5 s limit.
-        return redis.Redis.from_url(self.settings.redis_url, socket_timeout=2,
-                                    socket_connect_timeout=1, health_check_interval=30)
+        return redis_client.from_url(self.settings.redis_url, socket_timeout=2,
+                                     socket_connect_timeout=1, health_check_interval=30)
 
     @cached_property
     def celery(self):

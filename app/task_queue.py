@@ -14,7 +14,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from app import broker
+from app import broker, redis_client
 from app.config import Settings
 
 HANDLE_MESSAGE = "worker.tasks.handle_message"
@@ -24,10 +24,15 @@ AUDIT_CHECKPOINT = "worker.tasks.audit_checkpoint"
 
 
 def make_celery(settings: Settings) -> Celery:
+    """The Celery app of ``settings``; ``ConfigError`` when its broker cannot be one (a Redis
+    Cluster: app/redis_client.py). ``redis+sentinel://`` becomes kombu's ``sentinel://``."""
+    redis_client.check_settings(settings)
+    broker_url, sentinel_options = redis_client.celery_broker(
+        settings.celery_broker_url or settings.redis_url, settings.redis_url)
     broker.install()  # redis:// keeps one Redis client per channel (see app/broker.py)
     app = Celery("wecom_bot", include=["worker.tasks"])
     app.conf.update(
-        broker_url=settings.celery_broker_url,
+        broker_url=broker_url,
         task_ignore_result=True,
         result_backend=None,
         task_serializer="json",
@@ -58,6 +63,7 @@ def make_celery(settings: Settings) -> Celery:
             "visibility_timeout": 600,
             "socket_timeout": 2,
             "socket_connect_timeout": 1,
+            **sentinel_options,  # master_name (and the Sentinels' own password) for sentinel://
         },
         beat_schedule={
             "sweep-outbox": {"task": SWEEP_OUTBOX, "schedule": settings.sweep_interval_s},

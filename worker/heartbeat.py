@@ -82,7 +82,9 @@ class Heartbeat:
 
 
 def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=1)
+    from app import redis_client
+
+    return redis_client.from_url(url, socket_timeout=2, socket_connect_timeout=1)
 
 
 _running: dict[str, Heartbeat] = {}
