@@ -20,3 +20,10 @@ def pytest_addoption(parser):
     parser.addoption("--broker", choices=("redis", "rabbitmq"), default="redis",
                      help="the Celery broker of the integration suite's stacks (tests/integration): "
                           "redis (default) or rabbitmq (the machine's RabbitMQ, a vhost per run)")
+    parser.addoption("--redis", choices=("single", "cluster", "sentinel"), default="single",
+                     help="the Redis of the integration suite's stacks (tests/integration): single "
+                          "(default: the machine's redis-server), cluster (a Redis Cluster of six "
+                          "redis-server processes the run starts, tests/support/redis_cluster.py; Celery "
+                          "then runs on RabbitMQ with --broker rabbitmq, else on the machine's Redis) or "
+                          "sentinel (a primary, a replica and three Sentinels the run starts, "
+                          "tests/support/redis_sentinel.py; Celery on it too unless --broker rabbitmq)")

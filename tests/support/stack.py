@@ -19,9 +19,9 @@ import uuid
 from pathlib import Path
 
 import psycopg
-import redis
 import requests
 
+from app import redis_client
 from emulator import EmulatorConfig, EmulatorServer
 from tests.support.env import make_env
 from tests.support.openai_server import FakeOpenAIServer
@@ -107,8 +107,15 @@ class Stack:
         self.tmp = tmp
         self.db = TempDatabase(db_kind, tmp, pg_admin)
         self.redis_url = redis_url or f"redis://127.0.0.1:6379/{redis_db}"
-        self.redis = redis.Redis.from_url(self.redis_url)
+        self.redis = redis_client.from_url(self.redis_url)  # a Redis Cluster too (--redis cluster)
         self.redis.flushdb()
+        broker = (extra_env or {}).get("CELERY_BROKER_URL", "")
+        # a Redis broker apart from the state (the state on a cluster): no earlier stack's tasks
+        self.broker_redis = (redis_client.from_url(broker)
+                             if broker.startswith(("redis://", "redis+sentinel://")) and broker != self.redis_url
+                             else None)
+        if self.broker_redis is not None:
+            self.broker_redis.flushdb()
         self.model = FakeOpenAIServer(delay_s=model_delay_s,
                                       stream_piece_delay_s=model_stream_piece_delay_s).start()
         self.web_port = free_port()
@@ -202,6 +209,8 @@ class Stack:
         self.emulator.stop()
         self.model.stop()
         self.redis.flushdb()
+        if self.broker_redis is not None:
+            self.broker_redis.flushdb()
         self.db.drop()
 
     def stop_processes(self) -> None:
