@@ -24,7 +24,7 @@ import random
 import re
 import sys
 from datetime import UTC, datetime
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 REDACTED = "[redacted]"
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
@@ -183,6 +183,15 @@ def _url_password(url: str | None) -> str:
         return ""
 
 
+def _url_secrets(url: str | None) -> list[str]:
+    """The password inside a URL and a ``redis+sentinel://`` URL's ``sentinel_password=``."""
+    try:
+        query = parse_qs(urlsplit(url or "").query)
+    except ValueError:
+        query = {}
+    return [_url_password(url), *query.get("sentinel_password", [])]
+
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
@@ -198,7 +207,8 @@ def configure(settings, stream=None) -> logging.Handler:
                      *[secret.get_secret_value() for secret in (s.aibot_token, s.aibot_encoding_aes_key,
                                                                 s.aibot_secret, s.audit_export_key)
                        if secret is not None],
-                     *[_url_password(url) for url in (s.database_url, s.redis_url, s.celery_broker_url)])
+                     *[secret for url in (s.database_url, s.redis_url, s.celery_broker_url)
+                       for secret in _url_secrets(url)])
     _install_record_factory()
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "_wecom_bot", False)]:

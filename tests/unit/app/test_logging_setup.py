@@ -118,18 +118,19 @@ def test_every_configured_secret_is_registered(env):
 
     extra = {"AIBOT_TOKEN": "aibotTokenSentinel42", "AIBOT_ENCODING_AES_KEY": random_aes_key(),
              "DATABASE_URL": "postgresql+psycopg://bot:dbPassSentinel42@db:5432/bot",
-             "REDIS_URL": "redis://:redisPassSentinel42@redis:6379/0",
+             "REDIS_URL": "redis+sentinel://:redisPassSentinel42@s1:26379,s2:26379/mymaster/0"
+                          "?sentinel_password=sentinelPassSentinel42",
              "CELERY_BROKER_URL": "redis://:brokerPassSentinel42@redis:6379/1"}
     stream = io.StringIO()
     handler = logging_setup.configure(settings_from({**env, **extra}), stream=stream)
     try:
         log = logging.getLogger("app.test")
         for value in (extra["AIBOT_TOKEN"], extra["AIBOT_ENCODING_AES_KEY"], "dbPassSentinel42",
-                      "redisPassSentinel42", "brokerPassSentinel42"):
+                      "redisPassSentinel42", "brokerPassSentinel42", "sentinelPassSentinel42"):
             log.warning("leaking %s", value)
         out = stream.getvalue()
         assert "Sentinel42" not in out and extra["AIBOT_ENCODING_AES_KEY"] not in out
-        assert out.count(logging_setup.REDACTED) == 5
+        assert out.count(logging_setup.REDACTED) == 6
     finally:
         logging.getLogger().removeHandler(handler)
 
