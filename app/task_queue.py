@@ -33,6 +33,10 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("wecom_bot", include=["worker.tasks"])
     app.conf.update(
         broker_url=broker_url,
+        # Celery prefers the CELERY_BROKER_URL environment variable to broker_url, which would
+        # undo the redis+sentinel:// translation; its connections read these two instead.
+        broker_read_url=broker_url,
+        broker_write_url=broker_url,
         task_ignore_result=True,
         result_backend=None,
         task_serializer="json",

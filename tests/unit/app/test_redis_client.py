@@ -150,6 +150,20 @@ def test_kombu_reads_the_sentinel_broker_url():
         ("s1", 26379, "pw", "1")
 
 
+def test_the_translated_sentinel_broker_wins_over_celerys_environment_variable(monkeypatch):
+    """Celery reads CELERY_BROKER_URL from the environment before its own setting: the worker's
+    connections must still get kombu's sentinel:// form, not the redis+sentinel:// one."""
+    from app.task_queue import make_celery
+
+    url = "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/1"
+    monkeypatch.setenv("CELERY_BROKER_URL", url)
+    app = make_celery(settings_from(make_env(CELERY_BROKER_URL=url)))
+    for connection in (app.connection_for_write(), app.connection_for_read(), app.connection()):
+        assert (connection.transport_cls, connection.hostname, connection.port, connection.virtual_host) == \
+            ("sentinel", "127.0.0.1", 26379, "1")
+        assert connection.transport_options["master_name"] == "mymaster"
+
+
 def test_a_cluster_redis_url_without_a_broker_fails_at_start():
     from app.task_queue import make_celery
 
