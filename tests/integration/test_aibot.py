@@ -28,7 +28,8 @@ def stack(request, tmp_path_factory):
     s = Stack(tmp_path_factory.mktemp(f"aibot-{request.param}"), db_kind=request.param, redis_db=4,
               model_stream_piece_delay_s=0.2,
               extra_env={"AIBOT_TOKEN": "aibot-token-for-tests", "AIBOT_ENCODING_AES_KEY": random_aes_key(),
-                         "AIBOT_NAME": BOT, "AIBOT_REFRESH_THROTTLE_S": "0"},
+                         "AIBOT_NAME": BOT, "AIBOT_REFRESH_THROTTLE_S": "0",
+                         "FEEDBACK_CARDS": "true"},  # the AI bot's 👍/👎 (feedback.id)
               emulator_options={"aibot_poll_interval": 0.1}).start()
     yield s
     s.stop()
@@ -118,6 +119,55 @@ def test_a_duplicate_msgid_is_answered_once(stack):
     rows = aibot_rows(stack)
     assert len(rows) == before + 1 and rows[-1]["status"] == "answered"
     assert usage_count(stack, rows[-1]["id"]) == 1  # one model call, one usage row
+
+
+def aibot_ratings(stack) -> list[dict]:
+    return select_rows(stack.db.url, "SELECT message_id, rating, reasons FROM answer_ratings "
+                                     "WHERE channel = 'aibot' ORDER BY id")
+
+
+def rate(stack, delivery_id: int, **body) -> requests.Response:
+    return requests.post(f"{stack.emulator.url}/_emulator/aibot/feedback",
+                         json={"delivery_id": delivery_id, **body}, timeout=10)
+
+
+def test_an_employee_rates_an_answer_with_wecoms_thumbs_and_withdraws_it(stack):
+    """The first stream reply carries feedback.id; the emulator's 👎 (with reasons and text, sent
+    twice with one msgid), then a withdrawal, reach the worker through the callback and the
+    outbox: one rating of that answer, its reasons, then 0; a colleague's 👍 stores nothing."""
+    done = finished(stack, send(stack, from_user="zhouting", content="出差补贴标准是什么")["delivery_id"])
+    assert done["status"] == "finished" and done["feedback_id"], done
+    [first, *later] = done["refreshes"]
+    assert first["kind"] == "message" and later  # the id came with the first reply, as WeCom reads it
+    answer_id = aibot_rows(stack)[-1]["id"]
+    assert done["feedback_id"].startswith(f"fb-{answer_id}-")
+    before = [r for r in aibot_ratings(stack) if r["message_id"] != answer_id]
+
+    for _ in range(2):  # WeCom's second delivery of the same event: one outbox row, one rating
+        resp = rate(stack, done["delivery_id"], type=2, reasons=[2], content="少了住宿标准",
+                    msg_id=f"fb-ev-{answer_id}")
+        assert resp.status_code == 200 and resp.json()["status"] == "sent", resp.text
+    assert rate(stack, done["delivery_id"], type=1, from_user="lina").status_code == 200  # not hers
+    wait_for(lambda: [r for r in aibot_ratings(stack) if r["message_id"] == answer_id], 30, 0.2,
+             "the rating to be stored")
+    events = wait_for(lambda: (rows := select_rows(
+        stack.db.url, "SELECT status FROM inbound_messages WHERE event = 'feedback_event'")) and all(
+        e["status"] == "ignored" for e in rows) and rows, 30, 0.2, "the feedback events to be handled")
+    assert len(events) == 2  # the duplicate was dropped by msgid; lina's is a row, recorded nowhere
+    assert [r for r in aibot_ratings(stack) if r["message_id"] == answer_id] == [
+        {"message_id": answer_id, "rating": -1, "reasons": "2"}]
+
+    assert rate(stack, done["delivery_id"], type=3).status_code == 200
+    wait_for(lambda: [r["rating"] for r in aibot_ratings(stack) if r["message_id"] == answer_id] == [0],
+             30, 0.2, "the withdrawal")
+    assert [r for r in aibot_ratings(stack) if r["message_id"] != answer_id] == before
+    assert "少了住宿标准" not in stack.log("worker") and "少了住宿标准" not in stack.log("web")
+
+
+def test_a_reply_without_a_feedback_id_cannot_be_rated(stack):
+    done = finished(stack, send(stack, from_user="zhouting", content="/help")["delivery_id"])
+    assert done["status"] == "finished" and not done.get("feedback_id")
+    assert rate(stack, done["delivery_id"], type=1).status_code == 409
 
 
 def test_group_message_answered_only_when_mentioned(stack):

@@ -44,7 +44,8 @@ def stack(request, tmp_path_factory, vision):
                          "AIBOT_REFRESH_THROTTLE_S": "0", "AIBOT_WS_LEASE_S": "2",
                          "AIBOT_WS_HEARTBEAT_S": "1", "VISION_MODEL": "test-vision",
                          "VISION_BASE_URL": vision.url, "VISION_TIMEOUT_S": "5",
-                         "MEDIA_MAX_BYTES": str(256 * 1024)}).start()
+                         "MEDIA_MAX_BYTES": str(256 * 1024),
+                         "FEEDBACK_CARDS": "true"}).start()  # the AI bot's 👍/👎 (feedback.id)
     yield s
     s.stop()
 
@@ -140,6 +141,28 @@ def test_groups_need_the_mention_and_enter_chat_gets_the_welcome(connected):
     assert "AI" in welcome[0]["content"]
 
 
+def test_an_answer_over_the_connection_is_rated_with_wecoms_thumbs(connected):
+    """The question's first frame carries feedback.id; the emulator's 👍 comes back as an
+    aibot_event_callback frame and the worker stores it for that answer, once; a group member
+    who did not ask cannot rate it."""
+    stack = connected
+    done = finished(stack, send(stack, from_user="wujun", content="加班怎么申请？")["delivery_id"])
+    assert done["feedback_id"] and done["refreshes"][0]["connection"] >= 1, done
+    answer_id = select_rows(stack.db.url, "SELECT id FROM inbound_messages WHERE channel = 'aibot' "
+                                          "AND msg_type = 'text' ORDER BY id")[-1]["id"]
+    assert done["feedback_id"].startswith(f"fb-{answer_id}-")
+    for body in ({"type": 1, "msg_id": f"ws-fb-{answer_id}"}, {"type": 1, "msg_id": f"ws-fb-{answer_id}"},
+                 {"type": 2, "from_user": "lina"}):
+        assert stack.emu("POST", "aibot/feedback", json={"delivery_id": done["delivery_id"], **body})["status"] == "sent"
+    rated = f"SELECT rating, channel FROM answer_ratings WHERE message_id = {int(answer_id)}"
+    wait_for(lambda: select_rows(stack.db.url, rated), 30, 0.2, "the rating to be stored")
+    handled = ("SELECT status FROM inbound_messages WHERE event = 'feedback_event' AND status <> 'ignored'")
+    wait_for(lambda: not select_rows(stack.db.url, handled), 30, 0.2, "every feedback event handled")
+    assert select_rows(stack.db.url, rated) == [{"rating": 1, "channel": "aibot"}]
+    assert ws_status(stack)["stats"]["event"] == 3
+    assert "feedback_event not" not in stack.log("aibot-ws-a")
+
+
 def test_one_msgid_by_the_connection_and_by_the_callback_is_one_row_answered_once(connected):
     stack = connected
     rows_before = len(select_rows(stack.db.url, "SELECT id FROM inbound_messages WHERE channel = 'aibot'"))
@@ -170,7 +193,8 @@ def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_double
     assert ws_status(stack)["stats"].get("subscribed") == 1  # b never subscribed beside a
     first = holder_pid(stack)
     assert first == stack.procs["aibot-ws-a"].pid
-    rows_before = len(select_rows(stack.db.url, "SELECT id FROM inbound_messages WHERE channel = 'aibot'"))
+    questions = "SELECT status FROM inbound_messages WHERE channel = 'aibot' AND msg_type <> 'event'"
+    rows_before = len(select_rows(stack.db.url, questions))  # events (a 👍/👎 earlier) are no answers
     users = ["zhangwei", "lina", "wujun", "zhouting", "sunhao"]
     sent = [send(stack, from_user=users[i % len(users)], content=f"问题{i}：加班怎么算？")
             for i in range(8)]
@@ -188,7 +212,7 @@ def test_the_holder_killed_mid_traffic_is_replaced_and_nothing_is_lost_or_double
     assert handed_over, "no stream was begun by the killed holder and finished by the other"
     finals = [m for u in users for m in shown(stack, u) if m["delivery_id"] in {s["delivery_id"] for s in sent}]
     assert len(finals) == len(sent)  # one answer each, none twice
-    rows = select_rows(stack.db.url, "SELECT status FROM inbound_messages WHERE channel = 'aibot'")
+    rows = select_rows(stack.db.url, questions)
     assert len(rows) == rows_before + len(msgids) and all(r["status"] == "answered" for r in rows)
     stats = ws_status(stack)["stats"]
     assert stats.get("replaced", 0) == 0  # never two subscriptions at once
