@@ -11,6 +11,7 @@ gunicorn (master and workers together) and of the worker is sampled.
 
     python -m bench.load [--users 200] [--duration 300] [--interval 10] [--model-delay-ms 200]
                          [--worker-nice 10] [--nice-ab N --phase-s 10]
+                         [--redis single|cluster] [--broker redis|rabbitmq]
 
 Prints a summary and a verdict per target: every message answered exactly once (the emulator
 counts deliveries, duplicates are looked for per user), ack p99 below 100 ms, web and worker
@@ -18,12 +19,15 @@ memory stable: first-minute and last-minute median RSS and the least-squares slo
 after the first minute (warm-up: imports, pools, caches), stable below 1 MiB/min. Also the CPU
 seconds each part used (2 cores are shared: figures are noisy, compare within one run).
 ``--worker-nice N`` runs the worker at a lower CPU priority, so the acknowledgements WeCom waits
-for are served first (docs/deploy.md has the measurement).
+for are served first (docs/deploy.md has the measurement). ``--redis cluster`` puts the state on a
+Redis Cluster of six local redis-server processes (tests/support/redis_cluster.py), Celery then on
+a private plain Redis unless ``--broker rabbitmq`` (the machine's RabbitMQ, a vhost of the run's).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -38,6 +42,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from emulator.directory import Directory
+from tests.support.rabbitmq import rabbitmq_vhost
+from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.servers import PrivateRedis
 from tests.support.stack import Stack, wait_for
 
@@ -227,28 +233,41 @@ def main() -> None:
                         help="alternate the worker between nice 0 and N every --phase-s seconds "
                              "and compare the two within the run (needs root)")
     parser.add_argument("--phase-s", type=float, default=10.0)
+    parser.add_argument("--redis", choices=("single", "cluster"), default="single",
+                        help="the state on a private redis-server or a local Redis Cluster")
+    parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
+                        help="Celery on Redis or on the machine's RabbitMQ")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
-    redis_server = PrivateRedis().start()
-    try:
-        stack = Stack(tmp, db_kind="postgres", redis_url=redis_server.url(0),
+    with contextlib.ExitStack() as servers:
+        redis_server = PrivateRedis().start()  # the state, or with a cluster Celery's Redis broker
+        servers.callback(redis_server.close)
+        env = {}
+        state_url = redis_server.url(0)
+        if args.redis == "cluster":
+            cluster = LocalRedisCluster().start()
+            servers.callback(cluster.close)
+            state_url = cluster.url
+            env["CELERY_BROKER_URL"] = redis_server.url(0)
+        if args.broker == "rabbitmq":
+            env["CELERY_BROKER_URL"] = servers.enter_context(rabbitmq_vhost())
+        stack = Stack(tmp, db_kind="postgres", redis_url=state_url,
                       model_delay_s=args.model_delay_ms / 1000,
                       worker_concurrency=args.worker_concurrency, directory=employees(args.users),
                       worker_nice=args.worker_nice,
                       extra_env={"WEB_WORKERS": str(args.web_workers), "WEB_THREADS": "16",
                                  "SWEEP_INTERVAL_S": "10", "SWEEP_QUEUED_AFTER_S": "30",
-                                 "CLAIM_LEASE_S": "30"})
+                                 "CLAIM_LEASE_S": "30", **env})
         stack.emulator.state.config.max_items = 10**6
-        print(f"starting the stack in {tmp} ...", flush=True)
+        print(f"starting the stack in {tmp} (state: {args.redis} Redis, broker: {args.broker}) ...",
+              flush=True)
         stack.start()
         try:
             run(stack, args)
         finally:
             stack.stop()
-    finally:
-        redis_server.close()
 
 
 def run(stack: Stack, args) -> None:
