@@ -273,6 +273,29 @@ def test_signed_aibot_callbacks_with_random_json_never_500(aibot_client, aibot_e
     assert response.status_code in REFUSED | {200}, (response.status_code, response.get_data()[:200])
 
 
+feedback_fields = st.fixed_dictionaries({}, optional={
+    "id": st.one_of(texts, st.sampled_from(["fb-1-0123456789abcdef", "x" * 300]), json_values),
+    "type": st.one_of(st.integers(-3, 5), st.integers(), st.sampled_from(["1", "2", "3", "９"]), json_values),
+    "content": st.one_of(texts, json_values),
+    "inaccurate_reason_list": st.one_of(st.lists(st.one_of(st.integers(), texts), max_size=20), json_values)})
+
+
+@PROFILE
+@given(st.one_of(feedback_fields, json_values), st.one_of(texts, json_values), st.one_of(texts, json_values))
+def test_signed_aibot_feedback_events_with_random_fields_never_500(aibot_client, aibot_env, event, msgid, user):
+    """The AI bot's feedback_event (app.feedback) with anything in its fields: refused, or 200
+    (accepted into the outbox or dropped with a log line), never a 500."""
+    counted()
+    crypto = WeComCrypto(aibot_env["AIBOT_TOKEN"], aibot_env["AIBOT_ENCODING_AES_KEY"], "")
+    plaintext = json.dumps({"msgid": msgid, "msgtype": "event", "from": {"userid": user},
+                            "event": {"eventtype": "feedback_event", "feedback_event": event}})
+    encrypt, timestamp, nonce = crypto.encrypt(plaintext), str(int(time.time())), "n"
+    response = aibot_client.post("/wecom/aibot", data=json.dumps({"encrypt": encrypt}),
+                                 query_string={"msg_signature": crypto.signature(timestamp, nonce, encrypt),
+                                               "timestamp": timestamp, "nonce": nonce})
+    assert response.status_code in REFUSED | {200}, (response.status_code, response.get_data()[:200])
+
+
 ECHOSTR = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
