@@ -87,6 +87,46 @@ def test_every_redis_use_works_on_the_cluster(cluster):
     r.flushdb()
 
 
+def test_a_resharding_is_followed(cluster):
+    """A conversation's slot moves to another primary while exchanges are appended and read:
+    the client follows ASK (keys already moved; hundreds of them in a run), TRYAGAIN should the
+    list and its ref be split for a moment, and MOVED (the slot's new owner); nothing fails,
+    nothing is lost or doubled."""
+    r = redis_client.from_url(cluster.url)
+    store = ConversationStore(r, FieldCipher({"k1": os.urandom(32)}), 600, 10_000)
+    user = "resharded"
+    key = f"conv:{user}"
+    for i in range(3000):  # keys of the same slot, so the move takes a while
+        r.set(redis_client.companion_key(key, f":pad:{i}"), i)
+    source = cluster.primary_of(key)
+    target = next(p for p in cluster.primaries() if p != source)
+    errors, appended, stop = [], [], threading.Event()
+
+    def chat():
+        ref = 0
+        while not stop.is_set():
+            ref += 1
+            try:
+                assert store.append_exchange(user, ref, f"q{ref}", f"a{ref}")
+                appended.append(ref)
+                assert store.history(user)[-1]["ref"] == ref
+                r.set(f"other:{ref}", ref)  # and keys of other slots meanwhile
+            except Exception as exc:  # noqa: BLE001 - collected, asserted below
+                errors.append(repr(exc))
+
+    talker = threading.Thread(target=chat)
+    talker.start()
+    time.sleep(0.3)
+    moved = cluster.migrate_slot(redis_client.slot(key), target)
+    time.sleep(0.3)
+    stop.set()
+    talker.join(timeout=30)
+    assert errors == []
+    assert moved > 3000 and cluster.primary_of(key) == target
+    assert [t["ref"] for t in store.history(user)][::2] == appended and len(appended) > 10
+    r.flushdb()
+
+
 @pytest.fixture(scope="module")
 def stack(cluster, tmp_path_factory):
     with rabbitmq_vhost() as broker:

@@ -115,11 +115,7 @@ class LocalRedisCluster:
 
     def primary_of(self, key: str) -> int:
         """The port of the primary serving ``key``'s slot."""
-        slot = int(self.node(self.running()[0]).execute_command("CLUSTER KEYSLOT", key))
-        for start, end, port in self.slot_ranges():
-            if start <= slot <= end:
-                return port
-        raise AssertionError(f"no primary serves slot {slot}")
+        return self.primary_of_slot(int(self.node(self.running()[0]).execute_command("CLUSTER KEYSLOT", key)))
 
     def keys(self, pattern: str) -> list[str]:
         """SCAN on every primary (a cluster's keyspace is split among them)."""
@@ -127,6 +123,31 @@ class LocalRedisCluster:
         for port in self.primaries():
             found += [k.decode() for k in self.node(port).scan_iter(match=pattern, count=1000)]
         return sorted(found)
+
+    def migrate_slot(self, slot: int, to_port: int, batch: int = 10, pause_s: float = 0.01) -> int:
+        """Move ``slot`` to primary ``to_port`` the way resharding does (IMPORTING/MIGRATING,
+        ``MIGRATE`` a few keys at a time, then ``SETSLOT NODE`` everywhere): clients meanwhile
+        get ``ASK`` for the keys moved, ``TRYAGAIN`` for a multi-key command whose keys are split,
+        then ``MOVED``. Returns the keys moved."""
+        source_port = self.primary_of_slot(slot)
+        source, target = self.node(source_port), self.node(to_port)
+        source_id, target_id = (n.execute_command("CLUSTER MYID").decode() for n in (source, target))
+        target.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+        source.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+        moved = 0
+        while keys := source.execute_command("CLUSTER GETKEYSINSLOT", slot, batch):
+            source.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+            time.sleep(pause_s)
+        for port in self.primaries():
+            self.node(port).execute_command("CLUSTER SETSLOT", slot, "NODE", target_id)
+        return moved
+
+    def primary_of_slot(self, slot: int) -> int:
+        for start, end, port in self.slot_ranges():
+            if start <= slot <= end:
+                return port
+        raise AssertionError(f"no primary serves slot {slot}")
 
     def kill(self, port: int, sig: int = signal.SIGKILL) -> None:
         """Kill one node at once (no save, no failover handshake): its replica must detect it."""
