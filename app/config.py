@@ -235,7 +235,8 @@ class Settings(BaseSettings):
     # 45009 (WeCom's frequency limit, counted per minute and per hour): the first retry waits
     # this long, each further one twice as long, at most 300 s (worker/retry_policy.py).
     wecom_rate_limit_retry_s: float = Field(default=60.0, ge=1, le=300)
-    # A 👍/👎 template card after each model answer on the app channel (app.feedback).
+    # A 👍/👎 template card after each model answer on the app channel, and WeCom's own 👍/👎
+    # under the AI bot's answers (feedback.id on the first stream reply): app.feedback.
     feedback_cards: bool = True
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
 
