@@ -310,9 +310,10 @@ class Settings(BaseSettings):
     kb_passages_in_prompt: bool = Field(
         default=True, description="give the model the retrieved passages (false: the question alone, for a "
                                   "model not trained to read passages; sources and 'not found' still apply)")
-    kb_min_score: float = Field(default=0.3, ge=0, le=1,
+    kb_min_score: float = Field(default=0.15, ge=0, le=1,
                                 description="relevance threshold (share of the question's weight a "
-                                            "passage matches); below it: 'not found'")
+                                            "passage matches); below it: 'not found' without the "
+                                            "model, above it the model may still say so")
     kb_fallback_contact: str = Field(default="", description="the team named when nothing is found")
     kb_min_similarity: float = Field(default=0.6, ge=-1, le=1,
                                      description="cosine from which a dense match is relevant")

@@ -50,6 +50,9 @@ class Grounding:
                                         self.contact)
 
     def cite(self, reply: str, markdown: bool = False) -> str:
+        """The reply with its sources; the model's "not found" becomes the full decline."""
+        if prompt.is_decline(reply):
+            return self.decline()
         return prompt.with_sources(reply, self.passages, markdown=markdown)
 
 

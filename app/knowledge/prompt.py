@@ -5,7 +5,9 @@ message gets the numbered passages and the rule to answer only from them; the qu
 user's own message (the conversation before it unchanged). The model is asked to mark what it
 used with the passages' numbers; the sources line lists those (all given passages when it marked
 none), as "title › section", in WeCom markdown for the AI bot's stream and as plain lines for
-``message/send`` text.
+``message/send`` text. When the model says the passages do not answer (the rules give it the
+words), the employee gets the same "not found" reply, naming the team to ask, as when retrieval
+found nothing, and no sources.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ from app.knowledge.retrieval import Passage
 DEFAULT_CONTACT = "相关负责部门（如 HR 或 IT 服务台） / the team responsible (e.g. HR or the IT help desk)"
 GROUNDING_RULES = (
     "请只根据下面编号的资料回答，用到哪条资料就在句末标注它的编号，如 [1]。"
-    "资料里没有答案时，直接说不知道，并建议联系{contact}，不要猜测。\n"
+    "资料里没有答案时，回答“{zh}”，并建议联系{contact}，不要猜测。\n"
     "Answer only from the numbered passages below and mark what you use with its number, like [1]. "
-    "If they do not answer the question, say you don't know and suggest contacting {contact}; "
+    "If they do not answer the question, reply \"{en}\" and suggest contacting {contact}; "
     "never guess."
 )
+NOT_FOUND_ZH = "抱歉，我在知识库里没有找到这个问题的答案。"
+NOT_FOUND_EN = "Sorry, I could not find this in the knowledge base."
+# A reply that opens with either sentence is the model's "not found" (the rules ask for them).
+DECLINE = re.compile(r"^\s*(抱歉，?我在知识库里没有找到|sorry, i could not find (this|it|that) in the knowledge base)",
+                     re.I)
 CITATION = re.compile(r"\[(\d{1,2})\]")
 SMALL_TALK = re.compile(
     r"^\s*(你好|您好|嗨|哈喽|早上好|上午好|下午好|晚上好|早安|晚安|谢谢|多谢|感谢|谢啦|再见|拜拜|好的|好滴|收到|嗯+|哦+|"
@@ -34,8 +41,13 @@ def contact_of(settings) -> str:
 
 
 def not_found_reply(contact: str) -> str:
-    return (f"抱歉，我在知识库里没有找到这个问题的答案，请联系{contact}。\n"
-            f"Sorry, I could not find this in the knowledge base. Please ask {contact}.")
+    return (f"{NOT_FOUND_ZH[:-1]}，请联系{contact}。\n"
+            f"{NOT_FOUND_EN} Please ask {contact}.")
+
+
+def is_decline(reply: str) -> bool:
+    """The model said the passages do not answer the question (in the words the rules give)."""
+    return bool(DECLINE.match(reply))
 
 
 def is_small_talk(text: str) -> bool:
@@ -44,7 +56,7 @@ def is_small_talk(text: str) -> bool:
 
 
 def system_message(system_prompt: str, passages: list[Passage], contact: str) -> str:
-    lines = [system_prompt.strip(), "", GROUNDING_RULES.format(contact=contact), "",
+    lines = [system_prompt.strip(), "", GROUNDING_RULES.format(contact=contact, zh=NOT_FOUND_ZH, en=NOT_FOUND_EN), "",
              "资料 / Passages:"]
     for number, passage in enumerate(passages, 1):
         lines += [f"[{number}] {passage.source}", passage.text.strip(), ""]

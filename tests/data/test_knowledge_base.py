@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from app import create_app
 from app.knowledge.parsing import UploadError
-from app.knowledge.prompt import is_small_talk
+from app.knowledge.prompt import is_small_talk, not_found_reply
 from app.knowledge.retrieval import EVERYTHING, Retriever, is_follow_up
 from app.knowledge.store import KnowledgeStore
 from app.llm import Generation
@@ -191,6 +191,7 @@ def test_a_model_not_trained_on_passages_gets_the_question_alone_with_sources_ke
     """KB_PASSAGES_IN_PROMPT=false (make run's bundled demo model, trained on questions, not on
     passages): the prompt is the plain conversation, and the reply still cites what was found."""
     services.settings.kb_passages_in_prompt = False
+    services.settings.kb_min_score = 0.3  # only the leave passage: it is the one cited below
     llm = PromptLLM("第一年有 10 天年假。")
     reply = ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 520)
     assert llm.prompts[-1][0] == {"role": "system", "content": services.settings.system_prompt}
@@ -220,6 +221,19 @@ def test_nothing_relevant_declines_without_calling_the_model(app, services, load
     ask(app, services, processor, "bob-sales", "你好！", 521)
     assert len(llm.prompts) == 1 and "Passages" not in llm.prompts[0][0]["content"]
     assert is_small_talk("thanks!") and not is_small_talk("thanks, how do I claim expenses?")
+
+
+def test_the_models_own_not_found_becomes_the_decline_without_sources(app, services, loaded,
+                                                                      monkeypatch):
+    """Passages were found but do not answer: the model says so in the rules' words, and the
+    employee gets the same reply as when nothing was found (the team to ask, no sources)."""
+    monkeypatch.setattr(services.settings, "kb_fallback_contact", "HR（分机 8000）")
+    for said in ("抱歉，我在知识库里没有找到这个问题的答案。", "Sorry, I could not find this in the knowledge base."):
+        llm = PromptLLM(said)
+        reply = ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？",
+                    540 + len(said))
+        assert "Passages" in llm.prompts[-1][0]["content"]  # the model was asked, with passages
+        assert reply == not_found_reply("HR（分机 8000）") and "Sources" not in reply
 
 
 def test_without_documents_the_model_answers_as_before(app, services):
@@ -446,5 +460,8 @@ def test_the_issues_own_questions_on_the_demo_handbook(services, store):
     assert vpn.section == "2. IT" and "Password Reset" in vpn.text
     office = retriever.search("那北京呢？", [], previous="上海总部在哪里").passages[0]
     assert "Zhongguancun" in office.text
-    for question in ("明天天气怎么样", "公司股票期权怎么行权", "What programming language should I learn?"):
+    for question in ("明天天气怎么样", "公司股票期权怎么行权"):
         assert not retriever.search(question, []).found, question
+    # a weak match ("language") reaches the model, whose rules have it say "not found"
+    weak = retriever.search("What programming language should I learn?", [])
+    assert weak.passages and all(p.coverage < 0.3 for p in weak.passages)

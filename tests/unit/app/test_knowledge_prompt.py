@@ -2,8 +2,11 @@
 bot's stream)."""
 
 from app.knowledge.prompt import (
+    NOT_FOUND_EN,
+    NOT_FOUND_ZH,
     cited_numbers,
     grounded_messages,
+    is_decline,
     is_small_talk,
     not_found_reply,
     with_sources,
@@ -41,3 +44,12 @@ def test_not_found_names_the_team_and_small_talk_is_recognized():
     assert "IT 服务台" in not_found_reply("IT 服务台") and "could not find" in not_found_reply("x")
     assert all(map(is_small_talk, ["你好", "谢谢！", "Thanks!", "good morning", "早上好小星"]))
     assert not any(map(is_small_talk, ["你好，年假几天", "hello, where is the VPN client?"]))
+
+
+def test_the_rules_give_the_not_found_words_and_only_those_count_as_a_decline():
+    system = grounded_messages("你是助手。", [], "问", PASSAGES, "HR")[0]["content"]
+    assert NOT_FOUND_ZH in system and NOT_FOUND_EN in system
+    assert is_decline(NOT_FOUND_ZH) and is_decline("  sorry, I could not find it in the knowledge base")
+    assert is_decline(not_found_reply("HR"))
+    assert not is_decline("年假 10 天 [1]。抱歉，我在知识库里没有找到别的。")  # only as the opening
+    assert not is_decline("Sorry, I could not find the VPN client? It is Xinghe Connect [1].")
