@@ -45,7 +45,7 @@ if _own_metrics_dir:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wecom-bot-metrics-")
 
 
-# -- The intake server (app/intake_server.py) ---------------------------------------------------
+# -- The intake server (app/intake/server.py) ---------------------------------------------------
 # One process writes every web process's callbacks (larger batches, and no request thread holds
 # the GIL that a transaction waits for). gunicorn runs it as its one "dirty worker": started
 # with the service, started again if it dies, stopped with it. The web processes find it at
@@ -56,7 +56,7 @@ if os.environ.get("INTAKE_SERVER", "1") != "0":
     if not os.environ.get("INTAKE_SOCKET"):
         _own_intake_dir = tempfile.mkdtemp(prefix="wecom-bot-intake-")
         os.environ["INTAKE_SOCKET"] = os.path.join(_own_intake_dir, "intake.sock")
-    dirty_apps = ["app.intake_server:IntakeApp"]
+    dirty_apps = ["app.intake.server:IntakeApp"]
     dirty_workers = 1
     # gunicorn keys its dirty processes' pid file by this name and kills an "orphan" it finds
     # there at start: one name per address keeps two services on one host apart.

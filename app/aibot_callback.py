@@ -22,7 +22,7 @@ import redis
 from flask import Blueprint, Response, current_app, g, jsonify
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import feedback, metrics, outbox
+from app import feedback, metrics
 from app.aibot_streams import EXPIRED_NOTICE, TRUNCATED_NOTICE
 from app.callback import (
     CallbackRejected,
@@ -32,9 +32,10 @@ from app.callback import (
     fingerprint,
     read_signed_body,
 )
-from app.intake import IntakeUnavailable
+from app.intake.protocol import IntakeUnavailable
 from app.models import MessageStatus
-from app.task_queue import HANDLE_MESSAGE
+from app.outbox import rows
+from app.outbox.publisher import publish_tasks
 from app.wecom import aibot
 from app.wecom.exceptions import MessageParseError, WeComCryptoError
 
@@ -156,7 +157,7 @@ def feedback_of(services, asked: aibot.AibotMessage, message_id: int) -> str | N
 
 
 def accept_feedback(services, message: aibot.AibotMessage, request_id: str | None,
-                    fingerprint_: str | None) -> outbox.Accepted | None:
+                    fingerprint_: str | None) -> rows.Accepted | None:
     """A ``feedback_event`` (callback or long connection) into the outbox, where its msgid drops
     WeCom's second delivery and the worker records it (``worker/feedback.py``); a malformed one
     is logged and dropped (None). ``IntakeUnavailable`` when the write failed."""
@@ -164,7 +165,7 @@ def accept_feedback(services, message: aibot.AibotMessage, request_id: str | Non
     if problem is not None:
         log.warning("aibot feedback_event ignored: %s", problem)
         return None
-    accepted = services.intake.accept(outbox.Arrival(message, request_id, CHANNEL), fingerprint_)
+    accepted = services.intake.accept(rows.Arrival(message, request_id, CHANNEL), fingerprint_)
     log.info("aibot feedback_event %s message_id=%s", "accepted" if accepted.created else "duplicate",
              accepted.id)
     return accepted
@@ -187,23 +188,20 @@ def askable(message: aibot.AibotMessage, settings) -> aibot.AibotMessage | dict 
 
 
 def submit(services, message: aibot.AibotMessage, request_id: str | None, fingerprint_: str | None,
-           stream_id: str) -> outbox.Accepted:
+           stream_id: str) -> rows.Accepted:
     """Write the question to the outbox (dedup by msgid: a retry, or the same message by the
     other channel or another replica, finds the first row and its stream), open a new row's
     stream and publish its task; ``IntakeUnavailable`` when the write failed."""
     accepted = services.intake.accept(
-        outbox.Arrival(message, request_id, CHANNEL, stream_id, enqueue=False), fingerprint_)
+        rows.Arrival(message, request_id, CHANNEL, stream_id, enqueue=False), fingerprint_)
     if not accepted.created:
         return accepted
     try:
         services.streams.open(accepted.stream_id, accepted.id, time.time())
     except redis.RedisError:  # refreshes fall back to the outbox row until the worker writes
         log.warning("stream not opened in Redis message_id=%s", accepted.id)
-    try:  # after the stream exists, which the worker writes to
-        services.publisher.send(HANDLE_MESSAGE, [accepted.id],
-                                headers={"request_id": request_id} if request_id else None)
-    except Exception:  # noqa: BLE001 - any broker failure must leave the row to the sweeper
-        log.warning("enqueue failed, left for the sweeper message_id=%s", accepted.id)
+    # after the stream exists, which the worker writes to
+    publish_tasks(services.publisher, [(accepted.id, request_id)])
     return accepted
 
 
@@ -238,7 +236,7 @@ def _from_outbox(stream_id: str, services) -> tuple[str, bool]:
     settings = services.settings
     try:
         with services.db.session() as session:
-            row = outbox.by_stream_id(session, stream_id)
+            row = rows.by_stream_id(session, stream_id)
             if row is not None:
                 session.expunge(row)
     except SQLAlchemyError:
@@ -247,7 +245,7 @@ def _from_outbox(stream_id: str, services) -> tuple[str, bool]:
     if row is None:
         return "", True  # not ours, or long gone: finished, so WeCom stops asking
     if row.status == MessageStatus.ANSWERED and row.reply_enc:
-        return services.cipher.decrypt(row.reply_enc, outbox.TABLE, "reply_enc", row.id), True
+        return services.cipher.decrypt(row.reply_enc, rows.TABLE, "reply_enc", row.id), True
     if row.status in MessageStatus.FINAL:
         return ("" if row.status == MessageStatus.IGNORED else EXPIRED_NOTICE), True
     if time.time() - row.created_at.timestamp() > settings.aibot_stream_deadline_s + CALLBACK_GRACE_S:

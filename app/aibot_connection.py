@@ -53,10 +53,11 @@ from dataclasses import dataclass, field
 import redis
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import aibot_callback, outbox, redis_client
+from app import aibot_callback, redis_client
 from app.callback import CallbackRejected
-from app.intake import IntakeUnavailable
+from app.intake.protocol import IntakeUnavailable
 from app.logging_setup import request_id_var
+from app.outbox import rows
 from app.wecom import aibot, aibot_ws
 from app.wecom.exceptions import MessageParseError
 
@@ -371,7 +372,7 @@ class Session:
             if services.streams.get(stream_id) is not None:
                 return False
             with services.db.session() as session:
-                return outbox.by_stream_id(session, stream_id) is None
+                return rows.by_stream_id(session, stream_id) is None
         except (redis.RedisError, SQLAlchemyError):
             return False
 

@@ -37,8 +37,8 @@ from app.audit_checks import ChainChecks
 from app.audit_head import Head, HeadFile
 from app.audit_keys import ChainKeys, chain_key
 from app.db import utcnow
-from app.driver_sql import DriverStatements
 from app.models import AuditChain, AuditEvent
+from app.outbox.statements import DriverStatements
 from app.security import FieldCipher
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ class AuditLog:
         """Add events at the chain's end in their order, inside the caller's transaction.
 
         Three statements however many events (the callback's group commit writes one per
-        message), on the driver's cursor (``app.driver_sql``): move the head's seq past them all,
+        message), on the driver's cursor (``app.outbox.statements``): move the head's seq past them all,
         which locks the head row until commit (PostgreSQL's row lock; SQLite's one write lock),
         insert the sealed rows, and move the head's hash and MAC. The first append under a new
         SECRET_KEY writes the chain-key ``key_rotation`` event first (one statement more).

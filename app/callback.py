@@ -1,11 +1,11 @@
 """The WeCom callback URL: ``GET`` verifies it, ``POST`` accepts a message.
 
 A POST is checked (size, signature in constant time, timestamp window, receive id, agent id),
-decrypted, parsed, de-duplicated and written to the outbox in one transaction (``app.intake``);
-then WeCom is answered with an empty 200, well inside its 5-second limit, and the intake
-publishes the task. Anything malformed gets 400/403/413 with a short JSON reason. If the
-database is down the answer is 503 (WeCom retries); if Redis is down the row stays queued and
-the sweeper enqueues it later.
+decrypted, parsed, de-duplicated and written to the outbox in one transaction (``app.intake``;
+the row is ``app.outbox.rows``); then WeCom is answered with an empty 200, well inside its
+5-second limit, and the intake publishes the task (``app.outbox.publisher``). Anything malformed
+gets 400/403/413 with a short JSON reason. If the database is down the answer is 503 (WeCom
+retries); if Redis is down the row stays queued and the sweeper enqueues it later.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app import metrics, outbox
+from app import metrics
 from app.audit import request_fingerprint
 from app.body_reader import BodyTooSlow, read_body
-from app.intake import IntakeUnavailable
-from app.logging_setup import request_id_var, sensitive
-from app.task_queue import HANDLE_MESSAGE
+from app.intake.protocol import IntakeUnavailable
+from app.logging_setup import sensitive
+from app.outbox import rows
 from app.wecom.exceptions import (
     ParseXmlError,
     ValidateCorpIdError,
@@ -140,7 +140,7 @@ def receive():
 
     with sensitive(message.from_user, getattr(message, "content", None)):
         try:
-            accepted = services.intake.accept(outbox.Arrival(message, g.request_id), fingerprint())
+            accepted = services.intake.accept(rows.Arrival(message, g.request_id), fingerprint())
         except IntakeUnavailable as exc:
             log.warning("outbox write failed: %s", exc)
             metrics.callback("error", "storage")
@@ -155,7 +155,7 @@ def receive():
 
 
 def fingerprint() -> str:
-    """The request's fingerprint for its audit event (DESIGN: keyed, by the hour). WeCom calls
+    """The request's fingerprint for its audit event (docs/data.md: keyed, by the hour). WeCom calls
     from a few addresses, so the hour's few fingerprints are kept rather than made per callback."""
     return _fingerprint(_services().settings.secret_key.get_secret_value(), request.remote_addr,
                         request.headers.get("User-Agent"), int(time.time()) // 3600)
@@ -164,17 +164,4 @@ def fingerprint() -> str:
 @functools.lru_cache(maxsize=1024)
 def _fingerprint(secret: str, remote_addr: str | None, user_agent: str | None, hour: int) -> str:
     return request_fingerprint(secret, remote_addr, user_agent, datetime.fromtimestamp(hour * 3600, UTC))
-
-
-def enqueue(message_id: int) -> bool:
-    """Publish the task (the request id rides in its headers for the worker's logs); on a
-    broker failure keep the row queued for the sweeper."""
-    request_id = request_id_var.get()
-    try:
-        _services().publisher.send(HANDLE_MESSAGE, [message_id],
-                                   headers={"request_id": request_id} if request_id else None)
-        return True
-    except Exception:  # noqa: BLE001 - any broker failure must leave the row to the sweeper
-        log.warning("enqueue failed, left for the sweeper message_id=%s", message_id)
-        return False
 

@@ -300,7 +300,7 @@ def set_budget(scope, value, period, limit_amount, action, thresholds) -> None:
     """Create or change a budget; for 'user' VALUE is the WeCom user id (stored as its index)."""
     from app.accounting import set_budget as put_budget
     from app.audit import EventType
-    from app.outbox import user_hash
+    from app.outbox.rows import user_hash
 
     services = _services()
     if scope == "user":

@@ -212,7 +212,7 @@ class Settings(BaseSettings):
         description="a request body (callback, /v1) must arrive whole within this: else 408 "
                     "(app/body_reader.py), so a client trickling one cannot hold a thread")
     callback_timestamp_window_s: int = 300
-    # The intake server (app/intake_server.py) that gunicorn.conf.py runs writes every web
+    # The intake server (app/intake/server.py) that gunicorn.conf.py runs writes every web
     # process's callbacks; its socket is set there. Unset: each web process writes its own.
     intake_socket: str | None = None
     intake_linger_ms: float = Field(

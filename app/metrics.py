@@ -28,12 +28,12 @@ GENERATION_SECONDS = Counter(
     "Wall seconds spent in model generation; rate(tokens)/rate(seconds) is tokens/s", ["model"])
 CALLBACK_BATCH = Histogram(
     "wecom_bot_callback_batch_size",
-    "Messages written per group commit of the callbacks' outbox rows (app/intake.py)",
+    "Messages written per group commit of the callbacks' outbox rows (app/intake/local.py)",
     buckets=(1, 2, 4, 8, 16, 32, 64, float("inf")))
 INTAKE_FALLBACKS = Counter(
     "wecom_bot_intake_fallbacks",
     "Callbacks a web process wrote itself because the intake server could not be reached "
-    "(app/intake_client.py); steadily rising means the server is not running")
+    "(app/intake/client.py); steadily rising means the server is not running")
 USER_RATE_LIMITED = Counter(
     "wecom_bot_user_rate_limited",
     "Messages refused by the per-WeCom-user rate limit (notified: the polite reply went out)",

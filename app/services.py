@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -15,6 +16,9 @@ from app.config import Settings
 from app.db import Database
 from app.security import BlindIndex, FieldCipher
 from app.wecom.crypto import WeComCrypto
+
+if TYPE_CHECKING:
+    from app.intake.protocol import Intake
 
 
 @dataclass
@@ -44,16 +48,16 @@ class Services:
                         checkpoint_minutes=s.audit_checkpoint_minutes, head_file=s.audit_head_file)
 
     @cached_property
-    def intake(self):
+    def intake(self) -> Intake:
         """The callbacks' group commit: the intake server's client when one runs (gunicorn),
         else a writer thread in this process, started on first use."""
         if self.settings.intake_socket:
-            from app.intake_client import RemoteIntake
+            from app.intake.client import RemoteIntake
 
             return RemoteIntake(self, self.settings.intake_socket)
-        from app.intake import Intake
+        from app.intake.local import LocalIntake
 
-        return Intake(self)
+        return LocalIntake(self)
 
     @cached_property
     def wecom_crypto(self) -> WeComCrypto:
@@ -94,7 +98,7 @@ class Services:
 
     @cached_property
     def publisher(self):
-        """The web process's lean publisher of worker tasks (app/publisher.py)."""
-        from app.publisher import TaskPublisher
+        """The web process's lean publisher of worker tasks (app/outbox/publisher.py)."""
+        from app.outbox.publisher import TaskPublisher
 
         return TaskPublisher(self.celery)

@@ -40,7 +40,7 @@ from app.audit import TABLE, EventRow, EventType
 from app.audit_head import Head
 from app.db import utcnow
 from app.models import AuditChain, AuditEvent
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 from app.services import Services
 from tests.support.env import make_env, settings_from
 

@@ -21,7 +21,7 @@ def _configure_logging(**_):
 
 @signals.task_prerun.connect
 def _bind_request_id(task=None, **_):
-    """The callback's request id travels in the task headers (``app.callback.enqueue``)."""
+    """The callback's request id travels in the task headers (``app.outbox.publisher.publish_tasks``)."""
     request = getattr(task, "request", None)
     incoming = getattr(request, "request_id", None)
     if incoming is None:

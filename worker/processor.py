@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from app import metrics, outbox
+from app import metrics
 from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
@@ -33,7 +33,8 @@ from app.db import utcnow
 from app.llm import Generation, GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
-from app.outbox import ClaimResult
+from app.outbox import rows
+from app.outbox.rows import ClaimResult
 from app.services import Services
 from app.wecom.exceptions import (
     InvalidUserError,
@@ -51,7 +52,7 @@ from worker.stream_reply import StreamWriter, fit
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
-TABLE = outbox.TABLE
+TABLE = rows.TABLE
 FAILURE_NOTICE = ("抱歉，我暂时无法回答这个问题，请稍后再试。\n"
                   "Sorry, I could not answer this right now. Please try again later.")
 UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
@@ -193,7 +194,7 @@ class LeaseKeeper:
     def renew(self):
         try:
             with self.services.db.session() as session:
-                if not outbox.renew_lease(session, self.message_id, self.owner, self.lease_s):
+                if not rows.renew_lease(session, self.message_id, self.owner, self.lease_s):
                     self.lost.set()
         except Exception:  # noqa: BLE001 - a failed renewal is retried next period
             log.warning("lease renewal failed message_id=%s", self.message_id)
@@ -240,7 +241,7 @@ class MessageProcessor:
         current = message_id
         for _ in range(MAX_DRAIN):
             with self.services.db.reader() as session:  # the claim below decides, in a write
-                nxt = outbox.next_pending_of_user(session, user_hash, current)
+                nxt = rows.next_pending_of_user(session, user_hash, current)
             if nxt is None:
                 return
             if self._process_one(nxt).status != "done":
@@ -252,7 +253,7 @@ class MessageProcessor:
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         lease_s = self.settings.claim_lease_s
         with self.services.db.session() as session:
-            claim = outbox.claim(session, message_id, owner, lease_s)
+            claim = rows.claim(session, message_id, owner, lease_s)
             if claim.result != ClaimResult.CLAIMED:
                 return self._not_claimed(message_id, claim)
             row = claim.row
@@ -313,7 +314,7 @@ class MessageProcessor:
             chunks = self._chunks(row, kind, reply)
             lease.check()
             with self.services.db.session() as session:
-                stored = outbox.save_progress(
+                stored = rows.save_progress(
                     session, row.id, owner,
                     reply_enc=cipher.encrypt(reply, TABLE, "reply_enc", row.id),
                     reply_kind=kind, chunks_total=len(chunks), **usage)
@@ -513,14 +514,14 @@ class MessageProcessor:
                 raise PermanentFailure(f"wecom: errcode {exc.errcode}", notify=False) from exc
             if index + 1 < len(chunks):
                 with self.services.db.session() as session:
-                    if not outbox.save_progress(session, row.id, owner, chunks_sent=index + 1):
+                    if not rows.save_progress(session, row.id, owner, chunks_sent=index + 1):
                         raise LeaseLost()
             row.chunks_sent = index + 1
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, row, owner: str, status: str, **values) -> None:
         with self.services.db.session() as session:
-            if not outbox.finish(session, row.id, owner, status, **values):
+            if not rows.finish(session, row.id, owner, status, **values):
                 raise LeaseLost()
         _observe_finished(row, status)
 
@@ -535,9 +536,9 @@ class MessageProcessor:
         # The row is due again when the countdown ends: the sweeper, which re-publishes queued
         # rows older than SWEEP_QUEUED_AFTER_S, must not bring it back before that (a rate
         # limit's wait is longer than its 60 s); it stays the backstop if the retry is lost.
-        due = outbox.utcnow() + timedelta(seconds=countdown)
+        due = rows.utcnow() + timedelta(seconds=countdown)
         with self.services.db.session() as session:
-            outbox.finish(session, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
+            rows.finish(session, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
                           enqueued_at=due)
         log.info("transient failure%s, retry in %.1fs message_id=%s attempt=%s",
                  " (WeCom rate limit)" if failure.rate_limited else "", countdown, row.id,
@@ -556,7 +557,7 @@ class MessageProcessor:
             except Exception:  # noqa: BLE001 - the failure is recorded either way
                 log.warning("failure notice not delivered message_id=%s", row.id)
         with self.services.db.session() as session:
-            outbox.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
+            rows.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)
         self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])
 

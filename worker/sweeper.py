@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from datetime import timedelta
 
-from app import outbox
 from app.db import utcnow
+from app.outbox import rows
 from app.services import Services
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def sweep(services: Services, publish: Callable[[int], None]) -> list[int]:
     try:
         queued_before = utcnow() - timedelta(seconds=services.settings.sweep_queued_after_s)
         with services.db.reader() as session:  # publishing twice is harmless: a plain read
-            ids = outbox.stale_rows(session, queued_before)
+            ids = rows.stale_rows(session, queued_before)
         published = []
         for message_id in ids:
             try:
@@ -48,7 +48,7 @@ def sweep(services: Services, publish: Callable[[int], None]) -> list[int]:
                 break
             published.append(message_id)
         with services.db.session() as session:
-            outbox.mark_enqueued(session, published)
+            rows.mark_enqueued(session, published)
         if published:
             log.info("sweeper re-enqueued %d messages", len(published))
         return published

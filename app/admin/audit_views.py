@@ -26,7 +26,7 @@ from app.admin.limits import in_calendar
 from app.audit import EventType
 from app.db import row_id, utcnow
 from app.models import AdminRole, AuditEvent
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 
 PAGE = 100
 SYSTEM_ACTORS = ("cli", "system", "unknown")

@@ -31,7 +31,7 @@ from app.audit import EventType
 from app.config import parse_thresholds
 from app.db import row_id
 from app.models import AdminRole, Budget, BudgetScope, ModelPrice
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 
 POSITIVE = amount(Decimal("0.000001"), "must be more than 0")
 NOT_NEGATIVE = amount(Decimal(0), "must not be negative")

@@ -35,7 +35,7 @@ from app.models import (
     UsageDaily,
     UsageRecord,
 )
-from app.outbox import TABLE as INBOUND
+from app.outbox.rows import TABLE as INBOUND
 
 SUMMED = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")
 

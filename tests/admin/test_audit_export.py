@@ -16,7 +16,7 @@ from app.admin import audit_export
 from app.audit import EventType
 from app.cli import cli
 from app.models import AuditEvent
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 from tests.admin.conftest import post
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.db import utcnow
 from app.models import AuditEvent, Budget, ModelPrice
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 from tests.admin.conftest import post
 
 NEW = "/admin/budgets/new"

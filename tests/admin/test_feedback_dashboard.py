@@ -7,7 +7,7 @@ import json
 
 from app import feedback
 from app.models import InboundMessage
-from app.outbox import TABLE
+from app.outbox.rows import TABLE
 
 QUESTION, ANSWER = "SECRET-Q 报销要几天", "SECRET-A 三个工作日"
 

@@ -26,7 +26,7 @@ from app.audit import EventType
 from app.config import ConfigError
 from app.db import Base, Database
 from app.models import AdminSession, AuditEvent, Budget, UsageDaily
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 from app.services import Services
 from tests.admin.conftest import PASSWORD, login, post
 from tests.data.conftest import PG_SERVER, _admin_engine

@@ -17,7 +17,7 @@ from app.api.keys import authenticate, create_key, key_hash
 from app.config import ConfigError
 from app.db import utcnow
 from app.models import ApiKey, InboundMessage, UsageDaily, UsageRecord
-from app.outbox import Arrival, accept_many, prepare, user_hash
+from app.outbox.rows import Arrival, accept_many, prepare, user_hash
 from app.security import BlindIndex
 from app.security.index_rotation import rotate_index
 from app.services import Services

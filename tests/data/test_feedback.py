@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from app import feedback
 from app.models import AnswerRating, AuditEvent, FeedbackComment, InboundMessage
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 from tests.data.test_message_path import (
     SENTINEL_REPLY,
     USER_ID,
@@ -53,12 +53,10 @@ class CardWeCom:
 
 
 @pytest.fixture
-def app(services, monkeypatch):
+def app(services):
     from app import create_app
 
-    app = create_app(services=services)
-    monkeypatch.setattr("app.callback.enqueue", lambda message_id: True)
-    return app
+    return create_app(services=services)
 
 
 def post_card_event(client, services, task_id: str, key: str, create_time: int,

@@ -1,4 +1,4 @@
-"""The callbacks' group commit (app/intake.py) on SQLite and PostgreSQL: messages that wait
+"""The callbacks' group commit (app/intake/local.py) on SQLite and PostgreSQL: messages that wait
 together are written in one transaction, each exactly once, with its audit event, in order;
 a bad message refuses only itself; a writer that cannot write makes callers give up in time."""
 
@@ -13,10 +13,11 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from app import intake as intake_module
-from app.intake import Intake, IntakeUnavailable
+from app.intake import local as intake_module
+from app.intake.local import LocalIntake
+from app.intake.protocol import IntakeUnavailable
 from app.models import AuditEvent, InboundMessage
-from app.outbox import Arrival, Prepared, prepare
+from app.outbox.rows import Arrival, Prepared, prepare
 from app.wecom.messages import parse_message
 from tests.support.callbacks import text_message_xml
 
@@ -43,7 +44,7 @@ def _batches(monkeypatch):
     return batches, attempts
 
 
-def _accept_all(intake: Intake, arrivals: list[Arrival | Prepared]) -> list:
+def _accept_all(intake: LocalIntake, arrivals: list[Arrival | Prepared]) -> list:
     results: list = [None] * len(arrivals)
 
     def one(i: int) -> None:
@@ -63,7 +64,7 @@ def _accept_all(intake: Intake, arrivals: list[Arrival | Prepared]) -> list:
     return results
 
 
-def _hold_writer(intake: Intake) -> threading.Event:
+def _hold_writer(intake: LocalIntake) -> threading.Event:
     """Keep the writer busy on a first batch until the returned event is set."""
     release = threading.Event()
     real = intake.writer.commit
@@ -77,7 +78,7 @@ def _hold_writer(intake: Intake) -> threading.Event:
     return release
 
 
-def _accept_behind_a_busy_writer(intake: Intake, services, arrivals: list[Arrival]) -> list:
+def _accept_behind_a_busy_writer(intake: LocalIntake, services, arrivals: list[Arrival]) -> list:
     """Hand `arrivals` over (concurrently) while the writer is busy with a first message, so
     that they wait together; returns what each got."""
     release = _hold_writer(intake)
@@ -98,7 +99,7 @@ def test_messages_that_wait_together_commit_together_each_once_in_order(services
     batches, _ = _batches(monkeypatch)
     arrivals = [Arrival(_message(services, n, user=f"user{n % 3}"), request_id=f"req{n}") for n in range(1, 13)]
     arrivals.append(dataclasses.replace(arrivals[4]))  # WeCom's retry of message 5, concurrently
-    results = _accept_behind_a_busy_writer(Intake(services), services, arrivals)
+    results = _accept_behind_a_busy_writer(LocalIntake(services), services, arrivals)
 
     sizes = [len(batch) for batch in batches]
     assert sizes[0] == 1 and max(sizes[1:]) > 1, sizes  # batched behind the first
@@ -130,7 +131,7 @@ def test_a_bad_message_refuses_only_itself(services, monkeypatch):
     good = [Arrival(_message(services, n)) for n in range(1, 6)]
     # A time past any 64-bit integer: the database refuses it (the parser would, too).
     bad = dataclasses.replace(prepare(services.blind_index, Arrival(_message(services, 99))), create_time=10**30)
-    results = _accept_behind_a_busy_writer(Intake(services), services, [*good[:2], bad, *good[2:]])
+    results = _accept_behind_a_busy_writer(LocalIntake(services), services, [*good[:2], bad, *good[2:]])
 
     assert attempts[:2] == [1, 6]  # message 0, then all six together, which failed
     assert [len(b) for b in batches] == [1, 1, 1, 1, 1, 1]  # so each was written alone
@@ -142,7 +143,7 @@ def test_a_bad_message_refuses_only_itself(services, monkeypatch):
 
 
 def test_a_writer_that_cannot_write_makes_the_caller_give_up(services):
-    intake = Intake(services, timeout_s=0.3)
+    intake = LocalIntake(services, timeout_s=0.3)
     release = _hold_writer(intake)
     started = time.monotonic()
     with pytest.raises(IntakeUnavailable):
@@ -166,7 +167,7 @@ def _queued_tasks(services) -> list[tuple[list, str | None]]:
 
 def test_each_new_row_is_published_once_after_its_commit_and_a_retry_is_not(services):
     services.redis.delete(services.celery.conf.task_default_queue)
-    intake = Intake(services)
+    intake = LocalIntake(services)
     arrivals = [Arrival(_message(services, n), request_id=f"req{n}") for n in range(1, 6)]
     accepted = [r for r in _accept_all(intake, arrivals) if not isinstance(r, Exception)]
     assert len(accepted) == 5
@@ -181,7 +182,7 @@ def test_each_new_row_is_published_once_after_its_commit_and_a_retry_is_not(serv
 
 def test_an_arrival_that_enqueues_itself_is_not_published(services):
     services.redis.delete(services.celery.conf.task_default_queue)
-    intake = Intake(services)
+    intake = LocalIntake(services)
     assert intake.accept(Arrival(_message(services, 1), enqueue=False)).created
     assert intake.accept(Arrival(_message(services, 2))).created
     deadline = time.monotonic() + 10
@@ -196,8 +197,8 @@ def test_a_broker_failure_keeps_the_rows_queued_for_the_sweeper(services, monkey
         raise ConnectionError("redis is down")
 
     monkeypatch.setattr(services.publisher, "send_many", broker_down)
-    intake = Intake(services)
-    with caplog.at_level("WARNING", logger="app.intake"):
+    intake = LocalIntake(services)
+    with caplog.at_level("WARNING", logger="app.outbox.publisher"):
         assert intake.accept(Arrival(_message(services, 1))).created
         deadline = time.monotonic() + 10
         while "left for the sweeper" not in caplog.text and time.monotonic() < deadline:
@@ -208,7 +209,7 @@ def test_a_broker_failure_keeps_the_rows_queued_for_the_sweeper(services, monkey
 
 
 def test_a_message_whose_caller_gave_up_is_not_written(services):
-    intake = Intake(services, timeout_s=0.3)
+    intake = LocalIntake(services, timeout_s=0.3)
     release = _hold_writer(intake)  # busy with message 1 ...
     holder = threading.Thread(target=_accept_all, args=(intake, [Arrival(_message(services, 1))]))
     holder.start()

@@ -1,4 +1,4 @@
-"""The intake server (app/intake_server.py) and its client (app/intake_client.py), on SQLite and
+"""The intake server (app/intake/server.py) and its client (app/intake/client.py), on SQLite and
 PostgreSQL: every web thread's message is written once, with its audit event, in batches that
 hold several connections' messages; bad requests are refused one by one; clients fall back to
 writing in-process when the server is away, reconnect after a restart, and give up in time on a
@@ -16,11 +16,12 @@ import pytest
 import sqlalchemy as sa
 
 from app import metrics
-from app.intake import IntakeUnavailable
-from app.intake_client import RemoteIntake
-from app.intake_server import HEADER, MAX_FRAME, IntakeServer, encode
+from app.intake.client import RemoteIntake
+from app.intake.protocol import IntakeUnavailable
+from app.intake.server import IntakeServer
+from app.intake.wire import HEADER, MAX_FRAME, encode
 from app.models import AuditEvent, InboundMessage
-from app.outbox import Arrival, prepare
+from app.outbox.rows import Arrival, prepare
 from app.wecom.messages import parse_message
 from tests.support.callbacks import text_message_xml
 
@@ -164,7 +165,7 @@ def test_a_frame_larger_than_any_message_closes_the_connection(server, socket_pa
 def test_without_a_server_the_client_writes_in_process(services, socket_path, caplog):
     client = RemoteIntake(services, socket_path)  # nothing listens there
     fallbacks = metrics.INTAKE_FALLBACKS._value.get()
-    with caplog.at_level("WARNING", logger="app.intake_client"):
+    with caplog.at_level("WARNING", logger="app.intake.client"):
         first = client.accept(Arrival(_message(services, 1)))
         second = client.accept(Arrival(_message(services, 1)))
     assert first.created and not second.created and second.id == first.id

@@ -101,10 +101,8 @@ def loaded(store):
 
 
 @pytest.fixture
-def app(services, monkeypatch):
-    app = create_app(services=services)
-    monkeypatch.setattr("app.callback.enqueue", lambda message_id: True)
-    return app
+def app(services):
+    return create_app(services=services)
 
 
 def ask(app, services, processor, user, text, msg_id):

@@ -17,11 +17,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import select
 
-from app import create_app, outbox
+from app import create_app
 from app.accounting import set_budget, set_price
 from app.audit import AuditLog
 from app.llm import Generation, LLMError
 from app.models import AuditEvent, InboundMessage, MessageStatus, UsageRecord
+from app.outbox.rows import user_hash
 from app.services import Services
 from tests.support.env import settings_from
 from worker.conversation import ConversationStore
@@ -85,10 +86,8 @@ def post_xml(client, services, xml: str):
 
 
 @pytest.fixture
-def app(services, monkeypatch):
-    app = create_app(services=services)
-    monkeypatch.setattr("app.callback.enqueue", lambda message_id: True)
-    return app
+def app(services):
+    return create_app(services=services)
 
 
 def processor_for(services, llm):
@@ -113,7 +112,7 @@ def test_callback_audits_in_its_transaction_and_worker_audits_the_reply(app, ser
     [message_id] = ids_of(services)
     with services.db.session() as session:
         event = session.scalars(select(AuditEvent)).one()
-        assert event.actor == outbox.user_hash(services.blind_index, USER_ID)
+        assert event.actor == user_hash(services.blind_index, USER_ID)
         assert event.fingerprint and len(event.fingerprint) == 64 and event.request_id
         assert services.audit.payload_of(event)["message_id"] == message_id
     processor = processor_for(services, FakeLLM())

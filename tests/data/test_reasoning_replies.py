@@ -15,9 +15,10 @@ import time
 import pytest
 from sqlalchemy import select
 
-from app import create_app, outbox
+from app import create_app
 from app.llm import OpenAIBackend
 from app.models import AuditEvent, InboundMessage, MessageStatus, UsageRecord
+from app.outbox import rows
 from app.wecom.aibot import AibotMessage
 from tests.data.test_message_path import USER_ID, FakeWeCom, ids_of, post_message
 from tests.support.openai_server import THINKING, FakeOpenAIServer, written
@@ -35,10 +36,8 @@ def model():
 
 
 @pytest.fixture
-def app(services, monkeypatch):
-    app = create_app(services=services)
-    monkeypatch.setattr("app.callback.enqueue", lambda message_id: True)
-    return app
+def app(services):
+    return create_app(services=services)
 
 
 def processor_for(services, model, reply_start="auto"):
@@ -82,7 +81,7 @@ def test_message_send_carries_the_answer_and_never_the_thinking(app, services, m
     # bytes of the answer and the thinking) where that is larger.
     assert usage.completion_tokens == max(len(reasoning) + len(content),
                                           len(answer_to(text).encode()) + len(THINKING.encode()) + 2)
-    history = conversations.history(outbox.user_hash(services.blind_index, USER_ID))
+    history = conversations.history(rows.user_hash(services.blind_index, USER_ID))
     assert [t["content"] for t in history] == [text, answer_to(text)]  # no thinking kept either
 
 
@@ -98,7 +97,7 @@ def test_a_reply_that_was_all_thinking_gets_the_failure_notice(app, services, mo
     [usage] = usage_rows(services)
     # the thinking is still paid for (its bytes, more than the server's count of characters)
     assert usage.completion_tokens == max(len("<think>" + THINKING), len(THINKING.encode()) + 2)
-    assert conversations.history(outbox.user_hash(services.blind_index, USER_ID)) == []
+    assert conversations.history(rows.user_hash(services.blind_index, USER_ID)) == []
     with services.db.session() as session:
         outcomes = [(e.event_type, e.outcome) for e in session.scalars(select(AuditEvent))]
     assert ("reply_failed", "failed") in outcomes
@@ -107,10 +106,10 @@ def test_a_reply_that_was_all_thinking_gets_the_failure_notice(app, services, mo
 def aibot_row(services, text: str, stream_id: str) -> int:
     message = AibotMessage(msg_id=f"bot-{stream_id}", msg_type="text", from_user=USER_ID,
                            content=text, create_time=int(time.time()))
-    arrival = outbox.Arrival(message, "req-bot", "aibot", stream_id, enqueue=False)
+    arrival = rows.Arrival(message, "req-bot", "aibot", stream_id, enqueue=False)
     with services.db.session() as session:
-        [accepted] = outbox.accept_many(session, services.cipher,
-                                        [outbox.prepare(services.blind_index, arrival)])
+        [accepted] = rows.accept_many(session, services.cipher,
+                                        [rows.prepare(services.blind_index, arrival)])
         session.commit()
     services.streams.open(stream_id, accepted.id, time.time())
     return accepted.id

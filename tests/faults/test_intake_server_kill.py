@@ -1,7 +1,7 @@
-"""The intake server (app/intake_server.py) SIGKILLed while employees are sending.
+"""The intake server (app/intake/server.py) SIGKILLed while employees are sending.
 
 gunicorn runs the server as its dirty worker and starts a new one; meanwhile the web processes
-write in-process (app/intake_client.py), so no callback is refused for it, and a message whose
+write in-process (app/intake/client.py), so no callback is refused for it, and a message whose
 batch died with the server is written again by its thread (a duplicate of nothing, or of a row
 the server had committed). At the end every message has been answered exactly once, and the
 restarted server took its share of the later traffic.

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from app.config import Settings
-from app.publisher import TaskPublisher
+from app.outbox.publisher import TaskPublisher
 from app.task_queue import HANDLE_MESSAGE, chat_queue, make_celery
 from tests.faults.conftest import answered_once, wait_answered
 from tests.support.rabbitmq import rabbitmq_vhost, rabbitmqctl

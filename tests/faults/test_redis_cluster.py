@@ -155,7 +155,7 @@ def test_the_primary_of_a_conversation_killed_mid_traffic(stack, cluster):
     takes over. Nothing lost, nothing doubled, and each conversation goes on where it was (the
     fake model's reply numbers the user turns it was given: a lost or doubled turn shows)."""
     services = settings_from(stack.env)
-    from app.outbox import user_hash
+    from app.outbox.rows import user_hash
     from app.services import Services
 
     blind_index = Services(services).blind_index

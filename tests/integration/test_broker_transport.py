@@ -46,7 +46,7 @@ def test_publishes_share_one_client_and_survive_a_pool_reset():
 
 
 def test_the_lean_publisher_sends_what_send_task_sends():
-    from app.publisher import TaskPublisher
+    from app.outbox.publisher import TaskPublisher
 
     store = redis.Redis.from_url(REDIS_URL)
     store.flushdb()

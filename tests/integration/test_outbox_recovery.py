@@ -7,9 +7,10 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from app import create_app, migrate, outbox
+from app import create_app, migrate
 from app.db import utcnow
 from app.models import InboundMessage, MessageStatus
+from app.outbox.rows import ClaimResult, claim
 from app.services import Services
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
@@ -71,16 +72,16 @@ def test_sweeper_takes_rows_of_dead_workers_but_not_live_ones(env):
         assert client.post("/wecom/callback", query_string=params, data=body).status_code == 200
     first, second = (r.id for r in rows(services))
     with services.db.session() as session:
-        assert outbox.claim(session, first, "dead-worker", 60).result == outbox.ClaimResult.CLAIMED
+        assert claim(session, first, "dead-worker", 60).result == ClaimResult.CLAIMED
         # the second waits behind the first: same user, arrival order
-        assert outbox.claim(session, second, "other", 60).result == outbox.ClaimResult.WAIT_EARLIER
+        assert claim(session, second, "other", 60).result == ClaimResult.WAIT_EARLIER
         session.execute(update(InboundMessage).where(InboundMessage.id == first)
                         .values(lease_until=utcnow() - timedelta(seconds=1)))
         session.commit()
     assert sweep(services, lambda _: None) == [first]
     with services.db.session() as session:
-        claim = outbox.claim(session, first, "rescuer", 60)
-        assert claim.result == outbox.ClaimResult.CLAIMED and claim.row.attempts == 2
+        rescued = claim(session, first, "rescuer", 60)
+        assert rescued.result == ClaimResult.CLAIMED and rescued.row.attempts == 2
 
 
 def test_a_sweeper_killed_mid_sweep_holds_the_others_off_for_one_interval_only(env):

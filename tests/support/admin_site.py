@@ -20,7 +20,7 @@ from app.admin.accounts import create_user
 from app.audit import EventType
 from app.db import utcnow
 from app.models import InboundMessage
-from app.outbox import user_hash
+from app.outbox.rows import user_hash
 from app.services import Services
 from tests.support.env import make_env, settings_from
 from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from app.batching import BatchThread
+from app.intake.batching import BatchThread
 
 
 def _wait(predicate, timeout: float = 5.0) -> None:

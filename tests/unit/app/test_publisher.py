@@ -1,4 +1,4 @@
-"""The callbacks' task publishing (app/publisher.py): ``send_many`` pushes, in one round trip,
+"""The callbacks' task publishing (app/outbox/publisher.py): ``send_many`` pushes, in one round trip,
 the very message that kombu's own path (``send``) writes for the same task, and Celery's
 consumer reads it back as that task."""
 
@@ -12,7 +12,7 @@ import uuid
 import pytest
 import redis
 
-from app.publisher import TaskPublisher
+from app.outbox.publisher import TaskPublisher
 from tests.support.env import make_env, settings_from
 from worker.celery_app import HANDLE_MESSAGE, make_celery
 

@@ -269,7 +269,8 @@ def _media_frame(kind: str, req_id: str, **content) -> ws.Frame:
 def test_media_messages_go_the_callbacks_way_and_are_answered_once(client, monkeypatch, kind, content, expect):
     """Each kind the callback asks is asked over the connection too (``askable`` and ``submit``,
     the aeskeys carried to the worker), never the text-only notice; its stream is answered once."""
-    from app import aibot_callback, outbox
+    from app import aibot_callback
+    from app.outbox import rows
 
     fake = FakeWS()
     texts = {}
@@ -280,7 +281,7 @@ def test_media_messages_go_the_callbacks_way_and_are_answered_once(client, monke
     def submit(services, message, request_id, fingerprint_, stream_id):
         asked.append(message)
         texts[stream_id] = [("", False), ("答：好", True)]
-        return outbox.Accepted(1, True, stream_id)
+        return rows.Accepted(1, True, stream_id)
 
     monkeypatch.setattr(aibot_callback, "submit", submit)
     session.handle(_media_frame(kind, "req-m", **content))
@@ -353,7 +354,8 @@ def test_the_emulator_sends_every_kind_over_the_connection_each_image_and_file_w
 
 # -- the AI bot's 👍/👎 (app.feedback) over the connection -----------------------------------------
 def test_a_questions_first_frame_carries_the_feedback_id_and_a_rating_goes_to_the_outbox(client, monkeypatch):
-    from app import aibot_callback, feedback, outbox
+    from app import aibot_callback, feedback
+    from app.outbox import rows
     from app.security.blind_index import BlindIndex
 
     fake = FakeWS()
@@ -366,7 +368,7 @@ def test_a_questions_first_frame_carries_the_feedback_id_and_a_rating_goes_to_th
 
     def submit(services, message, request_id, fingerprint_, stream_id):
         texts[stream_id] = [("", False), ("答", False), ("答：好", True)]
-        return outbox.Accepted(next(ids), True, stream_id)
+        return rows.Accepted(next(ids), True, stream_id)
 
     monkeypatch.setattr(aibot_callback, "submit", submit)
     session.handle(_media_frame("text", "req-q", text={"content": "年假有几天"}))

@@ -19,7 +19,7 @@ class _Services:
 
 def test_renews_each_lease_until_exit_and_marks_a_lost_one(monkeypatch):
     renewed = []
-    monkeypatch.setattr(processor.outbox, "renew_lease",
+    monkeypatch.setattr(processor.rows, "renew_lease",
                         lambda session, message_id, owner, lease_s: renewed.append(message_id) or message_id != 2)
     with processor.LeaseKeeper(_Services(), 1, "a", 0.06) as kept, \
             processor.LeaseKeeper(_Services(), 2, "b", 0.06) as lost:

@@ -1,9 +1,9 @@
-"""The web processes' side of the intake server (``app.intake_server``).
+"""The web processes' side of the intake server (``app.intake.server``), in ``app.intake.wire``'s frames.
 
 A callback's request thread prepares its message, sends it to the server on a connection of its
 own (kept for the thread's next requests) and waits for the row. When the server cannot be
 reached (not started yet, being restarted by gunicorn after a crash, or not run at all) the
-thread writes in-process instead (``app.intake.Intake``): a message is never refused for it.
+thread writes in-process instead (``app.intake.local.LocalIntake``): a message is never refused for it.
 
 A connection that fails (the server restarted since it was opened) is replaced and the message
 sent again; if the server had written it before it went away, the second write finds the row by
@@ -13,7 +13,6 @@ its dedup hash (a duplicate, created false) and the sweeper publishes its task. 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -21,9 +20,10 @@ import threading
 import time
 
 from app import metrics
-from app.intake import Intake, IntakeUnavailable
-from app.intake_server import HEADER, MAX_FRAME, encode
-from app.outbox import Accepted, Arrival, Prepared, prepare
+from app.intake import wire
+from app.intake.local import LocalIntake
+from app.intake.protocol import IntakeUnavailable
+from app.outbox.rows import Accepted, Arrival, Prepared, prepare
 
 log = logging.getLogger(__name__)
 WARN_EVERY_S = 30.0
@@ -35,17 +35,17 @@ class RemoteIntake:
         self.path = path
         self.timeout_s = timeout_s
         self._threads = threading.local()
-        self._fallback: Intake | None = None
+        self._fallback: LocalIntake | None = None
         self._lock = threading.Lock()
         self._warned_at = 0.0
 
     def accept(self, arrival: Arrival, fingerprint: str | None = None) -> Accepted:
-        """As ``Intake.accept``: the message's row, written with its audit event."""
+        """As ``LocalIntake.accept``: the message's row, written with its audit event."""
         return self.accept_prepared(prepare(self.services.blind_index, arrival, fingerprint))
 
     def accept_prepared(self, prepared: Prepared) -> Accepted:
         deadline = time.monotonic() + self.timeout_s
-        frame = encode(prepared.to_wire())
+        frame = wire.request(prepared)
         for _ in range(2):
             sock = self._connection()
             if sock is None:
@@ -62,9 +62,9 @@ class RemoteIntake:
                 self._forget()
                 self._warn(f"connection lost ({type(exc).__name__})")
                 continue
-            if isinstance(answer, list) and len(answer) == 3:
-                return Accepted(*answer)
-            raise IntakeUnavailable(str(answer.get("error") if isinstance(answer, dict) else answer))
+            if isinstance(answer, Accepted):
+                return answer
+            raise IntakeUnavailable(answer)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise IntakeUnavailable(f"not written within {self.timeout_s:g} s")
@@ -72,10 +72,10 @@ class RemoteIntake:
         return self.fallback.accept_prepared(prepared, remaining)
 
     @property
-    def fallback(self) -> Intake:
+    def fallback(self) -> LocalIntake:
         with self._lock:
             if self._fallback is None:
-                self._fallback = Intake(self.services, timeout_s=self.timeout_s)
+                self._fallback = LocalIntake(self.services, timeout_s=self.timeout_s)
             return self._fallback
 
     def _connection(self) -> socket.socket | None:
@@ -107,17 +107,15 @@ class RemoteIntake:
             log.warning("intake server at %s %s: writing in this process meanwhile", self.path, what)
 
 
-def _read_frame(sock: socket.socket):
+def _read_frame(sock: socket.socket) -> Accepted | str:
     """One answer; mostly a single ``recv`` (each is a system call that lets go of the GIL)."""
+    buffer = bytearray()
     data = sock.recv(4096)
     while True:
         if not data:
             raise ConnectionResetError("the intake server closed the connection")
-        if len(data) >= HEADER.size:
-            (size,) = HEADER.unpack_from(data)
-            if size > MAX_FRAME:
-                raise ValueError(f"frame of {size} bytes")
-            if len(data) >= HEADER.size + size:
-                return json.loads(data[HEADER.size:HEADER.size + size])
-        more = sock.recv(65536)
-        data = data + more if more else b""
+        buffer += data
+        frames = wire.split(buffer)
+        if frames:
+            return wire.read_answer(frames[0])
+        data = sock.recv(65536)

@@ -9,15 +9,15 @@ and answers each. A lone message waits for nobody.
 
 Where that writer runs:
 
-- in the intake server (``app.intake_server``), one process for the whole web service, when
+- in the intake server (``app.intake.server``), one process for the whole web service, when
   gunicorn runs one (``gunicorn.conf.py``): the batches hold every web process's messages, and
   the transaction never waits for a GIL that request threads are holding;
-- otherwise, and whenever the server cannot be reached, in a thread of this process (``Intake``
+- otherwise, and whenever the server cannot be reached, in a thread of this process (``LocalIntake``
   below), which is also what tests and ``flask run`` use.
 
-The request thread prepares its message first (``outbox.prepare``: the hashes and the payload's
+The request thread prepares its message first (``app.outbox.rows.prepare``: the hashes and the payload's
 JSON), so the writer does little besides the transaction. The new rows' tasks are published
-after the commit, all that wait in one Redis round trip: the row is durable when WeCom hears
+after the commit, all that wait in one Redis round trip (``app.outbox.publisher``): the row is durable when WeCom hears
 200, so the acknowledgement does not wait for Redis, and a broker that is down or slow leaves
 the rows queued for the sweeper (the process dying between the commit and the publish does too)
 instead of holding the callbacks.
@@ -39,15 +39,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import metrics
 from app.audit import Event, EventType
-from app.batching import BatchThread
-from app.outbox import Accepted, Arrival, Prepared, accept_many, prepare
-from app.task_queue import HANDLE_MESSAGE
+from app.intake.batching import BatchThread
+from app.intake.protocol import IntakeUnavailable
+from app.outbox.publisher import publish_tasks
+from app.outbox.rows import Accepted, Arrival, Prepared, accept_many, prepare
 
 log = logging.getLogger(__name__)
-
-
-class IntakeUnavailable(Exception):
-    """The message was not (known to be) written: answer 503 so that WeCom retries."""
 
 
 def database_down(exc: BaseException) -> bool:
@@ -90,19 +87,6 @@ def new_tasks(batch: list[Prepared], results: list) -> list[tuple[int, str | Non
             if isinstance(accepted, Accepted) and accepted.created and prepared.enqueue]
 
 
-def publish(services, tasks: list[tuple[int, str | None]], client=None) -> None:
-    """One Redis round trip for every task waiting (on ``client``, if given: see
-    ``TaskPublisher.send_many``); on a broker failure the rows stay queued and the sweeper
-    enqueues them."""
-    try:
-        services.publisher.send_many(HANDLE_MESSAGE, [
-            ([message_id], {"request_id": request_id} if request_id else None)
-            for message_id, request_id in tasks], client)
-    except Exception as exc:  # noqa: BLE001 - any broker failure leaves the rows to the sweeper
-        log.warning("enqueue failed for %d message(s), left for the sweeper: %s",
-                    len(tasks), type(exc).__name__)
-
-
 def received_event(prepared: Prepared, accepted: Accepted) -> Event:
     return Event(
         EventType.MESSAGE_RECEIVED, actor=prepared.user_hash, outcome="accepted",
@@ -120,7 +104,7 @@ class _Pending:
     abandoned: bool = False  # the caller stopped waiting (and answered 503): not worth writing
 
 
-class Intake:
+class LocalIntake:
     """The group commit in this process: one writer thread, one publisher thread."""
 
     def __init__(self, services, max_batch: int = 64, timeout_s: float = 3.0, idle_s: float = 30.0):
@@ -169,4 +153,4 @@ class Intake:
             self._publisher.put(task)
 
     def _publish(self, tasks: list[tuple[int, str | None]]) -> None:
-        publish(self.services, tasks)
+        publish_tasks(self.services.publisher, tasks)

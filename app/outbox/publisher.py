@@ -1,4 +1,9 @@
-"""Publishing the worker's task from the web process, lean.
+"""Publishing the worker's task from the web process, lean: the one way both channels publish.
+
+``publish_tasks`` is what every new outbox row goes through: the callbacks' group commit
+(``app.intake.local``, ``app.intake.server``) and the AI bot's callback and long connection
+(``app.aibot_callback.submit``, once the row's stream is open). A broker failure leaves the rows
+queued for the sweeper (``worker.sweeper``).
 
 ``send`` publishes Celery's own message (protocol 2, ``app.amqp.create_task_message``) on a
 producer from Celery's pool straight to the queue, as ``send_task`` ends up doing for a direct
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 
 import redis
@@ -27,9 +33,24 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from kombu.utils.uuid import uuid
 
-from app.task_queue import chat_queue, is_amqp
+from app.task_queue import HANDLE_MESSAGE, chat_queue, is_amqp
 
+log = logging.getLogger(__name__)
 _EMBED_JSON = json.dumps({"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+
+
+def publish_tasks(publisher: TaskPublisher, tasks: list[tuple[int, str | None]], client=None) -> None:
+    """Publish ``handle_message`` for each ``(row id, request id)`` in one round trip (on
+    ``client``, if given: see ``TaskPublisher.send_many``); the request id rides in the task's
+    headers for the worker's logs. On a broker failure the rows stay queued and the sweeper
+    enqueues them."""
+    try:
+        publisher.send_many(HANDLE_MESSAGE, [
+            ([message_id], {"request_id": request_id} if request_id else None)
+            for message_id, request_id in tasks], client)
+    except Exception as exc:  # noqa: BLE001 - any broker failure leaves the rows to the sweeper
+        log.warning("enqueue failed for %d message(s), left for the sweeper: %s",
+                    len(tasks), type(exc).__name__)
 
 
 class TaskPublisher:

@@ -19,8 +19,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session, aliased
 
 from app.db import utcnow
-from app.driver_sql import DriverStatements, values_rows
 from app.models import InboundMessage, MessageStatus
+from app.outbox.statements import DriverStatements, values_rows
 from app.security import BlindIndex, FieldCipher
 
 TABLE = InboundMessage.__tablename__
@@ -52,7 +52,7 @@ class Arrival:
 class Prepared:
     """An arrival reduced to the values its write needs: the hashes and the payload's JSON are
     worked out on the request thread, so the writer (a thread of this process, or the intake
-    server: ``app.intake_server``) does little but the transaction. Plain values, in the order
+    server: ``app.intake.server``) does little but the transaction. Plain values, in the order
     ``to_wire`` sends them; ``user`` and ``payload`` are the plaintexts that the writer seals
     with the new row's id."""
 
@@ -112,7 +112,7 @@ def accept_many(session: Session | Connection, cipher: FieldCipher, arrivals: li
     (a retry within the same batch included), and what it returns names the rows this call
     created; the encrypted fields follow in an UPDATE because their associated data binds the
     row id the INSERT made. One statement each for the whole batch, on the driver's cursor
-    (``app.driver_sql``): this is the callback's hot path.
+    (``app.outbox.statements``): this is the callback's hot path.
     """
     if not arrivals:
         return []

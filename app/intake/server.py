@@ -1,22 +1,19 @@
 """The intake server: the callbacks' group commit in one process for the whole web service.
 
-With a writer thread in every web process (``app.intake.Intake``), each process wrote its own
+With a writer thread in every web process (``app.intake.local.LocalIntake``), each process wrote its own
 small batches, SQLite's single write lock passed between processes for every one, and the
 writer held that lock while waiting for a GIL its own request threads were holding. Here one
 single-threaded loop takes the prepared messages of every web process over a Unix socket,
-writes all that are waiting in one transaction (``app.intake.BatchWriter``), answers each and
+writes all that are waiting in one transaction (``app.intake.local.BatchWriter``), answers each and
 hands the new rows' tasks to a publisher thread. Nothing else runs in the process, so a batch's
 transaction is never held up by anything but the database.
 
 gunicorn runs it (``gunicorn.conf.py``) as its one *dirty worker*: gunicorn starts it with the
 web service, starts it again if it dies, and stops it with the service. The web processes find
-it at ``INTAKE_SOCKET`` (``app.intake_client``) and, while it cannot be reached, write in-process.
+it at ``INTAKE_SOCKET`` (``app.intake.client``) and, while it cannot be reached, write in-process.
 
-The protocol: a frame is a 4-byte big-endian length and a UTF-8 JSON value. A request is one
-prepared message (``Prepared.to_wire``); the answer ``[row id, created, stream id]``, or
-``{"error": reason}`` when it was not written. A connection carries one request at a time (every
-request thread of a web process has a connection of its own), so answers need no tags. The
-socket's directory is the service user's alone (mode 0700, the socket 0600).
+The protocol is ``app.intake.wire``'s frames. The socket's directory is the service user's alone
+(mode 0700, the socket 0600).
 
 Lingering: a batch waits up to ``linger_s`` for more requests while other connections sent one
 within the last ``ACTIVE_S`` and new ones keep coming (like PostgreSQL's ``commit_delay`` with
@@ -27,36 +24,25 @@ lone client never waits.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 import time
 
 from gunicorn.dirty.app import DirtyApp
 
-from app.batching import BatchThread
-from app.intake import BatchWriter, new_tasks, publish
-from app.outbox import Accepted, Prepared
+from app.intake import wire
+from app.intake.batching import BatchThread
+from app.intake.local import BatchWriter, new_tasks
+from app.outbox.publisher import publish_tasks
+from app.outbox.rows import Accepted, Prepared
 
 log = logging.getLogger(__name__)
 
-HEADER = struct.Struct("!I")
-MAX_FRAME = 1 << 20  # a callback body is at most 64 KiB (CALLBACK_MAX_BYTES); its message less
 ACTIVE_S = 0.02  # a connection that sent within this long is likely to send again soon
 LINGER_REST = 64  # batches written without lingering after lingering gathered nothing
-
-
-def encode(value) -> bytes:
-    data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-    return HEADER.pack(len(data)) + data
-
-
-class FrameError(ValueError):
-    """The peer does not speak the protocol: its connection is closed."""
 
 
 class _Connection:
@@ -67,20 +53,6 @@ class _Connection:
         self.inbox = bytearray()
         self.outbox = bytearray()
         self.last_request = 0.0
-
-    def frames(self) -> list[bytes]:
-        """The complete frames received so far."""
-        found = []
-        inbox = self.inbox
-        while len(inbox) >= HEADER.size:
-            (size,) = HEADER.unpack_from(inbox)
-            if size > MAX_FRAME:
-                raise FrameError(f"frame of {size} bytes")
-            if len(inbox) < HEADER.size + size:
-                break
-            found.append(bytes(inbox[HEADER.size:HEADER.size + size]))
-            del inbox[:HEADER.size + size]
-        return found
 
 
 class IntakeServer:
@@ -93,8 +65,7 @@ class IntakeServer:
         # Each item is one batch's new tasks: they go out together with the batches waiting, on
         # a Redis client of the publisher thread's own.
         self._broker = services.publisher.broker_client()
-        self.publisher = BatchThread(
-            "intake-publish", lambda batches: publish(services, [t for b in batches for t in b], self._broker), 64)
+        self.publisher = BatchThread("intake-publish", self._publish, 64)
         self.stats = {"batches": 0, "messages": 0, "connections": 0}
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, _Connection] = {}
@@ -208,8 +179,8 @@ class IntakeServer:
             return
         connection.inbox += data
         try:
-            frames = connection.frames()
-        except FrameError as exc:
+            frames = wire.split(connection.inbox)
+        except wire.FrameError as exc:
             log.warning("intake server: dropping a connection that sent a %s", exc)
             self._drop(connection)
             return
@@ -217,7 +188,7 @@ class IntakeServer:
             connection.last_request = time.monotonic()
         for frame in frames:
             try:
-                self._pending.append((connection, Prepared.from_wire(json.loads(frame)), None))
+                self._pending.append((connection, wire.read_request(frame), None))
             except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
                 self._pending.append((connection, None, f"bad request: {exc}"))
 
@@ -265,13 +236,15 @@ class IntakeServer:
         for connection, p, refusal in batch:
             outcome = next(written) if p is not None else None
             if isinstance(outcome, Accepted):
-                answer = [outcome.id, outcome.created, outcome.stream_id]
+                self._send(connection, wire.answer(outcome, ""))
             else:
-                answer = {"error": refusal or f"not written: {type(outcome).__name__}"}
-            self._send(connection, encode(answer))
+                self._send(connection, wire.answer(None, refusal or f"not written: {type(outcome).__name__}"))
         tasks = new_tasks(prepared, outcomes)
         if tasks:
             self.publisher.put(tasks)
+
+    def _publish(self, batches: list[list[tuple[int, str | None]]]) -> None:
+        publish_tasks(self.services.publisher, [task for tasks in batches for task in tasks], self._broker)
 
     def _send(self, connection: _Connection, frame: bytes) -> None:
         if connection.sock.fileno() < 0:  # dropped while its request was written: WeCom retries
