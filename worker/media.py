@@ -24,6 +24,7 @@ are the model's (``LLMError``), retried the same way.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import logging
@@ -47,6 +48,7 @@ from app.wecom.exceptions import (
     WeComTransientError,
 )
 from worker import commands
+from worker.reply import Reply
 
 log = logging.getLogger(__name__)
 
@@ -350,18 +352,19 @@ class MediaHandler:
                 s.vision_timeout_s, reply_start=s.openai_reply_start)
         return self._vision
 
-    def compose(self, row, user_id: str, payload: dict, lease, stream, conversation: str):
-        """(reply, kind, usage) like ``MessageProcessor._compose``; ``MediaUnavailable`` to retry."""
+    def compose(self, row, user_id: str, payload: dict, lease, channel, conversation: str) -> Reply:
+        """The reply, like ``MessageProcessor._compose``; ``MediaUnavailable`` to retry.
+        ``channel``: the message's delivery (``worker.delivery``)."""
         try:
             if row.msg_type == "voice":
-                return self._voice(row, user_id, payload, lease, stream, conversation)
+                return self._voice(row, user_id, payload, lease, channel, conversation)
             if payload.get("file_url") or row.msg_type == "file":
                 return self._file(row, payload, conversation)
-            return self._images(row, user_id, payload, lease, stream, conversation)
+            return self._images(row, user_id, payload, lease, channel, conversation)
         except MediaFailure as exc:
             log.info("media message answered with a notice message_id=%s reason=%s", row.id, exc.reason)
             payload["content"] = None  # nothing for the conversation to keep
-            return exc.notice, "text", {"failure_reason": exc.reason[:120]}
+            return Reply(exc.notice, usage={"failure_reason": exc.reason[:120]})
 
     # -- fetching --------------------------------------------------------------------------------
     def _from_wecom(self, media_id: str, accept: tuple[str, ...] = ()) -> Fetched:
@@ -414,7 +417,7 @@ class MediaHandler:
             raise MediaFailure("media: not encrypted with the AI bot's key", EXPIRED) from None
 
     # -- voice -----------------------------------------------------------------------------------
-    def _voice(self, row, user_id, payload, lease, stream, conversation):
+    def _voice(self, row, user_id, payload, lease, channel, conversation) -> Reply:
         if self.transcriber is None:
             raise MediaFailure("voice: ASR_BASE_URL not set", VOICE_OFF)
         fetched = self._from_wecom(payload.get("media_id") or "", accept=("audio/", "voice/",
@@ -429,15 +432,15 @@ class MediaHandler:
             raise MediaFailure("voice: nothing heard", VOICE_SILENT)
         lease.check()
         payload["content"] = text  # the conversation keeps what was heard as the question
-        heard = self._tell_heard(row, user_id, text, stream)
-        reply, kind, usage = self.processor._generate(row, text, lease, user_id, conversation, stream)
-        return (reply if heard else f"{HEARD_PREFIX}{text}\n\n{reply}"), kind, usage
+        heard = self._tell_heard(row, user_id, text, channel)
+        reply = self.processor._generate(row, text, lease, channel, user_id, conversation)
+        return reply if heard else dataclasses.replace(reply, text=f"{HEARD_PREFIX}{text}\n\n{reply.text}")
 
-    def _tell_heard(self, row, user_id: str, text: str, stream) -> bool:
+    def _tell_heard(self, row, user_id: str, text: str, channel) -> bool:
         """Send "🎤 what was heard" ahead of the answer, once per message (a retry finds the mark;
         WeCom's duplicate check drops a resend whose first answer was lost). False: not sent,
         the answer carries it instead."""
-        if stream is not None:
+        if channel.streams:
             return False
         mark = f"media:heard:{row.id}"
         try:
@@ -452,12 +455,12 @@ class MediaHandler:
             return False
 
     # -- images ----------------------------------------------------------------------------------
-    def _images(self, row, user_id, payload, lease, stream, conversation):
+    def _images(self, row, user_id, payload, lease, channel, conversation) -> Reply:
         text = (payload.get("content") or "").strip()
         if self.vision is None:
             if text:  # a mixed message: its text still gets an answer
-                reply, kind, usage = self.processor._generate(row, text, lease, user_id, conversation, stream)
-                return IMAGES_SKIPPED + reply, kind, usage
+                reply = self.processor._generate(row, text, lease, channel, user_id, conversation)
+                return dataclasses.replace(reply, text=IMAGES_SKIPPED + reply.text)
             raise MediaFailure("image: VISION_MODEL not set", IMAGES_OFF)
         if row.channel == "aibot":
             keys = list(payload.get("media_keys") or ())
@@ -469,11 +472,11 @@ class MediaHandler:
         lease.check()
         question = text or DEFAULT_IMAGE_QUESTION
         payload["content"] = f"[图片 image] {text}".strip()
-        return self.processor._generate(row, question, lease, user_id, conversation, stream,
+        return self.processor._generate(row, question, lease, channel, user_id, conversation,
                                         images=parts, llm=self.vision)
 
     # -- files -----------------------------------------------------------------------------------
-    def _file(self, row, payload, conversation):
+    def _file(self, row, payload, conversation) -> Reply:
         if row.channel == "aibot":
             fetched = self._from_url(payload.get("file_url") or "", payload.get("file_key") or "")
         else:
@@ -493,8 +496,8 @@ class MediaHandler:
         self.files.add(conversation, row.id, name, text[:limit])
         log.info("file kept for the conversation message_id=%s type=%s chars=%d", row.id, parsed.doc_type,
                  len(text))
-        return FILE_READ.format(name=name, chars=min(len(text), limit), cut="，只保留了开头" if cut else "",
-                                cut_en=", the beginning only" if cut else ""), "text", {}
+        return Reply(FILE_READ.format(name=name, chars=min(len(text), limit), cut="，只保留了开头" if cut else "",
+                                      cut_en=", the beginning only" if cut else ""))
 
 
 @commands.register("forget", "忘掉我发来的文件 / drop the files I sent")

@@ -1,12 +1,14 @@
-"""What happens to one accepted message: claim, compose, send, finish.
+"""What happens to one accepted message: claim, compose, deliver, finish.
 
 The step order makes a redelivered or retried task safe:
 
 1. claim the outbox row with a lease (nobody else runs it; a dead worker's lease expires);
-2. if no reply is stored yet, compose it (over the user's rate limit: the polite notice or
-   nothing; else command, welcome or the model) and store it encrypted *before* sending, so a
-   retry sends the same answer instead of generating a new one;
-3. send the chunks not yet sent, recording each one, so a retry resumes where it stopped;
+2. if no reply is stored yet, compose it into a ``Reply`` (``worker.reply``: over the user's
+   rate limit, the polite notice or nothing; else command, welcome, media or the model) and
+   store it encrypted *before* sending, so a retry sends the same answer instead of generating
+   a new one;
+3. deliver it (``worker.delivery``: message/send, each chunk recorded so that a retry resumes
+   where it stopped, or the AI bot's stream);
 4. mark the row answered (or rate_limited, or failed with a reason after a polite notice).
 
 Then the next queued message of the same user is taken in order, so a burst is answered in the
@@ -26,40 +28,32 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from app import metrics
-from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
-from app.llm import Generation, GenerationParams, LLMBackend, LLMError
+from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
 from app.outbox import rows
 from app.outbox.rows import ClaimResult
 from app.services import Services
-from app.wecom.exceptions import (
-    InvalidUserError,
-    NoValidReceiverError,
-    UntrustedIPError,
-    WeComAPIError,
-    WeComTransientError,
-)
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
-from worker import commands, feedback, media, retry_policy
+from worker import commands, delivery, feedback, media, retry_policy
 from worker.conversation import ConversationStore
+from worker.delivery import AIBOT, DEADLINE, Delivery
+from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
 from worker.metering import Meter
-from worker.stream_reply import StreamWriter, fit
+from worker.reply import FAILURE_NOTICE, Reply
+from worker.stream_reply import fit
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
 TABLE = rows.TABLE
-FAILURE_NOTICE = ("抱歉，我暂时无法回答这个问题，请稍后再试。\n"
-                  "Sorry, I could not answer this right now. Please try again later.")
 UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
                       "I can only read text messages for now; please type your question.")
 WELCOME_EVENTS = ("subscribe", "enter_agent")
 MAX_DRAIN = 20
-AIBOT = "aibot"  # the 智能机器人 channel: answered by streaming, not message/send
 QUESTION_TYPES = ("text", "mixed", "voice")  # voice: the AI bot's, WeCom's own transcript
 
 
@@ -77,9 +71,6 @@ class Outcome:
 
 
 DONE = Outcome("done")
-SILENT = object()  # over the rate limit, notice already sent: no reply at all
-RATE_LIMIT_NOTICE = ("您发送得太快了，请稍后再试。\n"
-                     "You're sending messages too fast, please wait a moment.")
 
 
 def _observe_finished(row, status: str) -> None:
@@ -91,27 +82,6 @@ def _observe_finished(row, status: str) -> None:
     metrics.message_finished(status, latency)
     log.info("message finished message_id=%s status=%s latency_s=%.3f", row.id, status,
              latency or 0.0)
-
-
-class LeaseLost(Exception):
-    """Another worker took over the row (our lease expired): stop without sending."""
-
-
-class TransientFailure(Exception):
-    """Worth retrying later: the model or WeCom is briefly unavailable, or WeCom's frequency
-    limit refused the send (``rate_limited``; ``retry_after``: a wait the server asked for)."""
-
-    def __init__(self, reason: str, rate_limited: bool = False, retry_after: float | None = None):
-        super().__init__(reason)
-        self.rate_limited = rate_limited
-        self.retry_after = retry_after
-
-
-class PermanentFailure(Exception):
-    def __init__(self, reason: str, notify: bool = True):
-        super().__init__(reason)
-        self.reason = reason
-        self.notify = notify
 
 
 def _model_failure(exc: LLMError) -> Exception:
@@ -291,65 +261,50 @@ class MessageProcessor:
 
     def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str) -> None:
         cipher = self.services.cipher
-        stream = self._stream_of(row)
-        if stream is not None and row.reply_enc is None and stream.finished_already():
-            # The callback gave up on us at WeCom's deadline and told the employee so.
+        channel = delivery.for_row(self, row)
+        if row.reply_enc is None and channel.expired():
             raise PermanentFailure("aibot: stream expired before the answer", notify=False)
         if row.reply_enc is None:
             payload = json.loads(cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.id))
             with sensitive(payload.get("content")):
-                composed = self._limited(row) or self._compose(row, user_id, payload, lease, stream)
-            if composed is None:
-                if stream is not None:
-                    stream.finish("")
-                self._finish(row, owner, MessageStatus.IGNORED)
+                reply = self._limited(row) or self._compose(row, user_id, payload, lease, channel)
+            if not reply.sends:
+                channel.nothing()
+                values = {"failure_reason": reply.reason} if reply.reason else {}
+                self._finish(row, owner, reply.status, **values)
                 return
-            if composed is SILENT:
-                if stream is not None:
-                    stream.finish("")
-                self._finish(row, owner, MessageStatus.RATE_LIMITED,
-                             failure_reason="rate limited: notice already sent in this window")
-                return
-            reply, kind, usage = composed
-            chunks = self._chunks(row, kind, reply)
+            chunks = self._chunks(row, reply.kind, reply.text)
             lease.check()
             with self.services.db.session() as session:
                 stored = rows.save_progress(
                     session, row.id, owner,
-                    reply_enc=cipher.encrypt(reply, TABLE, "reply_enc", row.id),
-                    reply_kind=kind, chunks_total=len(chunks), **usage)
+                    reply_enc=cipher.encrypt(reply.text, TABLE, "reply_enc", row.id),
+                    reply_kind=reply.kind, chunks_total=len(chunks), **reply.usage)
             if not stored:
                 raise LeaseLost()
-            if usage and payload.get("content") is not None:
+            if reply.usage and payload.get("content") is not None:
                 self.conversations.append_exchange(self._conversation_key(row, payload), row.id,
-                                                   payload["content"], reply)
-            row.reply_kind, row.chunks_total = kind, len(chunks)
-            row.model = usage.get("model") or row.model  # a model answer gets the feedback card
+                                                   payload["content"], reply.text)
+            row.reply_kind, row.chunks_total = reply.kind, len(chunks)
+            row.model = reply.usage.get("model") or row.model  # a model answer gets the feedback card
         else:
-            reply = cipher.decrypt(row.reply_enc, TABLE, "reply_enc", row.id)
-            kind = row.reply_kind or "text"
-            chunks = self._chunks(row, kind, reply)
+            reply = Reply.stored(cipher.decrypt(row.reply_enc, TABLE, "reply_enc", row.id), row.reply_kind)
+            chunks = self._chunks(row, reply.kind, reply.text)
 
-        finish_values = {}
-        if stream is None:
-            self._send_chunks(row, owner, user_id, kind, chunks, lease)
-            finish_values["chunks_sent"] = row.chunks_sent  # the last chunk's, recorded by the finish
-        elif not stream.finish(chunks[0]):
-            finish_values["failure_reason"] = "aibot: stream closed by the callback at the deadline"
-        if reply == RATE_LIMIT_NOTICE:
+        finish_values = channel.deliver(row, owner, user_id, reply.kind, chunks, lease)
+        if reply.status == MessageStatus.RATE_LIMITED:
             self._finish(row, owner, MessageStatus.RATE_LIMITED, **finish_values,
                          failure_reason=f"rate limited: over {self.user_limit.describe()}")
             self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks),
                                    channel=row.channel)
             return
         self._finish(row, owner, MessageStatus.ANSWERED, **finish_values)
-        self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=kind,
+        self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=reply.kind,
                                channel=row.channel)
-        if stream is None:
-            feedback.offer_card(self, row, user_id)
+        channel.delivered(row, user_id)
 
-    def _limited(self, row):
-        """The polite notice (first time in the window), SILENT after it, None when within limit.
+    def _limited(self, row) -> Reply | None:
+        """The polite notice (first time in the window), silence after it, None within the limit.
 
         Counted per message id, so a retried task never counts its message twice; events
         (entering the app) are not messages and are never limited.
@@ -361,15 +316,7 @@ class MessageProcessor:
             return None
         metrics.USER_RATE_LIMITED.labels(notified=str(decision).lower()).inc()
         log.info("user over the rate limit message_id=%s notified=%s", row.id, decision)
-        return (RATE_LIMIT_NOTICE, "text", {}) if decision else SILENT
-
-    def _stream_of(self, row) -> StreamWriter | None:
-        """The AI bot stream this row answers into, or None for a message/send answer."""
-        if row.channel != AIBOT or not row.stream_id:
-            return None
-        s = self.settings
-        return StreamWriter(self.services.streams, row.stream_id, row.id, row.created_at.timestamp(),
-                            s.aibot_stream_deadline_s, s.aibot_refresh_throttle_s)
+        return Reply.rate_limit_notice() if decision else Reply.silenced()
 
     @staticmethod
     def _chunks(row, kind: str, reply: str) -> list[str]:
@@ -386,36 +333,35 @@ class MessageProcessor:
             return self.services.blind_index("conversation", f"group:{payload['chat_id']}:{row.user_hash}")
         return row.user_hash
 
-    def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper,
-                 stream: StreamWriter | None = None):
-        """The reply to this message as (text, kind, usage columns), or None for no reply."""
+    def _compose(self, row, user_id: str, payload: dict, lease: LeaseKeeper, channel: Delivery) -> Reply:
+        """The reply to this message (``Reply.nothing()`` when there is none)."""
         if row.msg_type == "event":
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
-                return self.settings.welcome_message, "text", {}
+                return Reply(self.settings.welcome_message)
             if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
                 feedback.on_card_event(self, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
                 feedback.on_aibot_feedback(self, row, user_id, payload)
-            return None
+            return Reply.nothing()
         if media.handles(row, payload):
             try:
-                return self.media.compose(row, user_id, payload, lease, stream,
+                return self.media.compose(row, user_id, payload, lease, channel,
                                           self._conversation_key(row, payload))
             except media.MediaUnavailable as exc:
                 raise TransientFailure(str(exc)) from exc
         if row.msg_type not in QUESTION_TYPES:
-            return UNSUPPORTED_NOTICE, "text", {}
+            return Reply(UNSUPPORTED_NOTICE)
         text = (payload.get("content") or "").strip()
         if not text:
-            return None
+            return Reply.nothing()
         conversation = self._conversation_key(row, payload)
         command = commands.parse(text)
         if command is not None:
             name, argument = command
             context = commands.CommandContext(user_id, row.user_hash, argument, self,
                                               conversation_key=conversation)
-            return commands.run(name, context), "text", {}
-        return self._generate(row, text, lease, user_id, conversation, stream)
+            return Reply(commands.run(name, context))
+        return self._generate(row, text, lease, channel, user_id, conversation)
 
     def _welcome_due(self, row) -> bool:
         """Welcome on subscribe, and on entering the app at most once a day."""
@@ -426,9 +372,10 @@ class MessageProcessor:
         except Exception:  # noqa: BLE001 - without Redis, welcoming is harmless
             return True
 
-    def _generate(self, row, text: str, lease: LeaseKeeper, user_id: str = "",
-                  conversation: str | None = None, stream: StreamWriter | None = None,
-                  images: list[dict] | None = None, llm: LLMBackend | None = None):
+    def _generate(self, row, text: str, lease: LeaseKeeper, channel: Delivery, user_id: str = "",
+                  conversation: str | None = None, images: list[dict] | None = None,
+                  llm: LLMBackend | None = None) -> Reply:
+        """The model's answer (or the knowledge base's "not found", or the budget's notice)."""
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
@@ -436,7 +383,7 @@ class MessageProcessor:
         grounding = None if images else self.grounder.ground(row.user_hash, user_id, text, history)
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
-            return grounding.decline(), "text", {"model": "kb-not-found"}
+            return Reply(grounding.decline(), usage={"model": "kb-not-found"})
         if grounding is not None and self.settings.kb_passages_in_prompt:
             messages = grounding.messages(self.settings.system_prompt, history)
         else:
@@ -456,13 +403,10 @@ class MessageProcessor:
         charge = self.meter.reserve(row, user_id, media.for_estimate(messages), params.max_tokens,
                                     llm.model_name)
         if charge.blocked:
-            return charge.notice, "text", {}
+            return Reply(charge.notice)
         started = time.monotonic()
         try:
-            if stream is None:
-                generation = llm.generate(messages, params)
-            else:
-                generation = stream_generation(llm, messages, params, stream)
+            generation = channel.generate(llm, messages, params)
         except LLMError as exc:
             self.meter.release(charge)
             raise _model_failure(exc) from exc
@@ -480,43 +424,13 @@ class MessageProcessor:
             raise PermanentFailure("model: no answer after its thinking" if generation.reasoning
                                    else "model: empty answer")
         if grounding is not None:  # the sources, markdown in the AI bot's stream
-            reply = grounding.cite(reply, markdown=stream is not None)
+            reply = grounding.cite(reply, markdown=channel.streams)
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
                  "completion_tokens": generation.completion_tokens}
         if generation.finish_reason == DEADLINE:
             reply += TRUNCATED_NOTICE
             usage["failure_reason"] = "aibot: answer cut short at the stream deadline"
-        return reply, "text", usage
-
-    def _send_chunks(self, row, owner, user_id, kind, chunks, lease: LeaseKeeper) -> None:
-        """Send the chunks not sent yet, each recorded (``chunks_sent``) once WeCom took it; the
-        last one's count is left for the caller's finish to write, in the same UPDATE that ends
-        the message (``row.chunks_sent`` holds it): one transaction fewer, and no new window,
-        since a crash right after a send loses its record either way."""
-        # Any send may reach WeCom although its answer is lost (a timeout, a worker killed before
-        # recording the chunk), so every send asks WeCom to drop an identical one within the
-        # window. WeCom compares the whole request, so the first attempt must carry it too:
-        # switching the check on only for retries let a timed-out first send arrive twice.
-        duplicate_check = self.settings.wecom_duplicate_check_s
-        for index in range(row.chunks_sent, len(chunks)):
-            lease.check()
-            try:
-                self.wecom.send(user_id, kind, chunks[index], duplicate_check_interval=duplicate_check)
-            except WeComTransientError as exc:
-                raise TransientFailure(f"wecom: {exc}", rate_limited=exc.rate_limited,
-                                       retry_after=exc.retry_after) from exc
-            except UntrustedIPError as exc:
-                log.error("WeCom refused this server's IP (60020): add it to the app's trusted IPs. %s", exc)
-                raise PermanentFailure("wecom: untrusted ip (60020)", notify=False) from exc
-            except (InvalidUserError, NoValidReceiverError) as exc:
-                raise PermanentFailure("wecom: invalid receiver", notify=False) from exc
-            except WeComAPIError as exc:
-                raise PermanentFailure(f"wecom: errcode {exc.errcode}", notify=False) from exc
-            if index + 1 < len(chunks):
-                with self.services.db.session() as session:
-                    if not rows.save_progress(session, row.id, owner, chunks_sent=index + 1):
-                        raise LeaseLost()
-            row.chunks_sent = index + 1
+        return Reply(reply, usage=usage)
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, row, owner: str, status: str, **values) -> None:
@@ -547,51 +461,9 @@ class MessageProcessor:
 
     def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
         log.warning("message failed message_id=%s reason=%s", row.id, reason)
-        stream = self._stream_of(row)
-        if stream is not None:
-            stream.finish(FAILURE_NOTICE if notify else "")  # WeCom stops polling either way
-        elif notify and row.msg_type in ("text", *media.MEDIA_TYPES):
-            try:
-                user_id = self.services.cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
-                self.wecom.send(user_id, "text", FAILURE_NOTICE)
-            except Exception:  # noqa: BLE001 - the failure is recorded either way
-                log.warning("failure notice not delivered message_id=%s", row.id)
+        delivery.for_row(self, row).failed(row, FAILURE_NOTICE if notify else None)
         with self.services.db.session() as session:
             rows.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)
         self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])
 
-
-DEADLINE = "deadline"  # a streamed generation stopped at the AI bot stream's time limit
-
-
-def stream_generation(llm: LLMBackend, messages: list[dict], params: GenerationParams,
-                      on_text) -> Generation:
-    """Run the model through its streaming interface, handing ``on_text`` the answer so far.
-
-    Only the answer is handed on, never the think part; ``on_text`` is still asked while the
-    model thinks, so its deadline holds then too. When ``on_text`` says stop, the generation is
-    abandoned (closing the stream aborts it in the engine or the HTTP request to the model
-    server) and what was written is the answer; its token counts are then estimated from the
-    text, thinking included, an upper bound like the budget's.
-    """
-    parts: list[str] = []
-    thoughts: list[str] = []
-    deltas = llm.stream(messages, params)
-    try:
-        for delta in deltas:
-            if delta.final is not None:
-                return delta.final
-            if delta.reasoning:
-                thoughts.append(delta.reasoning)
-            if delta.text:
-                parts.append(delta.text)
-            if (delta.text or delta.reasoning) and not on_text("".join(parts)):
-                break
-    finally:
-        deltas.close()
-    text, reasoning = "".join(parts), "".join(thoughts)
-    return Generation(text=text, model=llm.model_name, prompt_tokens=estimate_prompt_tokens(messages),
-                      completion_tokens=estimate_completion_tokens(text, reasoning),
-                      finish_reason=DEADLINE,
-                      reasoning=reasoning)

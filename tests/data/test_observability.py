@@ -19,7 +19,8 @@ from app.wecom.exceptions import WeComTransientError
 from tests.data.test_message_path import SENTINEL_REPLY, FakeLLM, FakeWeCom, ids_of, post_message
 from tests.support.env import make_env
 from worker.conversation import ConversationStore
-from worker.processor import RATE_LIMIT_NOTICE, MessageProcessor
+from worker.processor import MessageProcessor
+from worker.reply import RATE_LIMIT_NOTICE
 from worker.user_limit import UserRateLimit
 
 REDIS_URL = "redis://127.0.0.1:6379/5"

@@ -8,7 +8,7 @@ import redis
 from app.aibot_streams import StreamStore
 from app.llm import Generation, GenerationParams, StreamDelta
 from app.security import FieldCipher
-from worker.processor import DEADLINE, stream_generation
+from worker.delivery import DEADLINE, stream_generation
 from worker.stream_reply import StreamWriter
 
 pytestmark = pytest.mark.integration

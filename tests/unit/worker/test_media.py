@@ -20,6 +20,7 @@ from emulator import media as samples
 from tests.support.env import make_env, settings_from
 from tests.support.media_servers import FakeASRServer, FakeVisionServer
 from worker import commands, media
+from worker.reply import Reply
 
 REDIS_URL = "redis://127.0.0.1:6379/12"
 
@@ -103,7 +104,7 @@ class FakeProcessor:
         self.wecom = FakeWeCom()
         self.generated: list[dict] = []
 
-    def _generate(self, row, text, lease, user_id="", conversation=None, stream=None, images=None, llm=None):
+    def _generate(self, row, text, lease, channel, user_id="", conversation=None, images=None, llm=None):
         self.generated.append({"text": text, "images": images, "llm": llm})
         if llm is not None:  # the vision model, for real
             from app.llm import GenerationParams
@@ -111,8 +112,8 @@ class FakeProcessor:
             messages = [{"role": "user", "content": text}]
             if images:
                 messages[-1] = media.with_images(messages[-1], images)
-            return llm.generate(messages, GenerationParams(max_tokens=64)).text, "text", {"model": "v"}
-        return f"answer to {text}", "text", {"model": "m"}
+            return Reply(llm.generate(messages, GenerationParams(max_tokens=64)).text, usage={"model": "v"})
+        return Reply(f"answer to {text}", usage={"model": "m"})
 
 
 class Lease:
@@ -153,7 +154,9 @@ def handler(redis_client, servers, **overrides):
 
 
 def compose(h, r, payload, conversation="conv-1"):
-    return h.compose(r, "zhangsan", payload, Lease(), None, conversation)
+    """(text, kind, usage) of the ``Reply``, for a message delivered by message/send."""
+    reply = h.compose(r, "zhangsan", payload, Lease(), types.SimpleNamespace(streams=False), conversation)
+    return reply.text, reply.kind, reply.usage
 
 
 def test_voice_is_transcribed_heard_first_then_answered(redis_client, servers):
