@@ -1,7 +1,7 @@
 """``make run``: the whole stack on this machine, with the WeCom emulator in front.
 
-Starts, in order: migrations, the handbook loaded into the knowledge base (``kb add``, left
-alone when unchanged), the model server (``python -m inference serve`` on 8090, holding
+Starts, in order: migrations, the handbook's two editions (English, Chinese) loaded into the
+knowledge base (``kb add``, left alone when unchanged), the model server (``python -m inference serve`` on 8090, holding
 ``MODEL_DIR`` for the worker and ``/v1``, unless ``INFERENCE_BACKEND=openai`` names another
 server), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
 gunicorn with the callback (8080), a Celery worker and Celery beat, the AI bot's long-connection
@@ -32,6 +32,8 @@ from pathlib import Path
 
 import requests
 
+from inference.demo.corpus import COMPANY_PATH, HANDBOOKS
+from inference.demo.grounded import DEMO_CHUNK_TOKENS, DEMO_MIN_SCORE, DEMO_TOP_K
 from scripts.supervisor import Program, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,8 +55,7 @@ def load_env_file(path: Path) -> dict[str, str]:
     return values
 
 
-HANDBOOK = ROOT / "inference" / "demo" / "corpus" / "company.md"
-HANDBOOK_TITLE = "星河科技员工手册 Employee Handbook"
+HANDBOOK = COMPANY_PATH
 
 
 def handbook_contact(path: Path = HANDBOOK) -> str | None:
@@ -69,9 +70,11 @@ def handbook_contact(path: Path = HANDBOOK) -> str | None:
 
 
 def load_handbook(env: dict[str, str]) -> None:
-    """The demo's knowledge base: the handbook, added once (unchanged on later starts)."""
-    subprocess.run([sys.executable, "-m", "app.cli", "kb", "add", str(HANDBOOK),
-                    "--title", HANDBOOK_TITLE], env=env, check=True)
+    """The demo's knowledge base: the handbook's editions, each added once (unchanged on later
+    starts)."""
+    for path, title in HANDBOOKS:
+        subprocess.run([sys.executable, "-m", "app.cli", "kb", "add", str(path), "--title", title],
+                       env=env, check=True)
 
 
 def stack_env() -> dict[str, str]:
@@ -101,10 +104,12 @@ def stack_env() -> dict[str, str]:
         env["OPENAI_REPLY_START"] = "answer"  # the server sends a think part apart, never in content
         env["ENGINE_SERVED"] = "1"
     if Path(env.get("MODEL_DIR", "models/demo")).resolve() == (ROOT / "models" / "demo").resolve():
-        # The bundled demo model learned the handbook's questions, not reading passages: it
-        # answers the question alone, and the reply still cites what the knowledge base found
-        # (and "not found" still declines). A real model reads the passages.
-        env.setdefault("KB_PASSAGES_IN_PROMPT", "false")
+        # The bundled demo model quotes the passage that answers: it was trained on short
+        # passages, about one handbook bullet each, and is shown only fairly close matches
+        # (inference/demo/grounded.py).
+        env.setdefault("KB_CHUNK_TOKENS", str(DEMO_CHUNK_TOKENS))
+        env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
+        env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)

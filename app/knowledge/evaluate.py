@@ -16,9 +16,11 @@ question, `{"question", "answer", "citations", "declined"}`, then the summary as
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import secrets
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +33,6 @@ from app.knowledge.store import KnowledgeStore
 from app.llm import GenerationParams, make_backend
 from app.services import Services
 
-HANDBOOK_TITLE = "星河科技员工手册 Employee Handbook"
 FALLBACK_CONTACT = "IT服务台（分机 8100）/ the IT help desk (ext. 8100)"
 
 
@@ -95,19 +96,30 @@ class Tally:
                 "cited_section_correct": share(self.cited_right, self.cited_checked)}
 
 
-def evaluate(questions: list[dict], model_dir: str, handbook: Path, passages: bool,
-             max_tokens: int = 160) -> Tally:
+@contextlib.contextmanager
+def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str = "",
+                           passages: bool = True, **overrides) -> Iterator[Services]:
+    """Services over a throwaway SQLite database holding ``handbooks`` (path, title), each
+    uploaded through the real path; public (visible to everyone). ``overrides``: settings
+    (e.g. ``kb_chunk_tokens``)."""
     with tempfile.TemporaryDirectory() as scratch:
         url = f"sqlite:///{Path(scratch) / 'kb.sqlite3'}"
         migrate.upgrade(url)
-        settings = ephemeral_settings(url, model_dir, passages)
         db = Database(url)
         try:
+            settings = ephemeral_settings(url, model_dir, passages).model_copy(update=overrides)
             services = Services(settings, db)
-            KnowledgeStore(services).add(handbook.read_bytes(), HANDBOOK_TITLE, filename=handbook.name)
-            return _answer_all(questions, services, settings, max_tokens)
+            for path, title in handbooks:
+                KnowledgeStore(services).add(path.read_bytes(), title, filename=path.name)
+            yield services
         finally:
             db.dispose()
+
+
+def evaluate(questions: list[dict], model_dir: str, handbooks: Sequence[tuple[Path, str]],
+             passages: bool, max_tokens: int = 160, **overrides) -> Tally:
+    with scratch_knowledge_base(handbooks, model_dir, passages, **overrides) as services:
+        return _answer_all(questions, services, services.settings, max_tokens)
 
 
 def _answer_all(questions: list[dict], services, settings: Settings, max_tokens: int) -> Tally:
@@ -127,6 +139,9 @@ def _answer_all(questions: list[dict], services, settings: Settings, max_tokens:
                 messages = [{"role": "system", "content": settings.system_prompt},
                             {"role": "user", "content": question}]
             text = backend.generate(messages, params).text.strip()
+            if prompt.is_decline(text):  # the model's "not found", as the worker sends it
+                tally.add(item, prompt.not_found_reply(contact), [], True)
+                continue
             cited = [result.passages[n - 1].source for n in prompt.cited_numbers(text, len(result.passages))]
             tally.add(item, prompt.with_sources(text, result.passages), list(dict.fromkeys(cited)), False)
     finally:

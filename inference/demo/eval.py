@@ -102,11 +102,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speculative-k", type=int, default=3, help="0: plain greedy decoding")
     parser.add_argument("--show", type=int, default=3, help="example answers to print per set")
     parser.add_argument("--questions", default=None,
-                        help="score this question set through the knowledge base, as the worker answers")
+                        help="score this question set through the knowledge base, as the worker answers "
+                             "('heldout': the held-out paraphrases, their reference's key facts)")
     parser.add_argument("--json", action="store_true", help="with --questions: one JSON object per line")
-    parser.add_argument("--passages", action=argparse.BooleanOptionalAction, default=None,
-                        help="with --questions: give the model the passages (default: not for the bundled "
-                             "demo model, which was not trained on them, as make run)")
+    parser.add_argument("--chunk-tokens", type=int, default=None,
+                        help="with --questions: KB_CHUNK_TOKENS (default: what the demo model reads, as make run)")
+    parser.add_argument("--min-score", type=float, default=None,
+                        help="with --questions: KB_MIN_SCORE (default: the demo model's, as make run)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="with --questions: KB_TOP_K (default: what the demo model reads, as make run)")
+    parser.add_argument("--passages", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --questions: give the model the passages (--no-passages: the question "
+                             "alone, as KB_PASSAGES_IN_PROMPT=false)")
     args = parser.parse_args(argv)
     if args.questions:
         return knowledge_eval(args)
@@ -129,23 +136,41 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(lines))
 
 
+def heldout_questions() -> list[dict]:
+    """The held-out paraphrases as a question set: each must hold its reference's key facts
+    (items about the handbook only: small talk is not searched, and an answer without a number,
+    name or app has nothing to check)."""
+    items = []
+    for item in load_qa():
+        facts = sorted(key_facts(item["answer"]))
+        if item["topic"] in ("greeting", "smalltalk") or not facts:
+            continue
+        items += [{"question": q, "facts": [[f] for f in facts]} for q in item["heldout"]]
+    return items
+
+
 def knowledge_eval(args) -> None:
     """The `--questions` mode: the worker's retrieval and prompt over the demo handbook (the
     knowledge base lives above the engine, in `app`; this tool uses it, the engine never does)."""
     import json
-    from pathlib import Path
 
     from app.knowledge.evaluate import evaluate, load_questions  # noqa: PLC0415
-    from inference.demo.corpus import COMPANY_PATH
+    from inference.demo.corpus import HANDBOOKS
+    from inference.demo.grounded import DEMO_CHUNK_TOKENS, DEMO_MIN_SCORE, DEMO_TOP_K
 
-    questions = load_questions(args.questions)[: args.limit]
-    demo = Path(args.model).resolve() == (Path(__file__).resolve().parents[2] / "models" / "demo").resolve()
-    passages = (not demo) if args.passages is None else args.passages
-    tally = evaluate(questions, args.model, COMPANY_PATH, passages)
+    if args.questions == "heldout":
+        questions = _spread(heldout_questions(), args.limit)
+    else:
+        questions = load_questions(args.questions)[: args.limit]
+    passages = args.passages
+    reading = {"kb_chunk_tokens": args.chunk_tokens or DEMO_CHUNK_TOKENS, "kb_top_k": args.top_k or DEMO_TOP_K,
+               "kb_min_score": DEMO_MIN_SCORE if args.min_score is None else args.min_score}
+    tally = evaluate(questions, args.model, HANDBOOKS, passages, **reading)  # both editions, as make run
     if args.json:
         for row in tally.rows:
             print(json.dumps(row, ensure_ascii=False))
-        print(json.dumps({"summary": tally.summary(), "model": args.model, "passages_in_prompt": passages}))
+        print(json.dumps({"summary": tally.summary(), "model": args.model, "passages_in_prompt": passages,
+                          **reading}))
         return
     for row in tally.rows[: args.show]:
         print(f"  Q: {row['question']}\n  A: {row['answer']}\n  declined: {row['declined']}")

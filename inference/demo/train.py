@@ -1,14 +1,17 @@
 """Train the bundled demo model: `python -m inference.demo.train [--out models/demo]`.
 
 A BPE tokenizer and a small `glm5_sparse` model (router + MTP heads) trained on the Xinghe
-handbook corpus rendered with the GLM chat template; loss on assistant tokens only, plus the
-DeepSeek-V3 MTP loss (depth d predicts the token d + 2 ahead) so that MTP drafts are accepted.
-Deterministic (fixed seed, deterministic algorithms, 2 threads) and about 12-15 minutes on the
-2-core CPU.
+handbook corpus rendered with the GLM chat template: the Q&A and dialogues as plain chat (how the
+bot answers without a knowledge base) and, mostly, as the worker asks with a knowledge base —
+the retrieved passages in the system message, the answer marked with the passage that holds it,
+"not found" when none does (`inference.demo.grounded`). Loss on the assistant's reply only, plus
+the DeepSeek-V3 MTP loss (depth d predicts the token d + 2 ahead) so that MTP drafts are accepted.
+Deterministic (fixed seed, deterministic algorithms, 2 threads); about 40 minutes on the 2-core CPU.
 
 Training runs the model's own modules in a batched, cache-free forward (`batched_forward`):
-every training sequence is shorter than the sliding window, so the sparse contract is exactly
-dense causal attention scaled by the router's local weight (no key node is visible yet).
+every training sequence is shorter than the sliding window (1,024 tokens here, room for four
+passages), so the sparse contract is exactly dense causal attention scaled by the router's local
+weight (no key node is visible yet).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from app.knowledge import prompt
 from inference.config import ModelConfig
-from inference.demo.corpus import COMPANY_PATH, load_dialogues, training_pairs
+from inference.demo.corpus import HANDBOOKS, load_dialogues, load_unanswerable, training_pairs
+from inference.demo.grounded import CONTACTS, grounded_samples
 from inference.layers.activation import silu_and_mul
 from inference.loader import checkpoint_state_dict
 from inference.models.glm5_sparse import DecoderLayer, Glm5SparseForCausalLM
@@ -56,7 +61,7 @@ def demo_config(vocab_size: int, eos_ids: list[int]) -> dict:
         "max_position_embeddings": 4096,
         "attention_bias": False,
         "tie_word_embeddings": False,
-        "sliding_window": 512,
+        "sliding_window": 1024,
         "global_interval": 64,
         "routed": True,
         "route_threshold": 0.0,
@@ -71,15 +76,18 @@ def demo_config(vocab_size: int, eos_ids: list[int]) -> dict:
 
 def tokenizer_texts() -> list[str]:
     """Everything the model may see in training (held-out questions excluded)."""
-    texts = [COMPANY_PATH.read_text(encoding="utf-8"), SYSTEM_PROMPT]
+    texts = [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS] + [SYSTEM_PROMPT]
+    texts += [prompt.system_message(SYSTEM_PROMPT, [], contact) for contact in CONTACTS]
     for q, a in training_pairs():
         texts += [q, a]
     for dialogue in load_dialogues():
         texts += [m["content"] for m in dialogue["messages"]]
+    texts += [row["question"] for row in load_unanswerable()]
     return texts
 
 
 def conversations() -> list[list[dict]]:
+    """Plain chat, without passages: the bot when the knowledge base is empty or off."""
     convs = [
         [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
         for q, a in training_pairs()
@@ -88,21 +96,23 @@ def conversations() -> list[list[dict]]:
     return convs
 
 
-def render(tok: ChatTokenizer, messages: list[dict], system: bool) -> tuple[list[int], list[int]]:
+def render(tok: ChatTokenizer, messages: list[dict], system: bool,
+           last_only: bool = False) -> tuple[list[int], list[int]]:
     """Token ids and a 0/1 mask of the tokens the model must produce (assistant replies and the
-    end-of-turn token after each)."""
+    end-of-turn token after each; the last reply only with `last_only`)."""
     if system:
         messages = [{"role": "system", "content": SYSTEM_PROMPT}, *messages]
     end = tok.tokenizer.token_to_id(END_OF_TURN)
     ids = tok.apply_chat_template([], add_generation_prompt=False)
     mask = [0] * len(ids)
-    for message in messages:
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    for index, message in enumerate(messages):
         if message["role"] == "assistant":
             ids.append(tok._role_ids["assistant"])
             mask.append(0)
             reply = tok.encode(f"\n{message['content']}") + [end]
             ids += reply
-            mask += [1] * len(reply)
+            mask += [int(index == last or not last_only)] * len(reply)
         else:
             part = tok.apply_chat_template([message], add_generation_prompt=False)[2:]
             ids += part
@@ -195,16 +205,21 @@ def batched_forward(
 def losses(
     model: Glm5SparseForCausalLM, ids: torch.Tensor, mask: torch.Tensor
 ) -> list[torch.Tensor]:
-    """Cross-entropy of the main head and each MTP depth, on the masked (assistant) targets."""
+    """Cross-entropy of the main head and each MTP depth, on the masked (assistant) targets.
+
+    Logits only where there is a target: with passages in the prompt most positions have none,
+    and the vocabulary projection would otherwise be half the work."""
     outs = batched_forward(model, ids, model.config.num_mtp_heads)
     result = []
     for d, hidden in enumerate(outs):
         shift = d + 1  # the main head predicts 1 ahead, depth d predicts d + 2 ahead
         width = ids.shape[1] - shift
-        logits = model.compute_logits(hidden[:, :width]).float()
-        target, weight = ids[:, shift:], mask[:, shift:]
-        ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
-        result.append((ce * weight.flatten()).sum() / weight.sum().clamp(min=1))
+        chosen = mask[:, shift:].flatten() > 0
+        if not chosen.any():
+            result.append(hidden.sum() * 0.0)
+            continue
+        logits = model.compute_logits(hidden[:, :width].flatten(0, 1)[chosen]).float()
+        result.append(F.cross_entropy(logits, ids[:, shift:].flatten()[chosen]))
     return result
 
 
@@ -237,11 +252,18 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
     raw = demo_config(tok.vocab_size, tok.eos_token_ids)
     config = ModelConfig.from_dict(raw, dtype="float32")
 
-    # (without, with) the system prompt for each conversation
+    # (without, with) the system prompt for each plain conversation; a grounded one has its own
     rendered = [(render(tok, c, False), render(tok, c, True)) for c in conversations()]
+    plain = len(rendered)
+    grounded = [render(tok, s.messages, False, last_only=True)
+                for s in grounded_samples(SYSTEM_PROMPT, SEED)]
+    fitting = [r for r in grounded if len(r[0]) < config.sliding_window]
+    rendered += [(r, r) for r in fitting]
     longest = max(len(pair[1][0]) for pair in rendered)
     assert longest < config.sliding_window, "training assumes every sample fits the window"
-    print(f"{len(rendered)} conversations, longest {longest} tokens")
+    print(f"{plain} plain and {len(fitting)} grounded conversations "
+          f"({len(grounded) - len(fitting)} longer than the window left out), longest {longest} tokens, "
+          f"{sum(len(p[1][0]) for p in rendered)} tokens an epoch")
 
     model = Glm5SparseForCausalLM(config)
     init_weights(model)
@@ -308,8 +330,8 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m inference.demo.train")
     parser.add_argument("--out", type=Path, default=Path("models/demo"))
-    parser.add_argument("--epochs", type=int, default=18)
-    parser.add_argument("--tokens-per-batch", type=int, default=4096)
+    parser.add_argument("--epochs", type=int, default=9)
+    parser.add_argument("--tokens-per-batch", type=int, default=3072)
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args(argv)
     train(args.out, args.epochs, args.tokens_per_batch, args.lr)

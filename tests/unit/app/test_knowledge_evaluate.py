@@ -54,4 +54,4 @@ def test_json_mode_prints_each_answer_then_the_summary(tmp_path, capsys):
     assert set(rows[0]) == {"question", "answer", "citations", "declined"}
     assert rows[1]["declined"] is True and "没有找到" in rows[1]["answer"]
     assert not rows[0]["declined"] and any("2. IT" in c for c in rows[0]["citations"])
-    assert summary["summary"]["in_scope"] == 1 and summary["passages_in_prompt"] is False
+    assert summary["summary"]["in_scope"] == 1 and summary["passages_in_prompt"] is True
