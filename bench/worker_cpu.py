@@ -53,8 +53,8 @@ def run(kind: str, messages: int, budget: bool, profile: int) -> float:
     from app.accounting import set_budget, set_price
     from app.db import Database
     from app.services import Services
-    from tests.data.test_message_path import FakeLLM, ids_of, post_message, processor_for
     from tests.support.env import make_env, settings_from
+    from tests.worker.test_processor_data import FakeLLM, ids_of, post_message, processor_for
 
     with tempfile.TemporaryDirectory() as tmp:
         url, drop = _database(kind, tmp)

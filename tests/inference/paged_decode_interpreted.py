@@ -1,0 +1,195 @@
+"""Runs the paged decode attention programs (inference/layers/paged_decode_triton.py) under
+Triton's interpreter and prints their error against a float64 reference, as JSON.
+
+A script of its own, started by test_paged_decode_triton.py: Triton must see TRITON_INTERPRET=1
+before it is first imported.
+"""
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+
+import torch  # noqa: E402
+
+from inference.layers import paged_decode_triton as kernels  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def slot_lists(lengths: list[int], pool_slots: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's slots, scattered over the pool as a block table leaves them; padded with junk."""
+    width = max(lengths)
+    slots = torch.randint(0, pool_slots, (len(lengths), width), generator=gen)
+    for b, n in enumerate(lengths):
+        slots[b, :n] = torch.randperm(pool_slots, generator=gen)[:n]
+    return slots, torch.tensor(lengths)
+
+
+def gqa_cases() -> list[dict]:
+    out = []
+    gen = torch.Generator().manual_seed(0)
+    for heads, kv_heads, dim in ((8, 2, 64), (6, 6, 40), (12, 1, 32)):
+        for name, dtype in DTYPES.items():
+            lengths = [1, 64, 65, 130]  # one key, a block exactly, one past it, several blocks
+            q = torch.randn(len(lengths), heads, dim, generator=gen).to(dtype)
+            pool_k = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
+            pool_v = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
+            slots, lens = slot_lists(lengths, 600, gen)
+            got = kernels.gqa_decode(q, pool_k, pool_v, slots, lens)
+            worst = 0.0
+            for b, n in enumerate(lengths):
+                k = pool_k[:, slots[b, :n]].double().repeat_interleave(heads // kv_heads, 0)  # [Hq, n, D]
+                v = pool_v[:, slots[b, :n]].double().repeat_interleave(heads // kv_heads, 0)
+                w = torch.softmax(torch.einsum("hd,hnd->hn", q[b].double(), k) * dim**-0.5, dim=-1)
+                expected = torch.einsum("hn,hnd->hd", w, v)
+                worst = max(worst, (got[b].double() - expected).abs().max().item())
+            out.append({"shape": [heads, kv_heads, dim], "dtype": name, "error": worst,
+                        "out_dtype": str(got.dtype).removeprefix("torch.")})
+    return out
+
+
+def latent_cases() -> list[dict]:
+    out = []
+    gen = torch.Generator().manual_seed(1)
+    for heads, rank, rope in ((20, 64, 16), (8, 48, 8), (16, 128, 32)):
+        for name, dtype in DTYPES.items():
+            lengths = [1, 32, 33, 100]
+            q = torch.randn(len(lengths), heads, rank + rope, generator=gen).to(dtype)
+            pool = torch.randn(700, rank + rope, generator=gen).to(dtype)
+            slots, lens = slot_lists(lengths, 700, gen)
+            scale = 0.11
+            got = kernels.latent_decode(q, pool, slots, lens, rank, scale)
+            worst = 0.0
+            for b, n in enumerate(lengths):
+                rows = pool[slots[b, :n]].double()
+                w = torch.softmax(q[b].double() @ rows.t() * scale, dim=-1)
+                expected = w @ rows[:, :rank]
+                worst = max(worst, (got[b].double() - expected).abs().max().item())
+            out.append({"shape": [heads, rank, rope], "dtype": name, "error": worst,
+                        "out_shape": list(got.shape)})
+    return out
+
+
+
+
+def engine_case(make_hf, kind: str) -> dict:
+    """A tiny model through the serving engine, greedy: decode steps through the `kind` kernel
+    against the same engine's torch path."""
+    import tempfile
+
+    from inference.config import ModelConfig
+    from inference.engine import EngineArgs, LLMEngine
+    from inference.loader import load_model
+    from inference.sampling_params import SamplingParams
+
+    torch.manual_seed(0)
+    hf = make_hf()
+    with tempfile.TemporaryDirectory() as path:
+        hf.save_pretrained(path)
+        model = load_model(path, ModelConfig.from_pretrained(path), "cpu")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    vocab = model.config.vocab_size
+    prompts = [[5, 6, 7, 8, 9], [t % (vocab - 3) + 3 for t in range(10, 80)], [3] * 20]
+
+    def run() -> list[list[int]]:
+        engine = LLMEngine(model, args=EngineArgs(block_size=16, max_num_seqs=4), eos_token_ids=[])
+        ids = [engine.add_request(p, params) for p in prompts]
+        done = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.token_ids
+        return [done[i] for i in ids]
+
+    kernels.MODE = "0"
+    reference = run()
+    kernels.MODE = "interpret"
+    before = kernels.CALLS[kind]
+    with compared_layers() as worst:
+        tokens = run()
+    kernels.MODE = "0"
+    return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before,
+            "worst_difference": worst[0]}
+
+
+@contextlib.contextmanager
+def compared_layers():
+    """Every decode step's attention computed twice, through the kernels and through the torch
+    path (the cache writes are the same both times), the largest difference kept: tokens alone
+    can hide a wrong context that happens not to change a greedy choice."""
+    from inference.layers.dsa import DSAttention
+    from inference.layers.gqa_cache import PagedGQALayer
+    from inference.layers.mla import MLAttention
+
+    worst = [0.0]
+    gqa, mla, dsa = PagedGQALayer.attend, MLAttention.forward, DSAttention.forward
+
+    def gqa_both(self, q, k, v, norms, gate):
+        plan = self.plan
+        out = gqa(self, q, k, v, norms, gate)
+        saved = plan.decode_table, plan.local_table
+        if saved != (None, None):
+            plan.decode_table = plan.local_table = None
+            worst[0] = max(worst[0], (out - gqa(self, q, k, v, norms, gate)).abs().max().item())
+            plan.decode_table, plan.local_table = saved
+        return out
+
+    def mla_both(self, x, rotations, cache):
+        out = mla(self, x, rotations, cache)
+        table = getattr(cache, "decode_table", None)
+        if table is not None:
+            cache.decode_table = None
+            worst[0] = max(worst[0], (out - mla(self, x, rotations, cache)).abs().max().item())
+            cache.decode_table = table
+        return out
+
+    def dsa_both(self, x, rotations, cache, chosen=None):
+        out, mine = dsa(self, x, rotations, cache, chosen)
+        if getattr(cache, "batched_decode", False):
+            cache.batched_decode = False
+            worst[0] = max(worst[0], (out - dsa(self, x, rotations, cache, chosen)[0]).abs().max().item())
+            cache.batched_decode = True
+        return out, mine
+
+    PagedGQALayer.attend, MLAttention.forward, DSAttention.forward = gqa_both, mla_both, dsa_both
+    try:
+        yield worst
+    finally:
+        PagedGQALayer.attend, MLAttention.forward, DSAttention.forward = gqa, mla, dsa
+
+
+def glm4():
+    from transformers import Glm4Config, Glm4ForCausalLM
+
+    return Glm4ForCausalLM(Glm4Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      pad_token_id=0, eos_token_id=[1]))
+
+
+def sparse(routed: bool):
+    """A tiny glm5_sparse (window 16, a key node per 4): the window and the nodes, one softmax
+    (union) or the router's mix of the two (routed)."""
+    from tests.inference.helpers import glm5_config, write_checkpoint
+
+    class Saved:  # what engine_case's save_pretrained expects
+        def save_pretrained(self, path):
+            write_checkpoint(Path(path), glm5_config(num_mtp_heads=0, routed=routed, vocab_size=300))
+
+    return Saved()
+
+
+def engines() -> dict:
+    from tests.inference import test_glm4_moe_lite, test_glm_moe_dsa
+
+    return {"glm4": engine_case(glm4, "gqa"),
+            "glm5_sparse_union": engine_case(lambda: sparse(False), "gqa"),
+            "glm5_sparse_routed": engine_case(lambda: sparse(True), "gqa"),
+            "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
+            "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent")}
+
+
+if __name__ == "__main__":
+    print(json.dumps({"gqa": gqa_cases(), "latent": latent_cases(), "engines": engines()}))
