@@ -22,6 +22,8 @@ from tests.app.admin.conftest import PASSWORD
 from tests.app.admin.conftest import login as login_with_token
 from tests.support.env import make_env, settings_from
 
+pytestmark = pytest.mark.faults
+
 # The callbacks are signed instead; health holds no data; /metrics answers loopback or its bearer
 # token only (tests/app/test_metrics_collectors.py), and this test client is loopback.
 PUBLIC = {"static", "health.healthz", "health.readyz", "metrics.metrics", "admin.static",

@@ -3,12 +3,15 @@ publishes are the ordinary Celery messages a worker consumes."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from app.broker import Channel
 from app.config import Settings
 from tests.support.stack import make_env
 from worker.celery_app import HANDLE_MESSAGE, make_celery
+
+pytestmark = pytest.mark.integration
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

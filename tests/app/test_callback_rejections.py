@@ -8,6 +8,8 @@ import requests
 from app.wecom.crypto import WeComCrypto
 from tests.support.callbacks import CallbackForger
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def forge(stack):

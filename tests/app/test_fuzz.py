@@ -35,7 +35,7 @@ from tests.support.env import make_env, settings_from
 from tests.support.faults import WECOM_DB
 from tests.support.openai_server import FakeOpenAIServer
 
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 
 COMMON = {"deadline": None, "derandomize": True, "database": None,
           "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}

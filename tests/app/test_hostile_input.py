@@ -20,6 +20,8 @@ from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 from tests.support.openai_server import FakeOpenAIServer
 
+pytestmark = pytest.mark.faults
+
 HUGE = "9" * 400
 DEEP_ARRAY = "[" * 20_000 + "]" * 20_000  # under the callbacks' 64 KiB
 DEEP_OBJECT = '{"a":' * 8_000 + "1" + "}" * 8_000

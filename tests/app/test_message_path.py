@@ -11,6 +11,8 @@ from tests.support.openai_server import THINKING
 from tests.support.stack import wait_for
 from worker.processor import FAILURE_NOTICE
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def employees(stack):

@@ -20,6 +20,8 @@ from tests.support.faults import answered_once, wait_answered
 from tests.support.rabbitmq import rabbitmq_vhost, rabbitmqctl
 from tests.support.stack import Stack, make_env, wait_for
 
+pytestmark = pytest.mark.faults
+
 
 @pytest.fixture(scope="module")
 def vhost():

@@ -30,6 +30,8 @@ from worker.conversation import ConversationStore
 from worker.heartbeat import Heartbeat
 from worker.media import FileContexts
 
+pytestmark = pytest.mark.faults
+
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -18,6 +18,8 @@ from tests.support.faults import answered_once, wait_answered
 from tests.support.redis_sentinel import LocalRedisSentinel
 from tests.support.stack import Stack, wait_for
 
+pytestmark = pytest.mark.faults
+
 
 @pytest.fixture(scope="module")
 def sentinel():

@@ -24,6 +24,8 @@ from app.security import BlindIndex
 from tests.support.faults import KILL_DB
 from tests.support.stack import Stack, wait_for
 
+pytestmark = pytest.mark.faults
+
 MARK = secrets.token_hex(6)
 
 

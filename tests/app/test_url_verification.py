@@ -20,6 +20,8 @@ from scripts.dev_env import random_aes_key
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 
+pytestmark = pytest.mark.faults
+
 SECRET_TEXT = "工资单 salary slip 2024"
 ECHO = "1288432023552776189"
 

@@ -14,6 +14,8 @@ import pytest
 from inference.demo.corpus import load_qa
 from tests.support.stack import ROOT, Stack, wait_for
 
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
 MODEL_DIR = ROOT / "models" / "demo"
 
 

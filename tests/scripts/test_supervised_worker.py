@@ -22,6 +22,8 @@ from scripts.supervisor import Program, RestartPolicy, Supervisor
 from tests.support.faults import answered_once, wait_answered
 from tests.support.stack import BIN, ROOT, Stack, wait_for
 
+pytestmark = pytest.mark.faults
+
 MESSAGES = 24
 
 

@@ -1,5 +1,6 @@
 """A model that cannot be loaded fails the message with a notice; the row is never left stuck."""
 
+import pytest
 import redis
 import requests
 
@@ -11,6 +12,8 @@ from emulator import EmulatorConfig, EmulatorServer
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 from worker.tasks import build_processor
+
+pytestmark = pytest.mark.integration
 
 REDIS_DB = 7
 

@@ -16,6 +16,8 @@ from tests.support.faults import answered_once, wait_answered
 from tests.support.servers import PrivatePostgres, PrivateRedis
 from tests.support.stack import Stack, wait_for
 
+pytestmark = pytest.mark.faults
+
 
 @pytest.fixture(scope="module")
 def servers():

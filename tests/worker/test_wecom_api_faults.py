@@ -20,6 +20,8 @@ from tests.app.admin.conftest import login
 from tests.support.env import settings_from
 from tests.support.stack import Stack, wait_for
 
+pytestmark = pytest.mark.faults
+
 MAX_RETRIES = 3
 # 45009's first wait (WECOM_RATE_LIMIT_RETRY_S, 60 s in production), short for the test but
 # doubled past SWEEP_QUEUED_AFTER_S + SWEEP_INTERVAL_S (4 + 2 s), so an early sweep would show.

@@ -7,6 +7,8 @@ import pytest
 
 from tests.support.stack import Stack, wait_for
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def slow_stack(tmp_path_factory):

@@ -14,6 +14,8 @@ import pytest
 from tests.support.faults import KILL_DB, answered_once, wait_answered
 from tests.support.stack import Stack, wait_for
 
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
 ROUNDS = 20
 
 

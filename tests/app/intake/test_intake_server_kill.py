@@ -19,6 +19,8 @@ import pytest
 from tests.support.faults import KILL_DB, answered_once, wait_answered
 from tests.support.stack import Stack, wait_for
 
+pytestmark = pytest.mark.faults
+
 MESSAGES = 60
 
 

@@ -18,6 +18,8 @@ from tests.support.stack import TempDatabase
 from worker.celery_app import HANDLE_MESSAGE
 from worker.sweeper import LOCK_KEY, lock_timeout_s, sweep
 
+pytestmark = pytest.mark.integration
+
 REDIS_DB = 13
 DEAD_BROKER = "redis://127.0.0.1:1/0"
 

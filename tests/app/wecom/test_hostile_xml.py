@@ -14,6 +14,8 @@ from app.services import Services
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 
+pytestmark = pytest.mark.faults
+
 HEAD = ("<xml><ToUserName>x</ToUserName><FromUserName>u</FromUserName><CreateTime>1</CreateTime>"
         "<MsgType>text</MsgType>")
 INNER = {
