@@ -3,7 +3,7 @@
 Works from a published Hugging Face `config.json` alone (no weights, no transformers import), for
 `glm4` (dense GQA), `glm4_moe` (GLM-4.5/4.6/4.7), `glm4_moe_lite` (GLM-4.7-Flash, MLA) and
 `glm_moe_dsa` (GLM-5, MLA + DeepSeek Sparse Attention indexer). Every tensor is derived from the
-config's fields exactly as transformers' modeling code builds it (tests/unit/inference/test_plan.py
+config's fields exactly as transformers' modeling code builds it (tests/inference/test_plan.py
 checks the count against instantiated transformers models); the MTP layers the checkpoints ship
 (`num_nextn_predict_layers`) are counted apart, because transformers drops them and a server only
 loads them for MTP speculative decoding.

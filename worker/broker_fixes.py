@@ -27,7 +27,7 @@ a late ack is logged as "Couldn't ack"). Nothing is lost by not restoring or ack
 dead connection: Redis restores unacknowledged messages after the visibility timeout by itself,
 the outbox sweeper re-publishes rows whose task was lost, and the task is idempotent (row lease
 and status), so a redelivered message is never answered twice. The guard changes nothing while
-the channel is attached. ``tests/faults/test_server_restarts.py`` (Redis restarted while
+the channel is attached. ``tests/worker/test_server_restarts.py`` (Redis restarted while
 messages arrive: the worker keeps its pid and answers every one) proves the worker now
 reconnects in-process.
 """

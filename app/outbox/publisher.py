@@ -18,7 +18,7 @@ the first task of a process is the template, each task changes only what names i
 repr of its arguments), kombu's Redis envelope (base64 body, delivery tag) is put around it,
 and all are pushed with one ``LPUSH`` on the Redis connection of kombu's channel. The kombu
 transport writes priority 0 to the queue's own key, which is what this publishes;
-tests/unit/app/test_publisher.py checks the two paths write the same message.
+tests/app/outbox/test_publisher.py checks the two paths write the same message.
 """
 
 from __future__ import annotations
