@@ -293,8 +293,9 @@ class MessageProcessor:
 
         finish_values = channel.deliver(row, owner, user_id, reply.kind, chunks, lease)
         if reply.status == MessageStatus.RATE_LIMITED:
-            self._finish(row, owner, MessageStatus.RATE_LIMITED, **finish_values,
-                         failure_reason=f"rate limited: over {self.user_limit.describe()}")
+            # A stream the callback closed at the deadline says so (its reason wins the column).
+            values = {"failure_reason": f"rate limited: over {self.user_limit.describe()}", **finish_values}
+            self._finish(row, owner, MessageStatus.RATE_LIMITED, **values)
             self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks),
                                    channel=row.channel)
             return
