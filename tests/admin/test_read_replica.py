@@ -30,6 +30,7 @@ from app.outbox.rows import user_hash
 from app.services import Services
 from tests.admin.conftest import PASSWORD, login, post
 from tests.data.conftest import PG_SERVER, _admin_engine
+from tests.support import postgres
 from tests.support.env import make_env, settings_from
 
 PRIMARY_DEPT, REPLICA_DEPT = "dept-on-primary", "dept-on-replica"
@@ -49,6 +50,7 @@ def settings():
 
 @pytest.fixture
 def databases():
+    postgres.skip_if_opted_out()
     admin = _admin_engine()
     names = [f"replica_test_{uuid.uuid4().hex[:10]}_{role}" for role in ("primary", "replica")]
     try:
@@ -57,7 +59,7 @@ def databases():
                 conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         admin.dispose()
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
+        postgres.unreachable(exc)
     try:
         for name in names:
             migrate.upgrade(_url(name))
