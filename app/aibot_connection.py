@@ -297,21 +297,31 @@ class Session:
     def on_feedback(self, frame: aibot_ws.Frame) -> None:
         """A 👍/👎 on a reply that carried ``feedback.id``: into the outbox (dedup by msgid), the
         worker records it; nothing is sent back. Malformed: a log line."""
-        with _frame_request() as request_id:
-            message = _parsed(frame, "feedback_event")
-            if message is None:
+        request_id = "ws-" + secrets.token_hex(8)
+        token = request_id_var.set(request_id)
+        try:
+            try:
+                message = aibot.parse_message(json.dumps(frame.body or {}), int(time.time()))
+            except MessageParseError as exc:
+                log.warning("malformed feedback_event ignored req_id=%s: %s", frame.req_id, exc)
                 return
             try:
                 aibot_callback.accept_feedback(self.holder.services, message, request_id, None)
             except IntakeUnavailable as exc:  # WeCom does not push an event again: it is lost
                 log.warning("feedback_event not accepted req_id=%s: %s", frame.req_id, type(exc).__name__)
+        finally:
+            request_id_var.reset(token)
 
     def on_message(self, frame: aibot_ws.Frame) -> None:
         holder = self.holder
         services = holder.services
-        with _frame_request() as request_id:
-            message = _parsed(frame, "message")
-            if message is None:
+        request_id = "ws-" + secrets.token_hex(8)
+        token = request_id_var.set(request_id)
+        try:
+            try:
+                message = aibot.parse_message(json.dumps(frame.body or {}), int(time.time()))
+            except MessageParseError as exc:
+                log.warning("malformed message ignored req_id=%s: %s", frame.req_id, exc)
                 return
             if message.msg_type == "event":
                 self.on_event(frame)
@@ -352,6 +362,8 @@ class Session:
             if offered:  # on this req_id's first frame (pump)
                 self.offered[accepted.stream_id] = offered
             self.pump()
+        finally:
+            request_id_var.reset(token)
 
     def unwritten(self, stream_id: str) -> bool:
         """No stream state and no outbox row: the message never reached the outbox."""
@@ -473,26 +485,6 @@ class Holder:
             log.info("reconnecting in %.1f s (subscribed before: %s)", delay, subscribed)
             if self.stopping.wait(delay):
                 return
-
-
-@contextlib.contextmanager
-def _frame_request():
-    """A request id for one frame's handling, in every log line it causes."""
-    request_id = "ws-" + secrets.token_hex(8)
-    token = request_id_var.set(request_id)
-    try:
-        yield request_id
-    finally:
-        request_id_var.reset(token)
-
-
-def _parsed(frame: aibot_ws.Frame, what: str) -> aibot.AibotMessage | None:
-    """The frame's body as a message; None (and a log line) when malformed."""
-    try:
-        return aibot.parse_message(json.dumps(frame.body or {}), int(time.time()))
-    except MessageParseError as exc:
-        log.warning("malformed %s ignored req_id=%s: %s", what, frame.req_id, exc)
-        return None
 
 
 def _ws_errors():
