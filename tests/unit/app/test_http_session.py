@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.http_session import session_for
+from app.http_session import POOL_CONNECTIONS, session_for
 
 BASE = "https://qyapi.weixin.qq.com"
 
@@ -39,3 +39,9 @@ def test_the_ca_bundle_of_the_environment_is_kept(monkeypatch, tmp_path):
     assert session_for(BASE).verify == str(bundle)
     _clear(monkeypatch)
     assert session_for(BASE).verify is True
+
+
+def test_idle_connections_are_kept_for_every_worker_thread(monkeypatch):
+    _clear(monkeypatch)
+    adapter = session_for(BASE).get_adapter(BASE)
+    assert adapter._pool_maxsize == POOL_CONNECTIONS
