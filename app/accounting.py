@@ -9,11 +9,16 @@
 - **Budgets** by scope (global, department, user, API key) and period (day, week from Monday,
   month), aligned to local midnight in ``COMPANY_TIMEZONE``. Before a generation ``reserve`` holds
   its worst case (prompt estimate x input price + max_new_tokens x output price) on every
-  applicable budget's period row, under a row lock (PostgreSQL ``FOR UPDATE``; SQLite's write
-  lock); a budget whose spent + reserved has reached its limit refuses (``block``) or lets it pass
-  (``warn``). ``settle`` turns the reservation into the real cost, ``release`` drops it (the
-  generation failed). A request is admitted only while the budget is not exhausted, so concurrent
-  requests overspend by at most one request's worst case.
+  applicable budget's period row, under a row lock (an upsert that takes it: PostgreSQL's row
+  lock; SQLite's write lock); a budget whose spent + reserved has reached its limit refuses
+  (``block``) or lets it pass (``warn``). ``settle`` turns the reservation into the real cost,
+  ``release`` drops it (the generation failed). A request is admitted only while the budget is
+  not exhausted, so concurrent requests overspend by at most one request's worst case.
+- **Group commit**: ``reserve`` and ``settle`` calls of one process that wait together are
+  written by one writer thread in one transaction, in order, each as it would be alone, with
+  one lock of the period rows and one commit for all (``_GroupCommit``): a company-wide budget
+  no longer serialises every call on its row, only every batch. Callers still return after
+  their call committed; a failed batch is retried call by call.
 - **Charges fail closed**: a call is charged the larger of the token counts the model reported
   and the estimates (``estimate_prompt_tokens``, ``estimate_completion_tokens``: upper bounds in
   UTF-8 bytes), so a server that reports no ``usage`` or too little is not a free model; it is
@@ -31,7 +36,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -40,6 +47,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from app.audit import EventType
@@ -330,9 +338,7 @@ ROLLED_UP = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "co
 @functools.cache
 def _usage_insert():
     table = UsageRecord.__table__
-    return insert(table).values(
-        {c.name: bindparam(c.name, type_=c.type) for c in table.columns if c.name != "id"}
-    ).returning(table.c.id)
+    return insert(table).returning(table.c.id, sort_by_parameter_order=True)
 
 
 @functools.cache
@@ -347,48 +353,141 @@ def _roll_up_statement(dialect: str):
         set_={name: table.c[name] + stmt.excluded[name] for name in ROLLED_UP})
 
 
+class _PeriodRow:
+    """A ``budget_periods`` row this transaction holds locked, changed in memory and written
+    back by ``_write_periods``."""
+
+    __slots__ = ("budget_id", "period_start", "spent", "reserved", "_was")
+
+    def __init__(self, budget_id: int, period_start: datetime, spent: Decimal, reserved: Decimal):
+        self.budget_id, self.period_start = budget_id, period_start
+        self.spent, self.reserved = spent, reserved
+        self._was = (spent, reserved)
+
+    @property
+    def changed(self) -> bool:
+        return (self.spent, self.reserved) != self._was
+
+
 @functools.cache
-def _lock_periods_statements(dialect: str, count: int):
-    """The period rows' insert-if-missing and their locking select for ``count`` keys, built once
-    per dialect and count; key ``i`` is the parameters ``b<i>`` (budget id) and ``s<i>`` (start)."""
+def _lock_periods_statement(dialect: str, count: int):
+    """Insert-if-missing and lock ``count`` period rows in one statement, returning them: an
+    upsert whose update changes nothing still takes the row's lock (PostgreSQL waits for its
+    holder and returns the row as that one committed it; SQLite holds the write lock already).
+    Built once per dialect and count; key ``i`` is the parameters ``b<i>`` and ``s<i>``."""
     table = BudgetPeriod.__table__
     start_type = table.c.period_start.type
-    keys = [(bindparam(f"b{i}"), bindparam(f"s{i}", type_=start_type)) for i in range(count)]
     zero = Decimal(0)
-    insert = ((postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
-              .values([{"budget_id": b, "period_start": s, "spent": zero, "reserved": zero}
-                       for b, s in keys])
-              .on_conflict_do_nothing(index_elements=["budget_id", "period_start"]))
-    query = (select(BudgetPeriod)
-             .where(or_(*[and_(BudgetPeriod.budget_id == b, BudgetPeriod.period_start == s)
-                          for b, s in keys]))
-             .order_by(BudgetPeriod.budget_id)
-             .execution_options(populate_existing=True))
-    if dialect != "sqlite":
-        query = query.with_for_update()
-    return insert, query
+    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
+        [{"budget_id": bindparam(f"b{i}"), "period_start": bindparam(f"s{i}", type_=start_type),
+          "spent": zero, "reserved": zero} for i in range(count)])
+    return stmt.on_conflict_do_update(
+        index_elements=["budget_id", "period_start"], set_={"spent": table.c.spent},
+    ).returning(table.c.budget_id, table.c.period_start, table.c.spent, table.c.reserved)
 
 
-def _lock_periods(session: Session, keys: list[tuple[int, datetime]]) -> dict:
-    """Make sure the period rows exist and lock them, in budget-id order (no deadlocks).
-
-    On SQLite the INSERT is a write, which takes the database's write lock for the rest of the
-    transaction; on PostgreSQL ``FOR UPDATE`` locks exactly these rows.
-    """
+def _lock_periods(session: Session, keys) -> dict[tuple[int, datetime], _PeriodRow]:
+    """Make sure the period rows of ``keys`` exist and lock them, in key order (budget id,
+    then start: every transaction locks them in the same order, so none deadlock)."""
     keys = sorted(set(keys))
     if not keys:
         return {}
-    insert, query = _lock_periods_statements(session.get_bind().dialect.name, len(keys))
     params = {}
     for i, (b, s) in enumerate(keys):
         params[f"b{i}"], params[f"s{i}"] = b, s
-    session.execute(insert, params)
-    return {(p.budget_id, p.period_start): p for p in session.scalars(query, params)}
+    stmt = _lock_periods_statement(session.get_bind().dialect.name, len(keys))
+    return {(r.budget_id, r.period_start): _PeriodRow(*r)
+            for r in session.connection().execute(stmt, params)}
+
+
+@functools.cache
+def _write_periods_statement():
+    table = BudgetPeriod.__table__
+    return (update(table)
+            .where(table.c.budget_id == bindparam("b"),
+                   table.c.period_start == bindparam("s", type_=table.c.period_start.type))
+            .values(spent=bindparam("new_spent", type_=table.c.spent.type),
+                    reserved=bindparam("new_reserved", type_=table.c.reserved.type)))
+
+
+def _write_periods(session: Session, rows: dict) -> None:
+    changed = [{"b": r.budget_id, "s": r.period_start, "new_spent": r.spent,
+                "new_reserved": r.reserved} for _, r in sorted(rows.items()) if r.changed]
+    if changed:
+        session.connection().execute(_write_periods_statement(), changed)
 
 
 @functools.cache
 def _budgets_by_id():
     return select(Budget).where(Budget.id.in_(bindparam("ids", expanding=True)))
+
+
+@functools.cache
+def _drop_reservations_statement():
+    """Delete reservations, returning what each held: the one transaction that deletes a
+    reservation is the one that takes it off its periods (a second release, or an expiry racing
+    a settle, finds nothing)."""
+    table = BudgetReservation.__table__
+    return (delete(table).where(table.c.id.in_(bindparam("ids", expanding=True)))
+            .returning(table.c.id, table.c.amount, table.c.periods))
+
+
+@functools.cache
+def _reservation_insert():
+    table = BudgetReservation.__table__
+    return insert(table).returning(table.c.id, sort_by_parameter_order=True)
+
+
+@functools.cache
+def _batch_budgets_statement():
+    """The enabled budgets of any of a batch's users, departments and API keys, and the global
+    ones: one query per batch (``_applies`` sorts them out per call)."""
+    return select(Budget).where(Budget.enabled.is_(True), or_(
+        Budget.scope == BudgetScope.GLOBAL,
+        and_(Budget.scope == BudgetScope.USER,
+             Budget.scope_value.in_(bindparam("hashes", expanding=True))),
+        and_(Budget.scope == BudgetScope.DEPARTMENT,
+             Budget.scope_value.in_(bindparam("departments", expanding=True))),
+        and_(Budget.scope == BudgetScope.API_KEY,
+             Budget.scope_value.in_(bindparam("api_keys", expanding=True))))).order_by(Budget.id)
+
+
+def _applies(budget: Budget, hashes: Sequence[str], department: str, api_key_id: str | None) -> bool:
+    """Whether ``budget`` is one of ``applicable_budgets(hashes, department, api_key_id)``."""
+    if budget.scope == BudgetScope.GLOBAL:
+        return True
+    if budget.scope == BudgetScope.USER:
+        return budget.scope_value in hashes
+    if budget.scope == BudgetScope.DEPARTMENT:
+        return bool(department) and budget.scope_value == department
+    if budget.scope == BudgetScope.API_KEY:
+        return bool(api_key_id) and budget.scope_value == api_key_id
+    return False
+
+
+@functools.cache
+def _prices_statement():
+    return (select(ModelPrice).where(ModelPrice.model.in_(bindparam("models", expanding=True)))
+            .order_by(ModelPrice.valid_from.desc(), ModelPrice.id.desc()))
+
+
+class _Prices:
+    """Every price version of a batch's models and of the fallback, read once; ``at`` is
+    ``price_for``'s answer for one call."""
+
+    def __init__(self, session: Session, models: set[str]):
+        self.versions: dict[str, list[ModelPrice]] = {}
+        if models:
+            for price in session.scalars(_prices_statement(),
+                                         {"models": sorted(models | {FALLBACK_MODEL})}):
+                self.versions.setdefault(price.model, []).append(price)
+
+    def at(self, model: str, at: datetime) -> ModelPrice | None:
+        for name in (model, FALLBACK_MODEL):
+            for price in self.versions.get(name, ()):
+                if price.valid_from <= at:
+                    return price
+        return None
 
 
 def _encode_periods(keys: list[tuple[int, datetime]]) -> str:
@@ -403,8 +502,143 @@ def _decode_periods(text: str) -> list[tuple[int, datetime]]:
     return out
 
 
+class _Job:
+    """One ``reserve`` or ``settle`` waiting for the writer: its arguments, then its outcome."""
+
+    __slots__ = ("kind", "args", "done", "result", "error", "thread")
+
+    def __init__(self, kind: str, args):
+        self.kind, self.args = kind, args
+        self.thread = threading.get_ident()
+        self.done = threading.Event()
+        self.result = self.error = None
+
+    def finish(self, result=None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+@dataclass
+class _ReserveArgs:
+    hashes: list[str]
+    department: str
+    api_key_id: str | None
+    model: str
+    prompt_tokens: int
+    max_new_tokens: int
+    now: datetime
+    base: dict
+
+
+@dataclass
+class _SettleArgs:
+    reservation_id: int | None
+    usage: Usage
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    now: datetime
+
+
+_FORK_GUARD = threading.Lock()
+if hasattr(os, "register_at_fork"):  # a lock held by another thread at fork stays held in the child
+    def _new_fork_guard():
+        global _FORK_GUARD
+        _FORK_GUARD = threading.Lock()
+
+    os.register_at_fork(after_in_child=_new_fork_guard)
+
+
+class _GroupCommit:
+    """The process's accounting writer: every ``reserve`` and ``settle`` waiting when it is free
+    goes into one transaction (up to ``MAX_BATCH``), so the period rows are locked and written,
+    and the transaction committed, once per batch instead of once per call. Callers wait for
+    their batch's commit, as they waited for their own transaction before. The thread starts
+    with the first call (and again in a forked child) and ends after ``IDLE_S`` without work.
+
+    Callers come back together: the calls of a batch return at once and many call again (a
+    reserve's settle, the next message) while the next batch is being written, which then holds
+    the quickest of them and the rest wait a whole batch more (the callers split into cohorts
+    that take turns, each batch half as full as it could be). So the writer lingers up to
+    ``LINGER_S`` after a batch for the threads it answered to come back; a lone caller, coming
+    back later than that, never waits.
+    """
+
+    MAX_BATCH = 256
+    IDLE_S = 2.0
+    LINGER_S = 0.002
+
+    def __init__(self, commit: Callable[[list[_Job]], None], idle: Callable[[], None]):
+        self._commit = commit
+        self._idle = idle  # called when no call waits after a batch
+        self._pid = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._jobs: list[_Job] = []
+        self._running = False
+        self._pid = os.getpid()
+
+    def run(self, kind: str, args):
+        if self._pid != os.getpid():
+            with _FORK_GUARD:
+                if self._pid != os.getpid():
+                    self._reset()
+        job = _Job(kind, args)
+        with self._cond:
+            self._jobs.append(job)
+            if self._running:
+                self._cond.notify()
+            else:
+                self._running = True
+                threading.Thread(target=self._loop, daemon=True, name="accounting-writer").start()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _loop(self) -> None:
+        answered, until = set(), 0.0  # the last batch's threads, and how long to wait for them
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait(self.IDLE_S)
+                    if not self._jobs:
+                        self._running = False
+                        return
+                while ((left := until - time.monotonic()) > 0 and len(self._jobs) < self.MAX_BATCH
+                       and answered - {job.thread for job in self._jobs}):
+                    self._cond.wait(left)
+                batch, self._jobs = self._jobs[:self.MAX_BATCH], self._jobs[self.MAX_BATCH:]
+            try:
+                self._commit(batch)
+            except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
+                for job in batch:
+                    if not job.done.is_set():
+                        job.finish(error=exc)
+            answered = {job.thread for job in batch}
+            until = time.monotonic() + self.LINGER_S
+            with self._cond:
+                waiting = bool(self._jobs)
+            if not waiting:
+                try:
+                    self._idle()
+                except Exception:  # noqa: BLE001 - the next batch takes a fresh connection
+                    log.exception("accounting writer: could not give its connection back")
+
+
 class Accounting:
-    """Budget enforcement and usage recording over one ``Database``."""
+    """Budget enforcement and usage recording over one ``Database``.
+
+    ``reserve`` and ``settle`` go through the process's group commit (``_GroupCommit``): the
+    calls waiting together are applied in order, one after the other, in one transaction, each
+    exactly as it would be alone (so admission still sees every earlier call's reservation and
+    charge), with one lock of the period rows, one insert of the usage rows, one upsert of the
+    rollups and one commit for all of them. A batch that fails is retried one call at a time,
+    so a bad call fails only itself.
+    """
 
     def __init__(self, db, tz: ZoneInfo, currency: str = "CNY", audit=None,
                  on_alerts: Callable[[list[RaisedAlert]], None] | None = None):
@@ -413,6 +647,12 @@ class Accounting:
         self.currency = currency
         self.audit = audit
         self.on_alerts = on_alerts
+        self._writer = _GroupCommit(self._commit, self._give_back)
+        # The writer's connection, held while calls keep coming (no checkout and pre-ping per
+        # batch) and given back to the pool whenever none waits. The writer thread's only.
+        self._connection = None
+        self._connection_pid = 0
+        self._alerts_raised: set[tuple] = set()  # (budget, period start, threshold) committed
 
     def reserve(self, user_hash: str, department: str, model: str, prompt_tokens: int,
                 max_new_tokens: int, api_key_id: str | None = None,
@@ -422,24 +662,9 @@ class Accounting:
         now = now or utcnow()
         base = {"user_hash": user_hash, "department": department, "api_key_id": api_key_id,
                 "model": model, "message_id": message_id, "prompt_tokens": prompt_tokens}
-        with self.db.transaction() as session:
-            budgets = applicable_budgets(session, [user_hash, *user_hashes], department, api_key_id)
-            if not budgets:
-                return Admission(True, **base)
-            worst = worst_case(price_for(session, model, now), prompt_tokens, max_new_tokens)
-            keys = [(b.id, period_start(b.period, now, self.tz)) for b in budgets]
-            periods = _lock_periods(session, keys)
-            for budget, key in zip(budgets, keys, strict=True):
-                row = periods[key]
-                if budget.action == "block" and row.spent + row.reserved >= budget.limit:
-                    return Admission(False, blocked_by=budget, spent=row.spent, **base)
-            for key in keys:
-                periods[key].reserved += worst
-            reservation = BudgetReservation(amount=worst, periods=_encode_periods(keys),
-                                            message_id=message_id, created_at=now)
-            session.add(reservation)
-            session.flush()
-            return Admission(True, reservation.id, worst, **base)
+        return self._run("reserve", _ReserveArgs(
+            [user_hash, *user_hashes], department, api_key_id, model, prompt_tokens,
+            max_new_tokens, now, base))
 
     def release(self, admission: Admission | int | None) -> None:
         """Give back a reservation (the generation failed); safe to call twice."""
@@ -447,25 +672,21 @@ class Accounting:
         if reservation_id is None:
             return
         with self.db.transaction() as session:
-            self._drop_reservation(session, reservation_id)
+            dropped = self._drop_reservation(session, reservation_id)
+            if dropped is not None:
+                _write_periods(session, dropped[1])
 
     def _drop_reservation(self, session: Session, reservation_id: int):
-        """Take a reservation off its periods' ``reserved``; its period keys, or None when it
-        was gone already."""
-        reservation = session.get(BudgetReservation, reservation_id)
-        if reservation is None:
+        """Delete a reservation and take it off its periods' ``reserved``: (its amount, its
+        locked period rows), or None when it was gone already (released, settled, expired)."""
+        held = session.connection().execute(_drop_reservations_statement(),
+                                            {"ids": [reservation_id]}).first()
+        if held is None:
             return None
-        keys = _decode_periods(reservation.periods)
-        periods = _lock_periods(session, keys)
-        # Re-read under the lock: a concurrent release may have taken it first.
-        gone = session.execute(delete(BudgetReservation)
-                               .where(BudgetReservation.id == reservation_id)).rowcount
-        if not gone:
-            return None
-        for key in keys:
-            row = periods[key]
-            row.reserved = max(row.reserved - reservation.amount, Decimal(0))
-        return keys
+        periods = _lock_periods(session, _decode_periods(held.periods))
+        for row in periods.values():
+            row.reserved = max(row.reserved - held.amount, Decimal(0))
+        return held.amount, periods
 
     def settle(self, admission: Admission | None, usage: Usage, now: datetime | None = None) -> Settled:
         """Record the call's usage and cost, and free its reservation, in one transaction.
@@ -474,57 +695,199 @@ class Accounting:
         counts, the prompt's estimate being the reservation's; the price is the configured
         model's (the admission's), whatever name the model server answered with.
         """
-        now = now or utcnow()
         model = (admission.model if admission is not None and admission.model else usage.model)
-        prompt_tokens = max(usage.prompt_tokens, usage.estimated_prompt_tokens,
-                            admission.prompt_tokens if admission is not None else 0)
-        completion_tokens = max(usage.completion_tokens, usage.estimated_completion_tokens)
-        cached_tokens = min(max(usage.cached_tokens, 0), max(usage.prompt_tokens, 0))
-        with self.db.transaction() as session:
-            price = price_for(session, model, now)
-            if price is None:
-                log.warning("no price for model %r (nor %r): this call costs nothing", model,
-                            FALLBACK_MODEL)
-            cost = cost_of(price, prompt_tokens, cached_tokens, completion_tokens)
-            record = {
-                "created_at": now, "day": local_day(now, self.tz), "user_hash": usage.user_hash,
-                "department": usage.department or "", "api_key_id": usage.api_key_id,
-                "model": model[:64], "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
-                "completion_tokens": completion_tokens, "cost": cost,
-                "currency": price.currency if price else self.currency,
-                "price_id": price.id if price else None, "latency_ms": usage.latency_ms,
-                "message_id": usage.message_id}
-            # Core statements built once: the ORM's unit of work for one insert cost more.
-            usage_id = session.execute(_usage_insert(), record).scalar_one()
-            self._roll_up(session, record)
-
-            keys = None
-            if admission is not None and admission.reservation_id is not None:
-                keys = self._drop_reservation(session, admission.reservation_id)
-            if keys is None:  # no reservation (no budget then, or it expired): charge today's
-                budgets = applicable_budgets(session, usage.user_hash, usage.department,
-                                             usage.api_key_id)
-                keys = [(b.id, period_start(b.period, now, self.tz)) for b in budgets]
-            alerts = self._charge(session, keys, cost) if keys else []
-            for alert in alerts:
-                self._audit_alert(session, alert)
-            session.flush()
-            settled = Settled(usage_id, cost, alerts)
-        if alerts and self.on_alerts is not None:
-            self.on_alerts(alerts)
+        settled = self._run("settle", _SettleArgs(
+            admission.reservation_id if admission is not None else None, usage, model,
+            max(usage.prompt_tokens, usage.estimated_prompt_tokens,
+                admission.prompt_tokens if admission is not None else 0),
+            min(max(usage.cached_tokens, 0), max(usage.prompt_tokens, 0)),
+            max(usage.completion_tokens, usage.estimated_completion_tokens),
+            now or utcnow()))
+        if settled.alerts and self.on_alerts is not None:
+            self.on_alerts(settled.alerts)
         return settled
 
-    def _roll_up(self, session: Session, record: dict) -> None:
-        session.execute(_roll_up_statement(session.get_bind().dialect.name),
-                        {**{k: record[k] for k in ("day", "department", "user_hash", "model",
-                                                   *ROLLED_UP[1:])}, "calls": 1})
+    # -- the group commit ----------------------------------------------------------------------
+    def _run(self, kind: str, args):
+        queue = getattr(self.db.engine, "writer_queue", None)
+        if queue is not None and getattr(queue, "_owner_thread", None) == threading.get_ident():
+            # SQLite: the writer would wait for this thread's transaction, this thread for it.
+            raise RuntimeError(f"Accounting.{kind} called inside a write transaction of this "
+                               "thread on SQLite: it would wait for itself")
+        return self._writer.run(kind, args)
 
-    def _charge(self, session: Session, keys, cost: Decimal) -> list[RaisedAlert]:
-        periods = _lock_periods(session, keys)
-        budgets = {b.id: b for b in session.scalars(_budgets_by_id(),
-                                                     {"ids": [k[0] for k in keys]})}
+    def _commit(self, jobs: list[_Job]) -> None:
+        """Apply ``jobs`` in one transaction; when that fails, each alone (unless the
+        connection was lost: then whether it committed is unknown, and all of them fail)."""
+        seen: set[tuple] = set()
+        try:
+            if self._connection is None or self._connection_pid != os.getpid():
+                # (a forked child never touches its parent's connection: it takes its own)
+                self._connection, self._connection_pid = self.db.engine.connect(), os.getpid()
+            with Session(bind=self._connection, expire_on_commit=False) as session, session.begin():
+                results = self._apply(session, jobs, seen)
+        except Exception as exc:  # noqa: BLE001 - handed to the callers
+            lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
+            if self._connection is not None and self._connection.invalidated:
+                self._give_back()
+            if len(jobs) == 1 or lost:
+                for job in jobs:
+                    job.finish(error=exc)
+            else:
+                for job in jobs:
+                    self._commit([job])
+            return
+        self._alerts_raised |= seen
+        for job, result in zip(jobs, results, strict=True):
+            job.finish(result)
+
+    def _give_back(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+    def _apply(self, session: Session, jobs: list[_Job], seen: set[tuple]) -> list:
+        """The batch's work, in the lock order (usage rollup rows, reservation rows, period
+        rows, audit head)."""
+        settles = [job.args for job in jobs if job.kind == "settle"]
+        reserves = [job.args for job in jobs if job.kind == "reserve"]
+        # Reads: the budgets that apply, the prices.
+        budgets = []
+        if reserves or settles:
+            budgets = list(session.scalars(_batch_budgets_statement(), {
+                "hashes": sorted({h for r in reserves for h in r.hashes}
+                                 | {s.usage.user_hash for s in settles}),
+                "departments": sorted({r.department for r in reserves if r.department}
+                                      | {s.usage.department for s in settles if s.usage.department}),
+                "api_keys": sorted({r.api_key_id for r in reserves if r.api_key_id}
+                                   | {s.usage.api_key_id for s in settles if s.usage.api_key_id})}))
+        prices = _Prices(session, {a.model for a in (*reserves, *settles)})
+
+        # Each call's own figures, from those reads alone.
+        records, plans = [], []
+        for job in jobs:
+            a = job.args
+            if job.kind == "settle":
+                price = prices.at(a.model, a.now)
+                if price is None:
+                    log.warning("no price for model %r (nor %r): this call costs nothing",
+                                a.model, FALLBACK_MODEL)
+                cost = cost_of(price, a.prompt_tokens, a.cached_tokens, a.completion_tokens)
+                u = a.usage
+                records.append({
+                    "created_at": a.now, "day": local_day(a.now, self.tz),
+                    "user_hash": u.user_hash, "department": u.department or "",
+                    "api_key_id": u.api_key_id, "model": a.model[:64],
+                    "prompt_tokens": a.prompt_tokens, "cached_tokens": a.cached_tokens,
+                    "completion_tokens": a.completion_tokens, "cost": cost,
+                    "currency": price.currency if price else self.currency,
+                    "price_id": price.id if price else None, "latency_ms": u.latency_ms,
+                    "message_id": u.message_id})
+                fallback = [(b.id, period_start(b.period, a.now, self.tz)) for b in budgets
+                            if _applies(b, (u.user_hash,), u.department, u.api_key_id)]
+                plans.append((cost, fallback))
+            else:
+                mine = [b for b in budgets if _applies(b, a.hashes, a.department, a.api_key_id)]
+                worst = (worst_case(prices.at(a.model, a.now), a.prompt_tokens, a.max_new_tokens)
+                         if mine else Decimal(0))
+                plans.append((mine, worst, [(b.id, period_start(b.period, a.now, self.tz))
+                                            for b in mine]))
+
+        # Writes: usage rows and rollups first; then the reservations settled, deleted (one a
+        # concurrent release or expiry took first is gone: its call is charged as if it had
+        # none); then the period rows, locked once.
+        conn = session.connection()
+        usage_ids = []
+        if records:
+            usage_ids = list(conn.execute(_usage_insert(), records).scalars())
+            self._roll_up(session, records)
+        ids = sorted({s.reservation_id for s in settles if s.reservation_id is not None})
+        dropped = {}
+        if ids:
+            dropped = {r.id: (r.amount, _decode_periods(r.periods))
+                       for r in conn.execute(_drop_reservations_statement(), {"ids": ids})}
+        keys = set()
+        for job, plan in zip(jobs, plans, strict=True):
+            if job.kind == "reserve":
+                keys.update(plan[2])
+            elif job.args.reservation_id in dropped:
+                keys.update(dropped[job.args.reservation_id][1])
+            else:
+                keys.update(plan[1])
+        rows = _lock_periods(session, keys)
+        by_id = {b.id: b for b in budgets}
+        unknown = {k[0] for k in rows} - by_id.keys()
+        if unknown:  # disabled since the reservation, still charged
+            by_id.update((b.id, b) for b in session.scalars(_budgets_by_id(), {"ids": sorted(unknown)}))
+
+        # Each call in turn, as if alone.
+        results, new_reservations, usage_index = [], [], 0
+        for job, plan in zip(jobs, plans, strict=True):
+            a = job.args
+            if job.kind == "settle":
+                cost, fallback = plan
+                own = dropped.pop(a.reservation_id, None)
+                if own is not None:
+                    amount, charged = own
+                    for key in charged:
+                        rows[key].reserved = max(rows[key].reserved - amount, Decimal(0))
+                else:
+                    charged = fallback
+                alerts = self._charge_rows(session, rows, by_id, charged, cost, seen)
+                for alert in alerts:
+                    self._audit_alert(session, alert)
+                results.append(Settled(usage_ids[usage_index], cost, alerts))
+                usage_index += 1
+                continue
+            mine, worst, their_keys = plan
+            if not mine:
+                results.append(Admission(True, **a.base))
+                continue
+            blocked = next((b for b, key in zip(mine, their_keys, strict=True)
+                            if b.action == "block"
+                            and rows[key].spent + rows[key].reserved >= b.limit), None)
+            if blocked is not None:
+                spent = rows[(blocked.id, period_start(blocked.period, a.now, self.tz))].spent
+                results.append(Admission(False, blocked_by=blocked, spent=spent, **a.base))
+                continue
+            for key in their_keys:
+                rows[key].reserved += worst
+            new_reservations.append((len(results), {
+                "amount": worst, "periods": _encode_periods(their_keys),
+                "message_id": a.base["message_id"], "created_at": a.now}))
+            results.append(None)
+        if new_reservations:
+            reservation_ids = conn.execute(_reservation_insert(),
+                                           [r for _, r in new_reservations]).scalars()
+            for (index, row), reservation_id in zip(new_reservations, reservation_ids, strict=True):
+                results[index] = Admission(True, reservation_id, row["amount"],
+                                           **jobs[index].args.base)
+        _write_periods(session, rows)
+        return results
+
+    def _roll_up(self, session: Session, records: list[dict]) -> None:
+        """The batch's ``usage_daily`` upsert: one row per key (a statement may not change a row
+        twice), in key order (two batches lock the rows they share in the same order)."""
+        totals: dict[tuple, dict] = {}
+        for r in records:
+            key = (r["day"], r["department"], r["user_hash"], r["model"])
+            total = totals.get(key)
+            if total is None:
+                totals[key] = {"day": key[0], "department": key[1], "user_hash": key[2],
+                               "model": key[3], "calls": 1,
+                               **{name: r[name] for name in ROLLED_UP[1:]}}
+            else:
+                total["calls"] += 1
+                for name in ROLLED_UP[1:]:
+                    total[name] += r[name]
+        session.connection().execute(_roll_up_statement(session.get_bind().dialect.name),
+                                     [totals[key] for key in sorted(totals)])
+
+    def _charge_rows(self, session: Session, periods: dict, budgets: dict, keys, cost: Decimal,
+                     seen: set[tuple]) -> list[RaisedAlert]:
+        """Add ``cost`` to the locked period rows of ``keys``; the threshold alerts it raises."""
         alerts = []
-        for key in sorted(periods):
+        for key in sorted(set(keys)):
             row, budget = periods[key], budgets.get(key[0])
             row.spent += cost
             if budget is None:
@@ -532,12 +895,16 @@ class Accounting:
             for threshold in parse_thresholds(budget.thresholds):
                 if row.spent * 100 < budget.limit * threshold:
                     break
+                once = (budget.id, row.period_start, threshold)
+                if once in self._alerts_raised or once in seen:
+                    continue  # raised already (committed, or earlier in this batch)
+                seen.add(once)
                 alert = self._raise_once(session, budget, row, threshold)
                 if alert is not None:
                     alerts.append(alert)
         return alerts
 
-    def _raise_once(self, session: Session, budget: Budget, row: BudgetPeriod,
+    def _raise_once(self, session: Session, budget: Budget, row: _PeriodRow,
                     threshold: int) -> RaisedAlert | None:
         stmt = _insert(session, BudgetAlert).values(
             budget_id=budget.id, period_start=row.period_start, threshold=threshold,
@@ -566,12 +933,16 @@ class Accounting:
         charged = []
         for reservation_id, amount in stale:
             with self.db.transaction() as session:
-                keys = self._drop_reservation(session, reservation_id)
-                if keys is None:
+                dropped = self._drop_reservation(session, reservation_id)
+                if dropped is None:
                     continue  # settled or released meanwhile
-                alerts = self._charge(session, keys, amount)
+                periods = dropped[1]
+                budgets = {b.id: b for b in session.scalars(
+                    _budgets_by_id(), {"ids": sorted({k[0] for k in periods})})}
+                alerts = self._charge_rows(session, periods, budgets, periods, amount, set())
                 for alert in alerts:
                     self._audit_alert(session, alert)
+                _write_periods(session, periods)
             log.warning("budget reservation %s expired unsettled: charged its worst case %s",
                         reservation_id, amount)
             charged.append(reservation_id)

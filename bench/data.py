@@ -1,12 +1,16 @@
-"""Data-layer figures on PostgreSQL: usage inserts/s, and dashboard aggregates over 1M usage rows.
+"""Data-layer figures on PostgreSQL: accounting calls/s, and dashboard aggregates over 1M usage rows.
 
     python -m bench.data [--server postgresql+psycopg://postgres@127.0.0.1:5432/test]
-                         [--rows 1000000] [--runs 30] [--inserts 2000]
+                         [--rows 1000000] [--runs 30] [--inserts 2000] [--accounting-only]
 
 Everything happens in a throwaway database (``bench_data_<random>``), dropped at the end:
 
-1. ``Accounting.settle`` one call at a time (usage row + rollup upsert in one transaction), with
-   and without a budget (then ``reserve`` too, under the period row lock): calls per second;
+1. ``Accounting.settle`` (usage row + rollup upsert), ``--inserts`` calls on 1 thread and on 8,
+   then ``reserve`` + ``settle`` with every call under a company-wide and a department budget
+   (the rows every call locks), on 1 thread and on 8: calls per second, PASS/FAIL against the
+   targets (8 threads: settle >= 1,000/s, reserve + settle >= 500/s), and a check that the
+   budgets' spend is the usage rows' cost with nothing left reserved. The exit status is 1 when
+   any of these fails. ``--accounting-only`` stops here;
 2. bulk-load ``--rows`` usage rows with COPY (60 days, 2,000 users in 30 departments, 4 models),
    build the daily rollups with one ``INSERT ... SELECT ... GROUP BY``, ANALYZE;
 3. the dashboard's aggregates, each ``--runs`` times, p50/p95 in ms: by day, by department, top
@@ -20,8 +24,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -31,6 +38,7 @@ import sqlalchemy as sa
 from app import migrate
 from app.accounting import Accounting, Usage, set_budget, set_price
 from app.db import Database
+from app.models import BudgetPeriod, UsageRecord
 
 TZ = ZoneInfo("Asia/Shanghai")
 MODELS = [("glm-4", 0.6, (4, 1, 16)), ("glm-4-air", 0.25, (1, 0.5, 2)),
@@ -42,36 +50,66 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-def bench_inserts(db: Database, n: int) -> None:
+SETTLE_TARGET = 1000  # calls/s, 8 threads, PostgreSQL
+RESERVE_SETTLE_TARGET = 500
+
+
+def _threaded(threads: int, calls: int, one) -> float:
+    """Calls per second of ``one(thread, k)`` run ``calls`` times in all over ``threads`` threads."""
+    per = calls // threads
+    barrier = threading.Barrier(threads)
+
+    def worker(t):
+        barrier.wait()
+        for k in range(per):
+            one(t, k)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(worker, range(threads)))
+    return per * threads / (time.perf_counter() - start)
+
+
+def bench_inserts(db: Database, n: int) -> bool:
+    """settle alone and reserve + settle, 1 and 8 threads; True when the 8-thread targets pass."""
     accounting = Accounting(db, TZ)
     with db.transaction() as session:
         for name, _, (i, c, o) in MODELS:
             set_price(session, name, i, c, o)
-    start = time.perf_counter()
-    for k in range(n):
-        accounting.settle(None, Usage(f"user{k % 200:04d}", f"d{k % 30}", "glm-4", 800, 300, 100))
-    plain = n / (time.perf_counter() - start)
-    with db.transaction() as session:
+
+    def settle(t, k):
+        accounting.settle(None, Usage(f"user{t:02d}{k % 50:03d}", f"d{t}", "glm-4", 800, 300, 100))
+
+    def reserve_settle(t, k):
+        user = f"user{t:02d}{k % 50:03d}"
+        admission = accounting.reserve(user, "d1", "glm-4", 800, 512)
+        assert admission.allowed
+        accounting.settle(admission, Usage(user, "d1", "glm-4", 800, 300, 100))
+
+    plain = _threaded(1, n, settle)
+    threaded = _threaded(8, n, settle)
+    with db.transaction() as session:  # every call below is under both: one company-wide row
+        before = session.scalar(sa.text("SELECT max(id) FROM usage_records"))
         set_budget(session, "department", "d1", "month", 1_000_000)
         set_budget(session, "global", "", "month", 10_000_000)
-    start = time.perf_counter()
-    for k in range(n):
-        admission = accounting.reserve(f"user{k % 200:04d}", "d1", "glm-4", 800, 512)
-        accounting.settle(admission, Usage(f"user{k % 200:04d}", "d1", "glm-4", 800, 300, 100))
-    budgeted = n / (time.perf_counter() - start)
-    from concurrent.futures import ThreadPoolExecutor
-
-    def worker(t):
-        for k in range(n // 8):
-            accounting.settle(None, Usage(f"user{t:02d}{k % 50:03d}", f"d{t}", "glm-4", 800, 300, 100))
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(worker, range(8)))
-    threaded = (n // 8 * 8) / (time.perf_counter() - start)
-    print(f"usage inserts (settle: usage row + rollup upsert): {plain:8.0f} calls/s (1 thread)")
-    print(f"usage inserts, 8 threads:                          {threaded:8.0f} calls/s")
-    print(f"reserve + settle with 2 budgets (row-locked):      {budgeted:8.0f} calls/s")
+    budgeted = _threaded(1, n, reserve_settle)
+    budgeted8 = _threaded(8, n, reserve_settle)
+    ok_settle, ok_budgeted = threaded >= SETTLE_TARGET, budgeted8 >= RESERVE_SETTLE_TARGET
+    print(f"settle (usage row + rollup), 1 thread:             {plain:8.0f} calls/s")
+    print(f"settle, 8 threads:                                 {threaded:8.0f} calls/s "
+          f"(target >= {SETTLE_TARGET}: {'PASS' if ok_settle else 'FAIL'})")
+    print(f"reserve + settle, company + department budget, 1 thread: {budgeted:8.0f} calls/s")
+    print(f"reserve + settle, company + department budget, 8 threads: {budgeted8:8.0f} calls/s "
+          f"(target >= {RESERVE_SETTLE_TARGET}: {'PASS' if ok_budgeted else 'FAIL'})")
+    with db.session() as session:  # the figures add up: every call's cost is in the budgets
+        spent = session.scalar(sa.select(sa.func.sum(BudgetPeriod.spent)))
+        reserved = session.scalar(sa.select(sa.func.sum(BudgetPeriod.reserved)))
+        charged = session.scalar(sa.select(sa.func.sum(UsageRecord.cost))
+                                 .where(UsageRecord.id > before))
+    consistent = reserved == 0 and spent == 2 * charged
+    print(f"budget rows after the runs: reserved {reserved}, spent {spent} = 2 x usage "
+          f"{charged}: {'PASS' if consistent else 'FAIL'}")
+    return ok_settle and ok_budgeted and consistent
 
 
 def bulk_load(url: str, rows: int) -> None:
@@ -175,6 +213,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--inserts", type=int, default=2000)
+    parser.add_argument("--accounting-only", action="store_true",
+                        help="only the settle and reserve + settle figures (no 1M-row load)")
     args = parser.parse_args()
 
     name = f"bench_data_{uuid.uuid4().hex[:10]}"
@@ -185,7 +225,10 @@ def main() -> None:
     try:
         migrate.upgrade(url)
         db = Database(url)
-        bench_inserts(db, args.inserts)
+        passed = bench_inserts(db, args.inserts)
+        if args.accounting_only:
+            db.dispose()
+            sys.exit(0 if passed else 1)
         with db.engine.begin() as conn:  # start the big load from empty usage tables
             conn.execute(sa.text("TRUNCATE usage_records, usage_daily"))
         bulk_load(url.replace("postgresql+psycopg", "postgresql"), args.rows)
@@ -195,6 +238,7 @@ def main() -> None:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+    sys.exit(0 if passed else 1)
 
 
 if __name__ == "__main__":

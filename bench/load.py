@@ -12,6 +12,7 @@ gunicorn (master and workers together) and of the worker is sampled.
     python -m bench.load [--users 200] [--duration 300] [--interval 10] [--model-delay-ms 200]
                          [--worker-nice 10] [--nice-ab N --phase-s 10]
                          [--redis single|cluster] [--broker redis|rabbitmq]
+                         [--backend stub|engine]
 
 Prints a summary and a verdict per target: every message answered exactly once (the emulator
 counts deliveries, duplicates are looked for per user), ack p99 below 100 ms, web and worker
@@ -22,6 +23,14 @@ seconds each part used (2 cores are shared: figures are noisy, compare within on
 for are served first (docs/deploy.md has the measurement). ``--redis cluster`` puts the state on a
 Redis Cluster of six local redis-server processes (tests/support/redis_cluster.py), Celery then on
 a private plain Redis unless ``--broker rabbitmq`` (the machine's RabbitMQ, a vhost of the run's).
+The CPU is printed per part in seconds and per message (web: per callback; worker: per answered
+message; the worker's target is at most ``WORKER_CPU_TARGET_MS`` with the stub model).
+
+``--backend engine`` answers with the bundled demo model instead of the stub (``python -m
+inference serve --model models/demo``, as ``make run`` serves it, on a port of the run's; the
+worker reaches it over its OpenAI-compatible API, as under ``make run``); its defaults are a
+small load (``ENGINE_USERS`` employees for ``ENGINE_DURATION_S``), the engine's CPU is printed
+too, and the answer's time is the model's own.
 """
 
 from __future__ import annotations
@@ -33,9 +42,12 @@ import math
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from datetime import UTC
 from pathlib import Path
 
@@ -45,12 +57,16 @@ from emulator.directory import Directory
 from tests.support.rabbitmq import rabbitmq_vhost
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.servers import PrivateRedis
-from tests.support.stack import Stack, wait_for
+from tests.support.stack import Stack, free_port, terminate_group, wait_for
 
 SAMPLE_EVERY_S = 5.0
 WARMUP_S = 60.0
 GROWTH_LIMIT_MIB_PER_MIN = 1.0
 ACK_P99_TARGET_MS = 100.0
+WORKER_CPU_TARGET_MS = 10.0  # worker CPU per message with the stub model (issue #23)
+ANSWER_OVER_MODEL_MS = 150.0  # answer p50 at most the stub model's delay plus this
+ENGINE_USERS, ENGINE_DURATION_S = 10, 60.0
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "models" / "demo"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -221,8 +237,10 @@ def _epoch(moment) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--users", type=int, default=200)
-    parser.add_argument("--duration", type=float, default=300.0, help="seconds of sending")
+    parser.add_argument("--users", type=int, default=None,
+                        help=f"employees (default 200; {ENGINE_USERS} with --backend engine)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help=f"seconds of sending (default 300; {ENGINE_DURATION_S:.0f} with --backend engine)")
     parser.add_argument("--interval", type=float, default=10.0, help="mean think time per employee (s)")
     parser.add_argument("--model-delay-ms", type=float, default=200.0)
     parser.add_argument("--worker-concurrency", type=int, default=16)
@@ -237,7 +255,15 @@ def main() -> None:
                         help="the state on a private redis-server or a local Redis Cluster")
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis",
                         help="Celery on Redis or on the machine's RabbitMQ")
+    parser.add_argument("--backend", choices=("stub", "engine"), default="stub",
+                        help="the stub model (answers after --model-delay-ms) or the bundled demo "
+                             "model served by the engine")
     args = parser.parse_args()
+    engine = args.backend == "engine"
+    if args.users is None:
+        args.users = ENGINE_USERS if engine else 200
+    if args.duration is None:
+        args.duration = ENGINE_DURATION_S if engine else 300.0
     logging.basicConfig(level=logging.WARNING)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-load-"))
@@ -253,6 +279,13 @@ def main() -> None:
             env["CELERY_BROKER_URL"] = redis_server.url(0)
         if args.broker == "rabbitmq":
             env["CELERY_BROKER_URL"] = servers.enter_context(rabbitmq_vhost())
+        engine_proc = None
+        if engine:
+            engine_proc, engine_url = start_engine(tmp)
+            servers.callback(terminate_group, engine_proc)
+            # as make run (scripts/run_stack.py): the worker asks the engine's /v1
+            env.update({"OPENAI_BASE_URL": engine_url, "OPENAI_MODEL": DEMO_MODEL.name,
+                        "OPENAI_REPLY_START": "answer", "TEMPERATURE": "0"})
         stack = Stack(tmp, db_kind="postgres", redis_url=state_url,
                       model_delay_s=args.model_delay_ms / 1000,
                       worker_concurrency=args.worker_concurrency, directory=employees(args.users),
@@ -261,21 +294,45 @@ def main() -> None:
                                  "SWEEP_INTERVAL_S": "10", "SWEEP_QUEUED_AFTER_S": "30",
                                  "CLAIM_LEASE_S": "30", **env})
         stack.emulator.state.config.max_items = 10**6
-        print(f"starting the stack in {tmp} (state: {args.redis} Redis, broker: {args.broker}) ...",
-              flush=True)
+        print(f"starting the stack in {tmp} (state: {args.redis} Redis, broker: {args.broker}, "
+              f"model: {args.backend}) ...", flush=True)
         stack.start()
         try:
-            run(stack, args)
+            run(stack, args, engine_proc)
         finally:
             stack.stop()
 
 
-def run(stack: Stack, args) -> None:
+def start_engine(tmp: Path) -> tuple[subprocess.Popen, str]:
+    """The demo model behind the engine's OpenAI-compatible server; (process, its /v1 URL)."""
+    port = free_port()
+    log = open(tmp / "engine.log", "ab")  # noqa: SIM115 - the process owns it
+    proc = subprocess.Popen([sys.executable, "-m", "inference", "serve", "--model", str(DEMO_MODEL),
+                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    print(f"loading the demo model (engine on port {port}, log {tmp / 'engine.log'}) ...", flush=True)
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the engine exited ({proc.returncode}): see {tmp / 'engine.log'}")
+        with (contextlib.suppress(OSError),
+              urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp):
+            return resp.status == 200
+        return False
+
+    wait_for(healthy, timeout=300, interval=1.0, what="the engine")
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def run(stack: Stack, args, engine_proc: subprocess.Popen | None = None) -> None:
     users = [u["userid"] for u in stack.emulator.state.directory.users]
     acks: list[tuple[float, float]] = []
     lock = threading.Lock()
     parts = {"web": stack.procs["web"].pid, "worker": stack.procs["worker"].pid}
-    cpu_before = {name: cpu_seconds(pid) for name, pid in parts.items()}
+    cpu_parts = dict(parts)
+    if engine_proc is not None:
+        cpu_parts["engine"] = engine_proc.pid
+    cpu_before = {name: cpu_seconds(pid) for name, pid in cpu_parts.items()}
     bench_before = sum(os.times()[:2])
     started = time.monotonic()
     until = started + args.duration
@@ -312,7 +369,7 @@ def run(stack: Stack, args) -> None:
         print(f"WARNING: {exc}")
     drained_s = time.monotonic() - last_sent
     time.sleep(2)
-    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in parts.items()}
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in cpu_parts.items()}
     cpu["bench (emulator, employees, model)"] = sum(os.times()[:2]) - bench_before
     counts, answer_ms = answer_latencies(stack.db.url)
     answered_texts: dict[str, list[str]] = {}
@@ -341,8 +398,10 @@ def report(args, sent, errors, delivered, duplicates, counts, acks, answer_ms, s
            drained_s) -> None:
     verdicts = {}
     print()
+    model = (f"stub model {args.model_delay_ms:.0f} ms" if args.backend == "stub"
+             else f"demo model on the engine ({DEMO_MODEL.name})")
     print(f"load: {args.users} employees, {args.duration:.0f}s, think time ~{args.interval:.0f}s, "
-          f"model {args.model_delay_ms:.0f} ms, worker nice {args.worker_nice}, "
+          f"{model}, worker nice {args.worker_nice}, "
           f"{os.cpu_count()} CPUs (shared: figures are noisy)")
     print(f"  messages sent {sent} ({sent / args.duration:.1f}/s), failed first attempts {errors}, "
           f"rows {dict(sorted(counts.items()))}")
@@ -364,8 +423,21 @@ def report(args, sent, errors, delivered, duplicates, counts, acks, answer_ms, s
             f"{trend['from_s']:.0f}s {trend['slope']:+.2f} MiB/min "
             f"(limit {GROWTH_LIMIT_MIB_PER_MIN:.0f})")
     print(f"  answer ms (accepted -> answered): p50 {pct(answer_ms, 0.5):.0f}  "
-          f"p99 {pct(answer_ms, 0.99):.0f}")
-    print("  CPU s: " + ", ".join(f"{name} {seconds:.0f}" for name, seconds in cpu.items()))
+          f"p90 {pct(answer_ms, 0.9):.0f}  p99 {pct(answer_ms, 0.99):.0f}  "
+          f"max {max(answer_ms, default=0):.0f} over {len(answer_ms)} answers")
+    print("  CPU s: " + ", ".join(f"{name} {seconds:.1f}" for name, seconds in cpu.items()))
+    callbacks, answered = max(len(acks), 1), max(counts.get("answered", 0), 1)
+    web_ms, worker_ms = cpu["web"] / callbacks * 1e3, cpu["worker"] / answered * 1e3
+    print(f"  CPU ms per message: web {web_ms:.2f} per callback, worker {worker_ms:.2f} per "
+          f"answered message" + ("".join(f", {name} {cpu[name] / answered * 1e3:.1f}"
+                                         for name in cpu if name not in ("web", "worker"))))
+    if args.backend == "stub":
+        verdicts[f"worker CPU <= {WORKER_CPU_TARGET_MS:.0f} ms/message"] = (
+            worker_ms <= WORKER_CPU_TARGET_MS, f"{worker_ms:.2f} ms per answered message")
+        budget = args.model_delay_ms + ANSWER_OVER_MODEL_MS
+        verdicts[f"answer p50 within {ANSWER_OVER_MODEL_MS:.0f} ms of the model's"] = (
+            pct(answer_ms, 0.5) <= budget,
+            f"p50 {pct(answer_ms, 0.5):.0f} ms, model {args.model_delay_ms:.0f} ms")
     width = max(len(name) for name in verdicts)
     for name, (passed, detail) in verdicts.items():
         print(f"  {name:<{width}}  {'PASS' if passed else 'FAIL'}  {detail}")

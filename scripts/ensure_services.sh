@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start Redis (and PostgreSQL and RabbitMQ, when installed) if nothing listens on their ports yet.
+# Start Redis and PostgreSQL (and RabbitMQ, when installed) if nothing listens on their ports yet;
+# fail when Redis or PostgreSQL is still not there (TESTS_WITHOUT_POSTGRES=1: PostgreSQL may be absent).
 set -u
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -18,6 +19,13 @@ if ! listening 5432 && [ -d /etc/postgresql ] && command -v pg_ctlcluster >/dev/
   echo "starting PostgreSQL"
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
   for _ in $(seq 50); do listening 5432 && break; sleep 0.2; done
+fi
+# The PostgreSQL variants of the tests fail without it (tests/support/postgres.py): say so here,
+# unless they are left out on purpose.
+if ! listening 5432 && [ "${TESTS_WITHOUT_POSTGRES:-}" != 1 ]; then
+  echo "PostgreSQL is not running on 127.0.0.1:5432 and could not be started" \
+       "(set TESTS_WITHOUT_POSTGRES=1 to run the tests without it)" >&2
+  exit 1
 fi
 if ! listening 5672 && command -v rabbitmq-server >/dev/null; then
   echo "starting RabbitMQ"

@@ -105,7 +105,7 @@ class MessageSend:
             except WeComAPIError as exc:
                 raise PermanentFailure(f"wecom: errcode {exc.errcode}", notify=False) from exc
             if index + 1 < len(chunks):
-                with processor.services.db.session() as session:
+                with processor.services.db.single_statement() as session:
                     if not rows.save_progress(session, row.id, owner, chunks_sent=index + 1):
                         raise LeaseLost()
             row.chunks_sent = index + 1

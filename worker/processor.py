@@ -64,6 +64,10 @@ class Outcome:
     status: str
     countdown: float = 0.0
     reason: str = ""
+    # The user's next queued message, when the finish read it (``next_read``): the drain then
+    # needs no read of its own.
+    next_id: int | None = None
+    next_read: bool = False
 
     @property
     def retry(self) -> bool:
@@ -71,6 +75,7 @@ class Outcome:
 
 
 DONE = Outcome("done")
+_UNREAD = object()  # the finish did not read the user's next message
 
 
 def _observe_finished(row, status: str) -> None:
@@ -163,7 +168,7 @@ class LeaseKeeper:
 
     def renew(self):
         try:
-            with self.services.db.session() as session:
+            with self.services.db.single_statement() as session:
                 if not rows.renew_lease(session, self.message_id, self.owner, self.lease_s):
                     self.lost.set()
         except Exception:  # noqa: BLE001 - a failed renewal is retried next period
@@ -203,18 +208,22 @@ class MessageProcessor:
         outcome = self._process_one(message_id, claimed)
         if outcome.status != "done" or outcome.reason == "not-ours":
             return outcome
-        self._drain_after(message_id, claimed[0].user_hash)
+        self._drain_after(message_id, claimed[0].user_hash, outcome)
         return outcome
 
-    def _drain_after(self, message_id: int, user_hash: str) -> None:
+    def _drain_after(self, message_id: int, user_hash: str, outcome: Outcome) -> None:
         """Answer the user's next queued messages now, in order, while we are here."""
         current = message_id
         for _ in range(MAX_DRAIN):
-            with self.services.db.reader() as session:  # the claim below decides, in a write
-                nxt = rows.next_pending_of_user(session, user_hash, current)
+            if outcome.next_read:  # the finish's statement read it
+                nxt = outcome.next_id
+            else:
+                with self.services.db.reader() as session:  # the claim below decides, in a write
+                    nxt = rows.next_pending_of_user(session, user_hash, current)
             if nxt is None:
                 return
-            if self._process_one(nxt).status != "done":
+            outcome = self._process_one(nxt)
+            if outcome.status != "done":
                 return  # its own task (or the sweeper) takes it from here
             current = nxt
 
@@ -222,20 +231,19 @@ class MessageProcessor:
         """``claimed``: gets the claimed row (its user's next messages follow without a read)."""
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         lease_s = self.settings.claim_lease_s
-        with self.services.db.session() as session:
+        with self.services.db.single_statement() as session:
             claim = rows.claim(session, message_id, owner, lease_s)
             if claim.result != ClaimResult.CLAIMED:
                 return self._not_claimed(message_id, claim)
-            row = claim.row
-            session.expunge(row)
+            row = claim.row  # a plain record of its columns (rows.ClaimedRow), no session's
         if claimed is not None:
             claimed.append(row)
 
         with (request_context(row.request_id),
               LeaseKeeper(self.services, message_id, owner, lease_s) as lease):
             try:
-                self._work(row, owner, lease)
-                return DONE
+                after = self._work(row, owner, lease)
+                return DONE if after is _UNREAD else Outcome("done", next_id=after, next_read=True)
             except LeaseLost:
                 log.warning("lease lost, another worker continues message_id=%s", message_id)
                 return Outcome("done", reason="not-ours")
@@ -253,13 +261,14 @@ class MessageProcessor:
         return Outcome("wait", countdown=max(claim.retry_after_s, 0.2), reason=claim.result)
 
     # -- the work ------------------------------------------------------------------------------
-    def _work(self, row, owner: str, lease: LeaseKeeper) -> None:
+    def _work(self, row, owner: str, lease: LeaseKeeper):
+        """The user's next queued message as the finish read it (an id or None), or ``_UNREAD``."""
         cipher = self.services.cipher
         user_id = cipher.decrypt(row.user_enc, TABLE, "user_enc", row.id)
         with sensitive(user_id):
-            self._work_as_user(row, owner, lease, user_id)
+            return self._work_as_user(row, owner, lease, user_id)
 
-    def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str) -> None:
+    def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str):
         cipher = self.services.cipher
         channel = delivery.for_row(self, row)
         if row.reply_enc is None and channel.expired():
@@ -271,11 +280,10 @@ class MessageProcessor:
             if not reply.sends:
                 channel.nothing()
                 values = {"failure_reason": reply.reason} if reply.reason else {}
-                self._finish(row, owner, reply.status, **values)
-                return
+                return self._finish(row, owner, reply.status, then_next=True, **values)
             chunks = self._chunks(row, reply.kind, reply.text)
             lease.check()
-            with self.services.db.session() as session:
+            with self.services.db.single_statement() as session:
                 stored = rows.save_progress(
                     session, row.id, owner,
                     reply_enc=cipher.encrypt(reply.text, TABLE, "reply_enc", row.id),
@@ -293,15 +301,17 @@ class MessageProcessor:
 
         finish_values = channel.deliver(row, owner, user_id, reply.kind, chunks, lease)
         if reply.status == MessageStatus.RATE_LIMITED:
-            self._finish(row, owner, MessageStatus.RATE_LIMITED, **finish_values,
-                         failure_reason=f"rate limited: over {self.user_limit.describe()}")
+            # A stream the callback closed at the deadline says so (its reason wins the column).
+            values = {"failure_reason": f"rate limited: over {self.user_limit.describe()}", **finish_values}
+            self._finish(row, owner, MessageStatus.RATE_LIMITED, **values)
             self.meter.audit_reply(row, EventType.REPLY_SENT, "rate_limited", chunks=len(chunks),
                                    channel=row.channel)
-            return
-        self._finish(row, owner, MessageStatus.ANSWERED, **finish_values)
+            return _UNREAD
+        after = self._finish(row, owner, MessageStatus.ANSWERED, then_next=True, **finish_values)
         self.meter.audit_reply(row, EventType.REPLY_SENT, "sent", chunks=len(chunks), kind=reply.kind,
                                channel=row.channel)
         channel.delivered(row, user_id)
+        return after
 
     def _limited(self, row) -> Reply | None:
         """The polite notice (first time in the window), silence after it, None within the limit.
@@ -433,11 +443,19 @@ class MessageProcessor:
         return Reply(reply, usage=usage)
 
     # -- endings -------------------------------------------------------------------------------
-    def _finish(self, row, owner: str, status: str, **values) -> None:
-        with self.services.db.session() as session:
-            if not rows.finish(session, row.id, owner, status, **values):
+    def _finish(self, row, owner: str, status: str, then_next: bool = False, **values):
+        """``then_next``: the same statement reads the user's next queued message; its id (or
+        None) is returned, else ``_UNREAD``."""
+        with self.services.db.single_statement() as session:
+            if then_next:
+                finished, after = rows.finish_then_next(session, row.id, owner, status, row.user_hash,
+                                                        **values)
+            else:
+                finished, after = rows.finish(session, row.id, owner, status, **values), _UNREAD
+            if not finished:
                 raise LeaseLost()
         _observe_finished(row, status)
+        return after
 
     def _transient(self, row, owner: str, failure: TransientFailure) -> Outcome:
         reason = str(failure)
@@ -451,7 +469,7 @@ class MessageProcessor:
         # rows older than SWEEP_QUEUED_AFTER_S, must not bring it back before that (a rate
         # limit's wait is longer than its 60 s); it stays the backstop if the retry is lost.
         due = rows.utcnow() + timedelta(seconds=countdown)
-        with self.services.db.session() as session:
+        with self.services.db.single_statement() as session:
             rows.finish(session, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
                           enqueued_at=due)
         log.info("transient failure%s, retry in %.1fs message_id=%s attempt=%s",
@@ -462,7 +480,7 @@ class MessageProcessor:
     def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
         log.warning("message failed message_id=%s reason=%s", row.id, reason)
         delivery.for_row(self, row).failed(row, FAILURE_NOTICE if notify else None)
-        with self.services.db.session() as session:
+        with self.services.db.single_statement() as session:
             rows.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)
         self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])

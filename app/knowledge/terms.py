@@ -22,7 +22,7 @@ from collections import Counter
 
 # Part of every document's content hash: a change to how terms are made re-indexes a document on
 # its next upload (``make run``'s handbook); ``kb reindex`` does every document at once.
-INDEX_VERSION = "3"
+INDEX_VERSION = "4"
 _JIEBA_LOCK = threading.Lock()
 _jieba = None
 
@@ -45,6 +45,11 @@ just also still really ok hi hello thanks if than then so but not no yes up out 
 大概 哪里 哪儿 哪些 多久 多长 几个 啥 咋 咋办 怎么弄 为啥 呀 哦 嗯 吧 得 地 着 过 再 才 该 最 很
 """
 STOPWORDS = frozenset(STOPWORDS_TEXT.split())
+# A question word with its measure ("几次", "几点", "多长时间", "哪天", "多少钱"): removed before
+# segmenting, so neither it nor the pieces jieba's search mode cuts from it ("时间" of
+# "多长时间") count as something the passage must hold; the number asked for is the answer.
+INTERROGATIVE = re.compile(
+    r"(?:几|多少|多长|多久|多大|多远|哪)(?:个|次|点|天|号|日|分钟|分|小时|时间|年|月|周|晚|位|种|条|趟|岁|钱|块|元|里)?")
 MODALS = frozenset("能可会要想该得")
 
 
@@ -91,7 +96,7 @@ def terms(text: str) -> list[str]:
     (marked with a leading "~"): jieba cuts the same words differently in different contexts
     ("年假" alone, but "年/假" inside "休几天假"), and bigrams still match then.
     """
-    lowered = text.lower()
+    lowered = INTERROGATIVE.sub(" ", text.lower())
     out: list[str] = []
     for piece in _segmenter().cut_for_search(lowered):
         piece = piece.strip()

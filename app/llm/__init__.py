@@ -20,6 +20,7 @@ from typing import Protocol
 
 import requests
 
+from app.http_session import session_for
 from inference.reasoning import ReasoningSplitter
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class OpenAIBackend:
         self.model_name = model
         self.timeout = (3.05, timeout_s)
         self.retries = retries
-        self.session = session or requests.Session()
+        self.session = session or session_for(self.base_url)
         self.reply_start = reply_start
         self.headers = {"Content-Type": "application/json"}
         if api_key:

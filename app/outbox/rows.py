@@ -13,10 +13,11 @@ import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 from sqlalchemy import and_, bindparam, exists, or_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from app.db import utcnow
 from app.models import InboundMessage, MessageStatus
@@ -204,7 +205,7 @@ class ClaimResult:
 @dataclass
 class Claim:
     result: str
-    row: InboundMessage | None = None
+    row: ClaimedRow | None = None  # the claimed row (CLAIMED only)
     retry_after_s: float = 0.0
 
 
@@ -212,49 +213,65 @@ class Claim:
 def _claim_statement():
     """The claim's UPDATE, built once: the row is queued (or its lease ran out) and no earlier
     message of the same user is still pending. Made per call, its aliased subquery and
-    expressions cost the worker more CPU than the database spent running it."""
-    earlier = aliased(InboundMessage)
+    expressions cost the worker more CPU than the database spent running it. A Core statement
+    returning the columns: loading an ORM object from it cost about as much again."""
+    table = InboundMessage.__table__
+    earlier = table.alias("earlier")
     pending_before = exists().where(
-        earlier.user_hash == InboundMessage.user_hash,
-        earlier.id < InboundMessage.id,
-        earlier.status.in_(MessageStatus.PENDING),
+        earlier.c.user_hash == table.c.user_hash,
+        earlier.c.id < table.c.id,
+        earlier.c.status.in_(MessageStatus.PENDING),
     )
-    now = bindparam("now", type_=InboundMessage.updated_at.type)
+    now = bindparam("now", type_=table.c.updated_at.type)
     claimable = or_(
-        InboundMessage.status == MessageStatus.QUEUED,
-        and_(InboundMessage.status == MessageStatus.PROCESSING,
-             or_(InboundMessage.lease_until.is_(None), InboundMessage.lease_until < now)),
+        table.c.status == MessageStatus.QUEUED,
+        and_(table.c.status == MessageStatus.PROCESSING,
+             or_(table.c.lease_until.is_(None), table.c.lease_until < now)),
     )
     return (
-        update(InboundMessage)
-        .where(InboundMessage.id == bindparam("message_id"), claimable, ~pending_before)
+        update(table)
+        .where(table.c.id == bindparam("message_id"), claimable, ~pending_before)
         .values(status=MessageStatus.PROCESSING, lease_owner=bindparam("owner"),
-                lease_until=bindparam("until", type_=InboundMessage.lease_until.type),
-                attempts=InboundMessage.attempts + 1, updated_at=now)
-        .returning(InboundMessage)
-        .execution_options(synchronize_session=False, populate_existing=True)
+                lease_until=bindparam("until", type_=table.c.lease_until.type),
+                attempts=table.c.attempts + 1, updated_at=now)
+        .returning(*table.c)
     )
+
+
+class ClaimedRow(SimpleNamespace):
+    """The claimed row: ``InboundMessage``'s columns as attributes, read and updated in memory by
+    the worker (its writes go through ``save_progress``/``finish``), never an ORM object."""
 
 
 def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
     """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
     now = utcnow()
+    connection = session.connection()  # Core: the statement's result needs no ORM loading
     # RETURNING hands back the claimed row with the UPDATE: no second statement, and on SQLite
     # no second write transaction (a read after the commit began one, with its writer turn).
-    claimed = session.scalars(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
-                                                   "until": now + timedelta(seconds=lease_s)}).one_or_none()
+    claimed = connection.execute(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
+                                                      "until": now + timedelta(seconds=lease_s)}).mappings().first()
     if claimed is not None:
         session.commit()
-        return Claim(ClaimResult.CLAIMED, claimed)
-    row = session.get(InboundMessage, message_id, populate_existing=True)  # why not: same transaction
+        return Claim(ClaimResult.CLAIMED, ClaimedRow(**claimed))
+    # Why not: the two columns that say, not the whole row as an ORM object (a drained message's
+    # own task lands here, so this is about every other claim after a burst).
+    row = connection.execute(_why_not_statement(), {"message_id": message_id}).first()
     session.commit()
     if row is None:
         return Claim(ClaimResult.MISSING)
-    if row.status in MessageStatus.FINAL:
-        return Claim(ClaimResult.DONE, row)
-    if row.status == MessageStatus.PROCESSING and row.lease_until and row.lease_until >= now:
-        return Claim(ClaimResult.LEASED, row, (row.lease_until - now).total_seconds() + 0.2)
-    return Claim(ClaimResult.WAIT_EARLIER, row, 0.5)
+    status, lease_until = row
+    if status in MessageStatus.FINAL:
+        return Claim(ClaimResult.DONE)
+    if status == MessageStatus.PROCESSING and lease_until and lease_until >= now:
+        return Claim(ClaimResult.LEASED, retry_after_s=(lease_until - now).total_seconds() + 0.2)
+    return Claim(ClaimResult.WAIT_EARLIER, retry_after_s=0.5)
+
+
+@functools.cache
+def _why_not_statement():
+    table = InboundMessage.__table__
+    return select(table.c.status, table.c.lease_until).where(table.c.id == bindparam("message_id"))
 
 
 def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -> bool:
@@ -272,16 +289,25 @@ def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -
 
 
 @functools.cache
-def _leased_update(columns: tuple[str, ...]):
+def _leased_update(columns: tuple[str, ...], with_next: bool = False):
     """``UPDATE`` of our leased row (id, owner, still processing) setting ``columns``, built once
-    per column set with every value a parameter (``v_<column>``)."""
+    per column set with every value a parameter (``v_<column>``). ``with_next``: it also returns
+    the id of the user's next queued message (``next_pending_of_user``'s query, as a subquery)."""
     table = InboundMessage.__table__  # a Core statement: the ORM's bulk-update path cost more
-    return (
+    statement = (
         update(table)
         .where(table.c.id == bindparam("message_id"), table.c.lease_owner == bindparam("owner"),
                table.c.status == MessageStatus.PROCESSING)
         .values({name: bindparam(f"v_{name}", type_=table.c[name].type) for name in columns})
     )
+    if with_next:
+        later = table.alias("later")
+        statement = statement.returning(
+            select(later.c.id)
+            .where(later.c.user_hash == bindparam("next_user"), later.c.id > bindparam("message_id"),
+                   later.c.status == MessageStatus.QUEUED)
+            .order_by(later.c.id).limit(1).scalar_subquery())
+    return statement
 
 
 def _update_leased(session: Session, message_id: int, owner: str, values: dict) -> bool:
@@ -292,13 +318,32 @@ def _update_leased(session: Session, message_id: int, owner: str, values: dict) 
     return result.rowcount == 1
 
 
-def finish(session: Session, message_id: int, owner: str, status: str, **values) -> bool:
-    """Move our claimed row to a final status (or back to ``queued``) and drop the lease."""
+def _finish_values(status: str, values: dict) -> dict:
     now = utcnow()
     if status == MessageStatus.ANSWERED:
         values.setdefault("answered_at", now)
-    return _update_leased(session, message_id, owner,
-                          {"status": status, "lease_owner": None, "lease_until": None, "updated_at": now, **values})
+    return {"status": status, "lease_owner": None, "lease_until": None, "updated_at": now, **values}
+
+
+def finish(session: Session, message_id: int, owner: str, status: str, **values) -> bool:
+    """Move our claimed row to a final status (or back to ``queued``) and drop the lease."""
+    return _update_leased(session, message_id, owner, _finish_values(status, values))
+
+
+def finish_then_next(session: Session, message_id: int, owner: str, status: str, user_hash_value: str,
+                     **values) -> tuple[bool, int | None]:
+    """``finish``, and in the same statement the user's next queued message after this one (what
+    ``next_pending_of_user`` reads): (finished, its id or None). One round trip and one
+    transaction fewer for the worker's drain (``worker.processor``) than reading it after."""
+    values = _finish_values(status, values)
+    columns = tuple(sorted(values))
+    params = {"message_id": message_id, "owner": owner, "next_user": user_hash_value,
+              **{f"v_{k}": v for k, v in values.items()}}
+    returned = session.execute(_leased_update(columns, with_next=True), params).all()
+    session.commit()
+    if not returned:
+        return False, None
+    return True, returned[0][0]
 
 
 def save_progress(session: Session, message_id: int, owner: str, **values) -> bool:

@@ -36,6 +36,7 @@ from urllib.parse import unquote
 import requests
 from redis.exceptions import RedisError
 
+from app.http_session import session_for
 from app.wecom.exceptions import (
     TOKEN_ERRCODES,
     InvalidUserError,
@@ -130,7 +131,7 @@ class WeComClient:
         self.agent_id = int(agent_id)
         self.api_base = api_base.rstrip("/")
         self.redis = redis
-        self.session = session or requests.Session()
+        self.session = session or session_for(self.api_base)
         self.timeout = timeout
         self.token_refresh_margin = token_refresh_margin
         # One token per app: the key names the app (never the secret, which may rotate).

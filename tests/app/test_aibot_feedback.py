@@ -20,6 +20,7 @@ from sqlalchemy import select
 from app import create_app, feedback
 from app.llm import Generation, StreamDelta
 from app.models import AnswerRating, FeedbackComment, InboundMessage, MessageStatus
+from app.services import Services
 from app.wecom import aibot
 from tests.app.test_feedback_path import feedback_events
 from tests.worker.test_processor_data import USER_ID, FakeWeCom, ids_of
@@ -191,6 +192,36 @@ def test_foreign_unknown_and_malformed_ratings_store_nothing_and_never_fail(app,
     assert "not recorded" in logged and "unknown feedback id" in logged
     assert "not this employee's" in logged and "not a model answer" in logged
     assert "result=not_rated" in logged
+
+
+def test_the_rate_limit_notice_for_a_stream_closed_at_the_deadline_is_recorded(services, db, monkeypatch):
+    """Over the limit, the notice is due; meanwhile the callback closed the stream at WeCom's
+    deadline: the row is rate_limited with the stream's reason, not a crash of the task."""
+    limited = Services(services.settings.model_copy(update={"wecom_user_rate_limit": "1/min"}), db)
+    app = create_app(services=limited)
+    monkeypatch.setattr(limited.publisher, "send", lambda *a, **k: None)
+    monkeypatch.setattr(limited.publisher, "send_many", lambda *a, **k: None)
+    client = app.test_client()
+    post_aibot(client, limited, question("bot-limit-1"))
+    _, second = post_aibot(client, limited, question("bot-limit-2"))
+    first_id, second_id = ids_of(limited)
+    processor = processor_for(limited)
+    stream_id, check = second["stream"]["id"], processor.user_limit.check
+
+    def over_and_closed(user_hash, message_id):
+        decision = check(user_hash, message_id)
+        if message_id == second_id:  # the callback, at the deadline, gives up on this one
+            state = limited.streams.get(stream_id)
+            assert limited.streams.write(stream_id, state.message_id, state.started, "timed out", True)
+        return decision
+
+    monkeypatch.setattr(processor.user_limit, "check", over_and_closed)
+    processor.process(first_id)  # answers it, then the same employee's next message
+    with limited.db.session() as session:
+        rows = {r.id: (r.status, r.failure_reason) for r in session.scalars(select(InboundMessage))}
+    assert rows[first_id] == (MessageStatus.ANSWERED, None)
+    assert rows[second_id] == (MessageStatus.RATE_LIMITED, "aibot: stream closed by the callback at the deadline")
+    assert limited.streams.get(stream_id).text == "timed out"  # the callback's words stay
 
 
 def test_migration_0011_adds_the_reasons_and_is_reversible(database_url):

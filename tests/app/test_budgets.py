@@ -118,6 +118,84 @@ def test_concurrent_requests_overspend_by_at_most_one_worst_case(services, accou
     assert sorted(a.threshold for a in accounting.raised) == [50, 80, 100]
 
 
+@pytest.mark.parametrize("seed_tokens", [99_000, 90_000])
+def test_50_requests_at_the_edge_of_a_company_and_a_department_budget(services, accounting,
+                                                                      seed_tokens):
+    """50 requests at once against a company-wide and a department budget, through two
+    ``Accounting`` objects (two group-commit writers, as two worker processes have): each budget
+    ends at most one request's worst case over its limit, nothing stays reserved, and the
+    budgets' spend is exactly the usage rows' cost. Seeded 0.99 of the department's 1.00 only
+    the first is admitted; seeded 0.90, four are (0.90, 0.925, 0.95, 0.975 < 1)."""
+    worst = Decimal("0.025000")
+    with services.db.transaction() as session:
+        department = set_budget(session, "department", "d1", "day", "1").id
+        company = set_budget(session, "global", "", "month", "1.5").id
+    accounting.settle(None, Usage("seed", "d1", "glm-4", seed_tokens, 0))
+    other = Accounting(services.db, TZ, audit=services.audit)
+    barrier = threading.Barrier(50)
+
+    def one(i):
+        acc = accounting if i % 2 else other
+        barrier.wait()
+        admission = acc.reserve(f"u{i}", "d1", "glm-4", 1000, 500)
+        if admission.allowed:
+            acc.settle(admission, usage(user=f"u{i}"))  # the worst case really happens
+        else:
+            assert admission.blocked_by.id == department
+        return admission.allowed
+
+    with ThreadPoolExecutor(50) as pool:
+        admitted = sum(pool.map(one, range(50)))
+    with services.db.session() as session:
+        rows = {r.budget_id: r for r in session.scalars(select(BudgetPeriod))}
+        charged = session.scalar(select(func.sum(UsageRecord.cost)))
+        left = session.scalar(select(func.count()).select_from(BudgetReservation))
+    assert admitted == (1 if seed_tokens == 99_000 else 4)
+    assert rows[department].spent <= Decimal(1) + worst
+    assert rows[department].spent == rows[company].spent == charged
+    assert rows[department].reserved == rows[company].reserved == 0 and left == 0
+
+
+def test_a_call_that_fails_in_a_batch_fails_alone(services, accounting):
+    """Calls written together that include one the database refuses (a message id beyond
+    BIGINT): that one raises, every other is recorded and charged."""
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "100")
+    barrier = threading.Barrier(8)
+
+    def one(i):
+        admission = accounting.reserve(f"u{i}", "d1", "glm-4", 1000, 500)
+        call = usage(user=f"u{i}")
+        call.message_id = 2**70 if i == 3 else i
+        barrier.wait()
+        try:
+            accounting.settle(admission, call)
+        except Exception:  # noqa: BLE001 - the one refused
+            return False
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(one, range(8)))
+    assert outcomes == [i != 3 for i in range(8)]
+    with services.db.session() as session:
+        ids = sorted(session.scalars(select(UsageRecord.message_id)))
+        row = session.scalars(select(BudgetPeriod)).one()
+        left = session.scalar(select(func.count()).select_from(BudgetReservation))
+    assert ids == [0, 1, 2, 4, 5, 6, 7]
+    # The refused call's reservation stays (charged its worst case when it expires).
+    assert row.spent == 7 * Decimal("0.025000") and row.reserved == Decimal("0.025000") and left == 1
+
+
+def test_accounting_inside_a_sqlite_write_transaction_is_refused_not_a_hang(services, accounting):
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "0.01")
+        if services.db.engine.dialect.name == "sqlite":
+            with pytest.raises(RuntimeError, match="wait for itself"):
+                accounting.reserve("u1", "d1", "glm-4", 1000, 500)
+        else:  # the writer's transaction waits for nothing of this one (nor sees its budget)
+            assert accounting.reserve("u1", "d1", "glm-4", 1000, 500).allowed
+
+
 def test_each_threshold_alert_once_under_concurrency(services, accounting):
     with services.db.transaction() as session:
         set_budget(session, "global", "", "week", "0.5", action="warn", thresholds="10,50,80,100")

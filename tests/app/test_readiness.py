@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from app import create_app
+from tests.support import postgres
 from tests.support.env import make_env, settings_from
 from tests.support.stack import ROOT, TempDatabase, free_port, wait_for
 from worker.heartbeat import Heartbeat, default_node, heartbeat_key, live_nodes, redis_now
@@ -89,7 +90,7 @@ def test_readyz_on_postgresql(tmp_path, r):
     try:
         db = TempDatabase("postgres", tmp_path)
     except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
+        postgres.unreachable(exc)
     try:
         Heartbeat(r, "worker", "celery@test-node", ttl_s=30).beat()
         resp = client_for(tmp_path, DATABASE_URL=db.url).get("/readyz")

@@ -75,9 +75,12 @@ def stack(tmp_path_factory, captured):
 
 
 def pg_dump(url: str) -> str:
-    name = url.rsplit("/", 1)[1]
+    from sqlalchemy.engine import make_url
+
+    parts = make_url(url)  # the stack's database, on DATA_TEST_PG's server
     binary = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_dump"))[-1]
-    return subprocess.run([binary, "-h", "127.0.0.1", "-p", "5432", "-U", "postgres", "--inserts", name],
+    return subprocess.run([binary, "-h", parts.host, "-p", str(parts.port or 5432), "-U", parts.username,
+                           "--inserts", parts.database],
                           check=True, capture_output=True, text=True, timeout=120).stdout
 
 

@@ -1,7 +1,26 @@
 import pytest
 import torch
 
+from inference.layers import cpu_kernels
+
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def cpu_kernels_built():
+    """The tests of the compiled CPU kernels (`pytest.mark.usefixtures("cpu_kernels_built")`).
+
+    They skip only where the kernels are absent on purpose: `INFERENCE_CPU_KERNELS=0`, or no C
+    compiler on PATH (`CC`, `cc`, `gcc`). With a compiler, a build that fails (a syntax error in
+    `cpu_kernels.c`, a missing header, a bad flag) fails every one of them with the compiler's
+    error: production falls back to the library kernels then, the tests must not."""
+    if not cpu_kernels.enabled():
+        pytest.skip("CPU kernels turned off (INFERENCE_CPU_KERNELS=0)")
+    if cpu_kernels._compiler() is None:
+        pytest.skip("no C compiler on PATH (CC, cc or gcc) to build cpu_kernels")
+    if cpu_kernels.library() is None:
+        pytest.fail(f"the CPU kernels did not build with {cpu_kernels._compiler()}: "
+                    f"{cpu_kernels.describe()}", pytrace=False)

@@ -15,7 +15,7 @@ from inference.models import cpu_decode, cpu_step
 from inference.sampling_params import SamplingParams
 from tests.inference.helpers import glm5_config, write_checkpoint
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
 N = 41  # crosses two windows of 16 and ten blocks of 4
 MODES = {

@@ -10,7 +10,7 @@ import torch
 from inference.layers import cpu_kernels, linear
 from inference.layers.linear import Int8Linear, quantize_weight
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
 
 def _reference(x, q, scales, bias):

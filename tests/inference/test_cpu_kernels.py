@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from inference.layers import cpu_kernels, linear
 from inference.layers.linear import Linear, input_major
 
-needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+needs_kernel = pytest.mark.usefixtures("cpu_kernels_built")
 
 
 @needs_kernel

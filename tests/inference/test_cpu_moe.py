@@ -5,12 +5,11 @@ import pytest
 import torch
 
 from inference.config import ModelConfig
-from inference.layers import cpu_kernels
 from inference.layers.linear import quantize_linears_
 from inference.layers.moe import MoE
 from inference.models import cpu_fast_path, cpu_moe
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
 # hidden 40 and intermediate 24: not multiples of the kernels' 16 or 64 lanes
 CONFIG = dict(model_type="glm4_moe", vocab_size=64, hidden_size=40, intermediate_size=48, num_hidden_layers=2,

@@ -15,7 +15,7 @@ from inference.layers import cpu_kernels
 from inference.models import cpu_decode, cpu_step
 from tests.inference.test_kv_cache import build
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
 # hidden 40 and intermediate 72 (not multiples of 16 or 64), head_dim 12 with 3 rotary pairs,
 # 3 query heads per kv head; a window of 8 and blocks of 3 (odd, crossed many times in 40 tokens)

@@ -6,9 +6,9 @@ kernel's blocks, one query split among the threads)."""
 import pytest
 import torch
 
-from inference.layers import cpu_kernels, dsa_cpu
+from inference.layers import dsa_cpu
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
 
 def index_scores(q, w, keys, scale):

@@ -14,7 +14,6 @@ from transformers import Glm4MoeConfig
 from transformers import Glm4MoeForCausalLM as HfGlm4Moe
 
 from inference.config import ModelConfig
-from inference.layers import cpu_kernels
 from inference.layers.linear import Int8Linear
 from inference.layers.moe import MoE
 from inference.llm import LLM
@@ -281,7 +280,7 @@ def test_the_mtp_layer_of_the_checkpoint_loads_beside_the_model(checkpoint, tmp_
         load_model(tmp_path, ModelConfig.from_pretrained(tmp_path), "cpu")
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+@pytest.mark.usefixtures("cpu_kernels_built")
 def test_the_cpu_fast_path_leaves_moe_layers_to_their_own_forward(model):
     layer = model.model.layers[1]
     assert type(layer) is Glm4MoeDecoderLayer  # not swapped for a fused version

@@ -16,7 +16,7 @@ from transformers import Glm4MoeLiteForCausalLM as HfGlm4MoeLite
 
 from inference.config import ModelConfig
 from inference.engine.model_runner import ModelRunner
-from inference.layers import cpu_kernels, mla
+from inference.layers import mla
 from inference.layers.cache_layouts import cache_layout
 from inference.layers.linear import Int8Linear
 from inference.layers.mla import LatentProjection
@@ -321,7 +321,7 @@ def test_the_mtp_layer_of_the_checkpoint_loads_beside_the_model(checkpoint, tmp_
         load_model(tmp_path, ModelConfig.from_pretrained(tmp_path), "cpu")
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler to build cpu_kernels here")
+@pytest.mark.usefixtures("cpu_kernels_built")
 def test_the_cpu_fast_path_leaves_mla_layers_to_their_own_forward(model):
     assert all(type(layer) is Glm4MoeLiteDecoderLayer for layer in model.model.layers)
     with torch.inference_mode():

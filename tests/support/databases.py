@@ -3,8 +3,9 @@
 on a fresh SQLite file and on a throwaway PostgreSQL database.
 
 PostgreSQL is the real server at 127.0.0.1:5432 (``DATA_TEST_PG`` overrides); each test gets its
-own database, migrated from empty with Alembic, and dropped afterwards. ``redis_client`` and
-``env``'s REDIS_URL are DB 14.
+own database, migrated from empty with Alembic, and dropped afterwards. An unreachable server fails
+the PostgreSQL variants; ``TESTS_WITHOUT_POSTGRES=1`` skips them (tests/support/postgres.py).
+``redis_client`` and ``env``'s REDIS_URL are DB 14.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import sqlalchemy as sa
 from app import migrate
 from app.db import Database
 from app.services import Services
+from tests.support import postgres
 from tests.support.env import make_env, settings_from
 
-PG_SERVER = os.environ.get("DATA_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PG_SERVER = postgres.SERVER
 REDIS_URL = os.environ.get("DATA_TEST_REDIS", "redis://127.0.0.1:6379/14")
 
 
@@ -37,6 +39,7 @@ def database_url(request, tmp_path):
         migrate.upgrade(url)
         yield url
         return
+    postgres.skip_if_opted_out()
     name = f"data_test_{uuid.uuid4().hex[:12]}"
     admin = _admin_engine()
     try:
@@ -44,7 +47,7 @@ def database_url(request, tmp_path):
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         admin.dispose()
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
+        postgres.unreachable(exc)
     url = PG_SERVER.rsplit("/", 1)[0] + f"/{name}"
     try:
         migrate.upgrade(url)

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support import postgres
 from tests.support.stack import free_port, wait_for
 
 
@@ -78,6 +79,7 @@ class PrivatePostgres:
     """A throwaway PostgreSQL cluster (trust auth) on a free port; stop/start keep the data."""
 
     def __init__(self):
+        postgres.skip_if_opted_out()
         self.bin = _pg_bin()
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="faults-pg-"))

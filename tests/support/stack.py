@@ -23,12 +23,13 @@ import requests
 
 from app import redis_client
 from emulator import EmulatorConfig, EmulatorServer
+from tests.support import postgres
 from tests.support.env import make_env
 from tests.support.openai_server import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_ADMIN = postgres.ADMIN  # DATA_TEST_PG names another server
 
 # The stacks running now: a failing test's report gets the tails of their processes' logs
 # (tests/conftest.py), which is all there is to go on when a stack misbehaves only in CI.
@@ -83,6 +84,7 @@ class TempDatabase:
         if kind == "sqlite":
             self.url = f"sqlite:///{tmp / 'bot.sqlite3'}"
         else:
+            postgres.skip_if_opted_out()
             self.name = f"it_{uuid.uuid4().hex[:12]}"
             with psycopg.connect(pg_admin, autocommit=True) as conn:
                 conn.execute(f'CREATE DATABASE "{self.name}"')

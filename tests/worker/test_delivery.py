@@ -33,6 +33,8 @@ class _Db:
     def session(self):
         yield None
 
+    single_statement = session  # the worker's one-statement units of work (app.db)
+
 
 class _WeCom:
     def __init__(self, fail_at: int | None = None):

@@ -12,6 +12,8 @@ class _Db:
     def session(self):
         yield None
 
+    single_statement = session  # the worker's one-statement units of work (app.db)
+
 
 class _Services:
     db = _Db()

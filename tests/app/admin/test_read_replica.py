@@ -29,6 +29,7 @@ from app.models import AdminSession, AuditEvent, Budget, UsageDaily
 from app.outbox.rows import user_hash
 from app.services import Services
 from tests.app.admin.conftest import PASSWORD, login, post
+from tests.support import postgres
 from tests.support.databases import PG_SERVER, _admin_engine
 from tests.support.env import make_env, settings_from
 
@@ -49,6 +50,7 @@ def settings():
 
 @pytest.fixture
 def databases():
+    postgres.skip_if_opted_out()
     admin = _admin_engine()
     names = [f"replica_test_{uuid.uuid4().hex[:10]}_{role}" for role in ("primary", "replica")]
     try:
@@ -57,7 +59,7 @@ def databases():
                 conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         admin.dispose()
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
+        postgres.unreachable(exc)
     try:
         for name in names:
             migrate.upgrade(_url(name))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from tests.support import postgres
 from tests.support.api_server import MODEL, ApiServer
 
 __all__ = ["MODEL"]
@@ -16,7 +17,7 @@ def api(request, tmp_path_factory):
     try:
         server = ApiServer(tmp_path_factory.mktemp("api"), db_kind=request.param)
     except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
+        postgres.unreachable(exc)
     yield server
     server.stop()
 

@@ -190,6 +190,14 @@ def test_terms_segment_chinese_and_lowercase_english_without_stopwords():
     assert "it" in terms("IT help desk")
 
 
+def test_a_question_word_and_its_measure_are_no_terms():
+    """"几次", "多长时间", "哪天": the number asked for is the answer, not a word to find."""
+    words = {t for t in terms("密码输错几次会被锁住，锁多长时间？工资哪天发？") if not t.startswith("~")}
+    assert {"密码", "输错", "锁住", "工资"} <= words
+    assert not {"几次", "多长", "时间", "长时间", "多长时间", "哪天", "哪天发"} & words
+    assert "时间" in terms("核心工作时间为 10:00")  # a document's 时间 stays
+
+
 def test_term_hashes_are_keyed_64_bit_integers():
     a, b = TermHasher(b"k" * 32), TermHasher(b"j" * 32)
     assert a("年假") == a("年假") != b("年假")

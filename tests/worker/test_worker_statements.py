@@ -1,0 +1,65 @@
+"""The worker's cheaper statements keep their meaning, on SQLite and PostgreSQL: the finish that
+reads the user's next queued message, the claim's "why not", and the one-statement sessions."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from app import create_app
+from app.models import InboundMessage, MessageStatus
+from app.outbox import rows
+from app.outbox.rows import ClaimResult
+from tests.worker.test_processor_data import ids_of, post_message
+
+
+def _messages(services, users: list[str]) -> list[int]:
+    client = create_app(services=services).test_client()
+    for k, user in enumerate(users):
+        assert post_message(client, services, f"问题 {k}", 7000 + k, user=user).status_code == 200
+    return ids_of(services)
+
+
+def _status(services, message_id: int) -> str:
+    with services.db.session() as session:
+        return session.scalar(select(InboundMessage.status).where(InboundMessage.id == message_id))
+
+
+def test_the_finish_returns_the_users_next_queued_message_and_only_with_the_lease(services):
+    first, other_user, second, third = _messages(services, ["alice", "bob", "alice", "alice"])
+    db = services.db
+    with db.single_statement() as session:
+        claimed = rows.claim(session, first, "me", 60)
+    assert claimed.result == ClaimResult.CLAIMED
+    user_hash = claimed.row.user_hash
+    with db.single_statement() as session:  # not the lease holder: nothing changes
+        assert rows.finish_then_next(session, first, "not-me", MessageStatus.ANSWERED, user_hash) == (False, None)
+    assert _status(services, first) == MessageStatus.PROCESSING
+    with db.single_statement() as session:
+        # the second is alice's next queued message; bob's is someone else's
+        assert rows.finish_then_next(session, first, "me", MessageStatus.ANSWERED, user_hash) == (True, second)
+    assert _status(services, first) == MessageStatus.ANSWERED  # committed: another session sees it
+    with db.single_statement() as session:
+        assert rows.claim(session, second, "me", 60).result == ClaimResult.CLAIMED
+    with db.single_statement() as session:  # the third is queued after the second
+        assert rows.finish_then_next(session, second, "me", MessageStatus.ANSWERED, user_hash) == (True, third)
+    with db.single_statement() as session:
+        assert rows.claim(session, third, "me", 60).result == ClaimResult.CLAIMED
+    with db.single_statement() as session:  # the last: nothing after it
+        assert rows.finish_then_next(session, third, "me", MessageStatus.ANSWERED, user_hash) == (True, None)
+    assert _status(services, other_user) == MessageStatus.QUEUED
+
+
+def test_a_claim_that_fails_says_why(services):
+    first, second = _messages(services, ["carol", "carol"])
+    with services.db.single_statement() as session:
+        assert rows.claim(session, first, "me", 60).result == ClaimResult.CLAIMED
+    with services.db.single_statement() as session:
+        behind = rows.claim(session, second, "other", 60)
+        assert (behind.result, behind.retry_after_s) == (ClaimResult.WAIT_EARLIER, 0.5)
+        leased = rows.claim(session, first, "other", 60)
+        assert leased.result == ClaimResult.LEASED and 59 < leased.retry_after_s <= 60.2
+        assert rows.claim(session, 10**9, "other", 60).result == ClaimResult.MISSING
+    with services.db.single_statement() as session:
+        assert rows.finish(session, first, "me", MessageStatus.ANSWERED)
+    with services.db.single_statement() as session:
+        assert rows.claim(session, first, "other", 60).result == ClaimResult.DONE
