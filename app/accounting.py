@@ -561,8 +561,10 @@ class _GroupCommit:
     reserve's settle, the next message) while the next batch is being written, which then holds
     the quickest of them and the rest wait a whole batch more (the callers split into cohorts
     that take turns, each batch half as full as it could be). So the writer lingers up to
-    ``LINGER_S`` after a batch for the threads it answered to come back; a lone caller, coming
-    back later than that, never waits.
+    ``LINGER_S`` after a batch for the threads it answered to come back (or 256 calls). A call
+    that comes within those 2 ms of a batch whose threads do not come back (a reserve's thread
+    goes on to generate) waits the rest of them; one that comes later, or alone after its own
+    call, does not wait.
     """
 
     MAX_BATCH = 256

@@ -298,9 +298,24 @@ def main() -> None:
               f"model: {args.backend}) ...", flush=True)
         stack.start()
         try:
+            price_the_model(stack)
             run(stack, args, engine_proc)
         finally:
             stack.stop()
+
+
+def price_the_model(stack: Stack) -> None:
+    """A price for the model the worker calls, as a deployment has (without one every settle
+    logs 'no price for model' and charges nothing)."""
+    from app.accounting import set_price
+    from app.db import Database
+
+    db = Database(stack.db.url)
+    try:
+        with db.transaction() as session:
+            set_price(session, stack.env["OPENAI_MODEL"], "5", "1", "15")
+    finally:
+        db.engine.dispose()
 
 
 def start_engine(tmp: Path) -> tuple[subprocess.Popen, str]:

@@ -35,7 +35,9 @@ class DriverStatements:
         return cursor.fetchall() if cursor.description else []
 
     def executemany(self, sql: str, rows: list[tuple]) -> None:
-        if rows:
+        if len(rows) == 1:  # psycopg's executemany enters pipeline mode: for one row, a cost alone
+            self._cursor.execute(_for_driver(sql, self.sqlite), rows[0])
+        elif rows:
             self._cursor.executemany(_for_driver(sql, self.sqlite), rows)
 
     def time(self, value: datetime) -> datetime | str:
