@@ -25,7 +25,7 @@ from app.wecom.exceptions import (
     WeComAPIError,
     WeComTransientError,
 )
-from worker import feedback, media
+from worker import duplicate_check, feedback, media
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.stream_reply import StreamWriter
 
@@ -88,12 +88,13 @@ class MessageSend:
         # Any send may reach WeCom although its answer is lost (a timeout, a worker killed before
         # recording the chunk), so every send asks WeCom to drop an identical one within the
         # window. WeCom compares the whole request, so the first attempt must carry it too:
-        # switching the check on only for retries let a timed-out first send arrive twice.
-        duplicate_check = processor.settings.wecom_duplicate_check_s
+        # switching the check on only for retries let a timed-out first send arrive twice. A text
+        # another message already sent this employee goes without it (worker.duplicate_check).
         for index in range(row.chunks_sent, len(chunks)):
             lease.check()
+            interval = duplicate_check.interval_for(processor.services, row.user_hash, row.id, chunks[index])
             try:
-                processor.wecom.send(user_id, kind, chunks[index], duplicate_check_interval=duplicate_check)
+                processor.wecom.send(user_id, kind, chunks[index], duplicate_check_interval=interval)
             except WeComTransientError as exc:
                 raise TransientFailure(f"wecom: {exc}", rate_limited=exc.rate_limited,
                                        retry_after=exc.retry_after) from exc

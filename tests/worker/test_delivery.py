@@ -6,8 +6,10 @@ import contextlib
 from types import SimpleNamespace
 
 import pytest
+import redis
 
 from app.models import MessageStatus
+from app.security.blind_index import BlindIndex
 from app.wecom.exceptions import WeComTransientError
 from worker import delivery
 from worker.delivery import MessageSend, StreamDelivery
@@ -46,9 +48,16 @@ class _WeCom:
         self.sent.append(text)
 
 
+class _RedisDown:
+    def set(self, *args, **kwargs):
+        raise redis.ConnectionError("down")
+
+
 def _processor(wecom):
-    return SimpleNamespace(wecom=wecom, services=SimpleNamespace(db=_Db()),
-                           settings=SimpleNamespace(wecom_duplicate_check_s=1800))
+    settings = SimpleNamespace(wecom_duplicate_check_s=1800)
+    return SimpleNamespace(wecom=wecom, settings=settings,
+                           services=SimpleNamespace(db=_Db(), redis=_RedisDown(), settings=settings,
+                                                    blind_index=BlindIndex("k" * 32)))
 
 
 def test_message_send_resumes_at_the_first_unsent_chunk_and_leaves_the_last_count_to_the_finish(monkeypatch):
@@ -56,7 +65,7 @@ def test_message_send_resumes_at_the_first_unsent_chunk_and_leaves_the_last_coun
     monkeypatch.setattr(delivery.rows, "save_progress",
                         lambda session, message_id, owner, chunks_sent: recorded.append(chunks_sent) or True)
     wecom = _WeCom(fail_at=1)
-    row = SimpleNamespace(id=7, chunks_sent=0)
+    row = SimpleNamespace(id=7, chunks_sent=0, user_hash="u")
     channel = MessageSend(_processor(wecom))
     with pytest.raises(TransientFailure):
         channel.deliver(row, "me", "u", "text", ["a", "b", "c"], _Lease())
