@@ -211,8 +211,7 @@ def test_the_rate_limit_notice_for_a_stream_closed_at_the_deadline_is_recorded(s
     def over_and_closed(user_hash, message_id):
         decision = check(user_hash, message_id)
         if message_id == second_id:  # the callback, at the deadline, gives up on this one
-            state = limited.streams.get(stream_id)
-            assert limited.streams.write(stream_id, state.message_id, state.started, "timed out", True)
+            assert limited.streams.write(stream_id, second_id, time.time(), "timed out", True)
         return decision
 
     monkeypatch.setattr(processor.user_limit, "check", over_and_closed)

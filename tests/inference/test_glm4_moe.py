@@ -109,7 +109,9 @@ def test_chunked_prefill_and_decode_equal_one_forward(model):
         for size in [7, 1, 16, 3, 1, 1, 20, 1, 10]:  # 60: prefill chunks, decode rows, a verify-sized chunk
             outs.append(model.compute_logits(model(ids[a : a + size], torch.arange(a, a + size), cache)))
             a += size
-    torch.testing.assert_close(torch.cat(outs), full, atol=1e-5, rtol=1e-5)
+    # fp32 sums in other GEMM shapes (chunks vs one pass; AVX2 and AVX-512 block them differently)
+    # differ by ~1e-5: 5e-5 still catches a wrong position, mask or cache entry (a shifted position: 7.5 off)
+    torch.testing.assert_close(torch.cat(outs), full, atol=5e-5, rtol=1e-5)
 
 
 def test_paged_batched_chunked_engine_equals_single_requests(model):
