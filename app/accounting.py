@@ -111,25 +111,6 @@ def set_price(session: Session, model: str, input_per_m, cached_input_per_m, out
     return price
 
 
-@functools.cache
-def _price_statement():
-    """The latest version of one model's price in effect at a time, built once (made per call,
-    the statement cost the worker more CPU than the database spent on it)."""
-    return (select(ModelPrice)
-            .where(ModelPrice.model == bindparam("model"),
-                   ModelPrice.valid_from <= bindparam("at", type_=ModelPrice.valid_from.type))
-            .order_by(ModelPrice.valid_from.desc()).limit(1))
-
-
-def price_for(session: Session, model: str, at: datetime | None = None) -> ModelPrice | None:
-    at = at or utcnow()
-    for name in (model, FALLBACK_MODEL):
-        price = session.scalar(_price_statement(), {"model": name, "at": at})
-        if price is not None:
-            return price
-    return None
-
-
 def cost_of(price: ModelPrice | None, prompt_tokens: int, cached_tokens: int,
             completion_tokens: int) -> Decimal:
     if price is None:
@@ -472,8 +453,8 @@ def _prices_statement():
 
 
 class _Prices:
-    """Every price version of a batch's models and of the fallback, read once; ``at`` is
-    ``price_for``'s answer for one call."""
+    """Every price version of a batch's models and of the fallback (``*``), read once; ``at``
+    is the price in effect for one call: the model's latest version by then, else the fallback's."""
 
     def __init__(self, session: Session, models: set[str]):
         self.versions: dict[str, list[ModelPrice]] = {}

@@ -301,12 +301,8 @@ def _leased_update(columns: tuple[str, ...], with_next: bool = False):
         .values({name: bindparam(f"v_{name}", type_=table.c[name].type) for name in columns})
     )
     if with_next:
-        later = table.alias("later")
-        statement = statement.returning(
-            select(later.c.id)
-            .where(later.c.user_hash == bindparam("next_user"), later.c.id > bindparam("message_id"),
-                   later.c.status == MessageStatus.QUEUED)
-            .order_by(later.c.id).limit(1).scalar_subquery())
+        statement = statement.returning(_next_queued(table.alias("later"), bindparam("next_user"),
+                                                     bindparam("message_id")).scalar_subquery())
     return statement
 
 
@@ -355,12 +351,18 @@ def by_stream_id(session: Session, stream_id: str) -> InboundMessage | None:
     return session.scalar(select(InboundMessage).where(InboundMessage.stream_id == stream_id))
 
 
+def _next_queued(rows_, user_hash_value, after_id):
+    """The user's first queued message after ``after_id`` (the worker's drain takes it next):
+    read alone (``next_pending_of_user``) or returned by the finish (``finish_then_next``)."""
+    return (select(rows_.c.id)
+            .where(rows_.c.user_hash == user_hash_value, rows_.c.id > after_id,
+                   rows_.c.status == MessageStatus.QUEUED)
+            .order_by(rows_.c.id).limit(1))
+
+
 @functools.cache
 def _next_pending_statement():
-    return (select(InboundMessage.id)
-            .where(InboundMessage.user_hash == bindparam("user_hash"), InboundMessage.id > bindparam("after_id"),
-                   InboundMessage.status == MessageStatus.QUEUED)
-            .order_by(InboundMessage.id).limit(1))
+    return _next_queued(InboundMessage.__table__, bindparam("user_hash"), bindparam("after_id"))
 
 
 def next_pending_of_user(session: Session, user_hash_value: str, after_id: int) -> int | None:
