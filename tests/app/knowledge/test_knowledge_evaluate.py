@@ -25,6 +25,15 @@ def test_scoring_facts_declines_and_citations():
                                "declined_out_of_scope": 0.5, "out_of_scope": 2, "cited_section_correct": 0.5}
 
 
+def test_a_fact_in_markdown_emphasis_counts_as_said():
+    tally = Tally()
+    item = {"question": "a", "facts": [["5 次"], ["15 分钟"]]}
+    tally.add(item, "连续输错 **5** 次后账号锁定 **15 分钟**。", [], False)
+    tally.add(item, "输错 5 次，锁定 `15 分钟`", [], False)
+    tally.add(item, "连续输错 **6** 次后账号锁定 **15 分钟**。", [], False)
+    assert tally.answered_facts == 2
+
+
 def test_the_shipped_set_is_new_wordings_with_enough_of_each_kind():
     from inference.demo.corpus import load_dialogues, load_qa
 
