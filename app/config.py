@@ -315,6 +315,10 @@ class Settings(BaseSettings):
                                             "passage matches); below it: 'not found' without the "
                                             "model, above it the model may still say so")
     kb_fallback_contact: str = Field(default="", description="the team named when nothing is found")
+    kb_answer_by_quoting: bool = Field(
+        default=False, description="the model's reply must be one passage quoted whole with its number, or "
+                                   "'not found' (an extractive model such as the bundled demo; the model "
+                                   "server must support guided_choice)")
     kb_min_similarity: float = Field(default=0.6, ge=-1, le=1,
                                      description="cosine from which a dense match is relevant")
     embeddings_base_url: str = Field(default="", description="OpenAI-compatible /v1 with /embeddings; "

@@ -212,6 +212,8 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None, speculative_k: int | None = None
     ) -> Generation:
         """Iterate the returned `Generation` for text deltas; read `.result` after the loop."""
+        if params is not None and params.choice:
+            raise ValueError("choice is the serving engine's (inference.engine.LLMEngine), not LLM's")
         k = self.speculative_k if speculative_k is None else speculative_k
         return Generation(self, self.prompt_ids(prompt), params or SamplingParams(), k or None)
 

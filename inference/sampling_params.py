@@ -20,6 +20,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    # The reply must be one of these texts (vLLM's guided choice): each step may only continue
+    # one of them, and once one is left the rest of it is written without asking the model.
+    choice: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -36,6 +39,10 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if any(not isinstance(c, str) or not c.strip() for c in self.choice):
+            raise ValueError("choice must be a list of non-empty strings")
+        if self.choice and self.ignore_eos:
+            raise ValueError("choice ends the reply with its text: it cannot ignore_eos")
 
     @property
     def is_greedy(self) -> bool:

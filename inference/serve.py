@@ -7,7 +7,8 @@ all their requests share one batch and the weights exist once, as with `vllm ser
 
 - `POST /v1/chat/completions`: `messages` (text, or text parts), `max_tokens` /
   `max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `stream` with
-  `stream_options.include_usage`, `chat_template_kwargs.enable_thinking`; `usage` with
+  `stream_options.include_usage`, `chat_template_kwargs.enable_thinking`, `guided_choice` (vLLM's:
+  the reply is one of these texts, `inference.engine.choices`); `usage` with
   `prompt_tokens_details.cached_tokens` (prefix-cache hits). A reasoning model's think part is
   sent apart as `reasoning_content` (vLLM's `--reasoning-parser` convention), never in `content`.
 - `GET /v1/models`, `GET /health` (503 once the engine thread has died), `GET /metrics`
@@ -50,6 +51,7 @@ from inference.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_CHOICES = 64  # guided_choice: replies to choose among
 
 
 class ChatRequest(BaseModel):
@@ -69,6 +71,14 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: dict | None = None
     chat_template_kwargs: dict | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1, max_length=MAX_CHOICES)
+
+    @field_validator("guided_choice")
+    @classmethod
+    def _choices(cls, choice: list[str] | None) -> list[str] | None:
+        if choice is not None and any(not c.strip() for c in choice):
+            raise ValueError("every choice must be a non-empty string")
+        return choice
 
     @field_validator("messages")
     @classmethod
@@ -93,7 +103,8 @@ class ChatRequest(BaseModel):
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed,
-                              max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens)
+                              max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
+                              choice=list(self.guided_choice or []))
 
     @property
     def thinking(self) -> bool:
@@ -198,6 +209,8 @@ def create_app(service: EngineService, model_name: str, api_key: str = "", defau
         if chat.model not in (None, model_name):
             return _error(404, f"the model {chat.model!r} does not exist here (it serves {model_name!r})",
                           code="model_not_found")
+        if chat.guided_choice and tokenizer.thinking:
+            return _error(400, "guided_choice: this model writes a think part first; choices need one that does not")
         prompt = tokenizer.apply_chat_template(chat.messages, enable_thinking=chat.thinking)
         completion = Completion(service, metrics, tokenizer, model_name, chat, prompt,
                                 chat.sampling(default_max_tokens))

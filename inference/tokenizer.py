@@ -167,6 +167,13 @@ class ChatTokenizer:
             return self._thinking_template(messages, add_generation_prompt, enable_thinking)
         return self._glm4_template(messages, add_generation_prompt)
 
+    def reply_ids(self, text: str) -> list[int]:
+        """A whole reply's tokens as the model writes them after ``<|assistant|>`` (GLM-4's
+        layout: a newline, then the text), for decoding constrained to given replies."""
+        if self.thinking:
+            raise ValueError("a reply constrained to given texts needs a model without a think part")
+        return self.encode(f"\n{text}")
+
     def _glm4_template(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         """``[gMASK]<sop><|role|>{metadata}\\n{content}...<|assistant|>``, as GLM-4 renders it.
 

@@ -33,7 +33,12 @@ from pathlib import Path
 import requests
 
 from inference.demo.corpus import COMPANY_PATH, HANDBOOKS
-from inference.demo.grounded import DEMO_CHUNK_TOKENS, DEMO_MIN_SCORE, DEMO_TOP_K
+from inference.demo.grounded import (
+    DEMO_ANSWER_BY_QUOTING,
+    DEMO_CHUNK_TOKENS,
+    DEMO_MIN_SCORE,
+    DEMO_TOP_K,
+)
 from scripts.supervisor import Program, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,6 +115,7 @@ def stack_env() -> dict[str, str]:
         env.setdefault("KB_CHUNK_TOKENS", str(DEMO_CHUNK_TOKENS))
         env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
         env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))
+        env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)

@@ -134,7 +134,6 @@ def evaluate(questions: list[dict], model_dir: str, handbooks: Sequence[tuple[Pa
 def _answer_all(questions: list[dict], services, settings: Settings, max_tokens: int) -> Tally:
     retriever, backend, tally = Retriever(services), make_backend(settings), Tally()
     contact = prompt.contact_of(settings)
-    params = GenerationParams(temperature=0, max_tokens=max_tokens)
     try:
         for item in questions:
             question = item["question"]
@@ -147,6 +146,10 @@ def _answer_all(questions: list[dict], services, settings: Settings, max_tokens:
             else:
                 messages = [{"role": "system", "content": settings.system_prompt},
                             {"role": "user", "content": question}]
+            quoting = settings.kb_answer_by_quoting and settings.kb_passages_in_prompt
+            choice = prompt.quote_choices(result.passages) if quoting else ()
+            params = GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
+                                      choice=choice)  # a whole quote, however long
             text = backend.generate(messages, params).text.strip()
             if prompt.is_decline(text):  # the model's "not found", as the worker sends it
                 tally.add(item, prompt.not_found_reply(contact), [], True)

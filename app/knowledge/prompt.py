@@ -69,6 +69,17 @@ def grounded_messages(system_prompt: str, history: list[dict], question: str,
             *history, {"role": "user", "content": question}]
 
 
+def quote_reply(passage: Passage, number: int) -> str:
+    """An extractive model's answer: the passage as the prompt shows it, with its number."""
+    return f"{passage.text.strip()} [{number}]"
+
+
+def quote_choices(passages: list[Passage]) -> tuple[str, ...]:
+    """Every reply an extractive model may give over these passages (KB_ANSWER_BY_QUOTING):
+    one of them quoted, or "not found" in either language."""
+    return (*(quote_reply(p, n) for n, p in enumerate(passages, 1)), NOT_FOUND_ZH, NOT_FOUND_EN)
+
+
 def cited_numbers(reply: str, count: int) -> list[int]:
     """The passage numbers the reply marked, in order of first use; all when it marked none."""
     used = []

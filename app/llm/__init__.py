@@ -35,6 +35,9 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     enable_thinking: bool | None = None  # None: the model's default (a reasoning model thinks)
+    # The reply must be one of these (an extractive model quoting a passage: KB_ANSWER_BY_QUOTING);
+    # the bundled engine's SamplingParams.choice, vLLM's and SGLang's guided_choice
+    choice: tuple[str, ...] = ()
 
 
 @dataclass
@@ -114,6 +117,8 @@ class OpenAIBackend:
             body["seed"] = params.seed
         if params.enable_thinking is not None:  # vLLM's and SGLang's convention
             body["chat_template_kwargs"] = {"enable_thinking": params.enable_thinking}
+        if params.choice:
+            body["guided_choice"] = list(params.choice)
         if stream:
             body["stream_options"] = {"include_usage": True}
         return body

@@ -61,7 +61,8 @@ class EngineBackend:
     @staticmethod
     def _params(params: GenerationParams) -> SamplingParams:
         return SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                              max_tokens=params.max_tokens, stop=list(params.stop), seed=params.seed)
+                              max_tokens=params.max_tokens, stop=list(params.stop), seed=params.seed,
+                              choice=list(params.choice))
 
     def generate(self, messages: list[dict], params: GenerationParams) -> Generation:
         final = None

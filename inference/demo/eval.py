@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--passages", action=argparse.BooleanOptionalAction, default=True,
                         help="with --questions: give the model the passages (--no-passages: the question "
                              "alone, as KB_PASSAGES_IN_PROMPT=false)")
+    parser.add_argument("--quoting", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --questions: KB_ANSWER_BY_QUOTING (default: the demo model's, as make run; "
+                             "--no-quoting: the model writes its reply freely)")
     args = parser.parse_args(argv)
     if args.questions:
         return knowledge_eval(args)
@@ -156,7 +159,12 @@ def knowledge_eval(args) -> None:
 
     from app.knowledge.evaluate import evaluate, load_questions  # noqa: PLC0415
     from inference.demo.corpus import HANDBOOKS
-    from inference.demo.grounded import DEMO_CHUNK_TOKENS, DEMO_MIN_SCORE, DEMO_TOP_K
+    from inference.demo.grounded import (
+        DEMO_ANSWER_BY_QUOTING,
+        DEMO_CHUNK_TOKENS,
+        DEMO_MIN_SCORE,
+        DEMO_TOP_K,
+    )
 
     if args.questions == "heldout":
         questions = _spread(heldout_questions(), args.limit)
@@ -164,7 +172,8 @@ def knowledge_eval(args) -> None:
         questions = load_questions(args.questions)[: args.limit]
     passages = args.passages
     reading = {"kb_chunk_tokens": args.chunk_tokens or DEMO_CHUNK_TOKENS, "kb_top_k": args.top_k or DEMO_TOP_K,
-               "kb_min_score": DEMO_MIN_SCORE if args.min_score is None else args.min_score}
+               "kb_min_score": DEMO_MIN_SCORE if args.min_score is None else args.min_score,
+               "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting}
     tally = evaluate(questions, args.model, HANDBOOKS, passages, **reading)  # both editions, as make run
     if args.json:
         for row in tally.rows:

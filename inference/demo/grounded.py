@@ -45,6 +45,10 @@ DEMO_TOP_K = 3
 # KB_MIN_SCORE for the demo model: it declines weak matches less reliably than a large model, so
 # fewer reach it (the evaluation set's sweep, README "The demo model": 0.15 / 0.2 / 0.25 / 0.3)
 DEMO_MIN_SCORE = 0.25
+# KB_ANSWER_BY_QUOTING: the demo model chooses the passage it quotes (or "not found") and the
+# engine writes the quote exactly (inference/engine/choices.py): left free, its copy of a passage
+# drifts into bullets it memorised
+DEMO_ANSWER_BY_QUOTING = True
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,
     "HR（分机 8000）/ HR (ext. 8000)", "行政（分机 8200）/ Admin (ext. 8200)",
@@ -89,11 +93,6 @@ def holding(answer: str, passages: list[Passage], topic: str) -> list[int]:
         return []
     best = max(s for s, _ in scored)
     return [i for s, i in scored if s >= best - 0.15]
-
-
-def quote(passage: Passage) -> str:
-    """What the demo model answers with: the passage's text as the prompt shows it."""
-    return passage.text.strip()
 
 
 def is_chinese(text: str) -> bool:
@@ -154,7 +153,7 @@ class Builder:
         if not held:  # retrieval missed: the honest answer from these passages is "not found"
             reply = decline_for(question)
             return [Sample(self.conversation(passages, [*ask, _assistant(reply)]), "decline")]
-        reply = f"{quote(passages[held[0]])} [{held[0] + 1}]"
+        reply = prompt.quote_reply(passages[held[0]], held[0] + 1)
         samples = [Sample(self.conversation(passages, [*ask, _assistant(reply)]), "answer")]
         rest = [p for i, p in enumerate(passages) if i not in held]
         if rest and self.rng.random() < OWN_NEGATIVE_SHARE:

@@ -15,6 +15,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine.block_manager import BlockManager
+from inference.engine.choices import Choices
 from inference.engine.errors import PromptTooLongError, RequestFailedError
 from inference.engine.model_runner import ModelRunner
 from inference.engine.scheduler import Scheduler
@@ -93,7 +94,9 @@ class LLMEngine:
                  eos_token_ids: list[int] | None = None) -> None:
         self.args = args = args or EngineArgs()
         self.model, self.tokenizer, config = model, tokenizer, model.config
-        self.eos_token_ids = set(eos_token_ids or config.eos_token_ids or (tokenizer.eos_token_ids if tokenizer else []))
+        eos = list(eos_token_ids or config.eos_token_ids or (tokenizer.eos_token_ids if tokenizer else []))
+        self.eos_token_ids = set(eos)
+        self.end_token_id = eos[0] if eos else None  # what ends a reply written for the model
         dtype = model.model.embed_tokens.weight.dtype
         # MTP caches are sized for the longest a sequence may get (plus a round of drafts)
         self.mtp_positions = min(args.max_model_len or config.max_position_embeddings,
@@ -191,11 +194,18 @@ class LLMEngine:
             raise ValueError("empty prompt")
         if len(ids) >= self.max_model_len:
             raise PromptTooLongError(len(ids), self.max_model_len)
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
+        if (params.stop or params.choice) and self.tokenizer is None:
+            raise ValueError("stop strings and choices need a tokenizer")
+        choices = None
+        if params.choice:  # drafts would bypass the constraint; its forced tail is faster anyway
+            if self.end_token_id is None:
+                raise ValueError("choices need an end-of-sequence token")
+            choices = Choices([self.tokenizer.reply_ids(c) for c in params.choice], self.end_token_id)
+            k = 0
         request_id = request_id or str(next(self._ids))
         seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
                        generator_for(params, self.model.device), k)
+        seq.choices = choices
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id

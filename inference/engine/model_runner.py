@@ -14,6 +14,9 @@ its last token, and after the forward its rows are verified: the accepted prefix
 model's own next token come back, and `kept` says how many of its positions stay in the cache
 (the rest are simply overwritten by the next step; the block manager frees blocks past them).
 Plain and speculative sequences, prefill chunks and verifies share the one forward.
+
+A sequence constrained to given replies (`Sequence.choices`) samples among the tokens that
+continue one of them, and once one is left its step returns the rest of it at once.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.choices import mask_to_allowed
 from inference.engine.drafting import BatchDrafter, SequenceDrafts
 from inference.engine.sequence import Sequence
 from inference.layers.cache_layouts import cache_layout
@@ -90,10 +94,15 @@ class ModelRunner:
         results = {id(seq): StepResult(n, []) for seq, n in plan_batch}
         if sampling:
             logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
+            if any(s.choices for s in sampling):
+                logits = mask_to_allowed(logits, [s.choices.allowed(s.completion_token_ids) if s.choices
+                                                  else None for s in sampling])
             drawn = self.sampler(logits, [s.params for s in sampling], [s.token_ids for s in sampling],
                                  [s.generator for s in sampling])
             for seq, token in zip(sampling, drawn.tolist(), strict=True):
                 results[id(seq)].tokens.append(token)
+                if seq.choices:  # one reply left: the rest of it now (it ends with an eos)
+                    results[id(seq)].tokens += seq.choices.rest([*seq.completion_token_ids, token])
         if verifying:
             self._verify(hidden, verifying, results)
         for (seq, _), start in zip(plan_batch, starts, strict=True):

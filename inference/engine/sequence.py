@@ -28,6 +28,7 @@ class Sequence:
     `speculative_k` (0 = plain decoding) is how many MTP drafts the sequence may verify per
     step; `drafts` holds its drafter (`inference.engine.drafting.SequenceDrafts`), made by the
     model runner and dropped whenever the sequence's cache is (preemption, a failed step).
+    `choices` holds the replies it is constrained to (`SamplingParams.choice`), tokenized.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.speculative_k = speculative_k
         self.drafts: Any = None
+        self.choices: Any = None  # inference.engine.choices.Choices, for SamplingParams.choice
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -95,6 +95,8 @@ def test_the_stream_carries_the_same_text_then_usage(client):
     ({"messages": QUESTION, "model": "gpt-4"}, 404, "does not exist"),
     ({"messages": [{"role": "user", "content": "年假" * 2000}]}, 400, "max_model_len"),
     ([1, 2], 400, "JSON object"),
+    ({"messages": QUESTION, "guided_choice": ["a", ""]}, 400, "guided_choice"),
+    ({"messages": QUESTION, "guided_choice": []}, 400, "guided_choice"),
 ])
 def test_a_bad_request_gets_a_4xx_in_openais_shape(client, body, status, says):
     response = client.post("/v1/chat/completions", json=body)
@@ -166,6 +168,9 @@ def test_the_served_process_answers_the_workers_openai_backend():
         assert whole.text and "".join(d.text for d in streamed) == whole.text == streamed[-1].final.text
         assert whole.completion_tokens == streamed[-1].final.completion_tokens > 0
         assert whole.prompt_tokens > 3
+        choice = ("请联系 IT 服务台。", "Sorry, I could not find this in the knowledge base.")
+        chosen = backend.generate(QUESTION, GenerationParams(temperature=0, max_tokens=200, choice=choice))
+        assert chosen.text.strip() in choice  # guided_choice, as vLLM takes it
     finally:
         server.terminate()
         server.wait(30)

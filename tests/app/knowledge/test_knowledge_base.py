@@ -59,9 +59,11 @@ class PromptLLM:
     def __init__(self, text="根据资料，答案见 [1]。"):
         self.text = text
         self.prompts: list[list[dict]] = []
+        self.params: list = []
 
     def generate(self, messages, params):
         self.prompts.append(messages)
+        self.params.append(params)
         return Generation(text=self.text, model="glm-4", prompt_tokens=100, completion_tokens=10)
 
     def stream(self, messages, params):
@@ -195,6 +197,23 @@ def test_a_model_not_trained_on_passages_gets_the_question_alone_with_sources_ke
     assert llm.prompts[-1][0] == {"role": "system", "content": services.settings.system_prompt}
     assert all("员工手册" not in m["content"] for m in llm.prompts[-1])
     assert reply == "第一年有 10 天年假。\n\n来源 / Sources:\n[1] 员工手册 › 年假 Annual leave"
+
+
+def test_an_extractive_model_may_only_quote_a_passage_or_decline(app, services, loaded, monkeypatch):
+    """KB_ANSWER_BY_QUOTING (make run's, for the demo model): the model is given its possible
+    replies, each passage of its prompt quoted whole with its number, or "not found"."""
+    from app.knowledge import prompt
+
+    llm = PromptLLM()
+    ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 520)
+    assert llm.params[-1].choice == ()  # by default the model writes freely
+    monkeypatch.setattr(services.settings, "kb_answer_by_quoting", True)
+    ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 521)
+    choice, system = llm.params[-1].choice, llm.prompts[-1][0]["content"]
+    assert choice[-2:] == (prompt.NOT_FOUND_ZH, prompt.NOT_FOUND_EN) and len(choice) >= 3
+    for number, quote in enumerate(choice[:-2], 1):
+        text, mark = quote.rsplit(" ", 1)
+        assert mark == f"[{number}]" and f"[{number}] 员工手册" in system and text in system
 
 
 def test_the_ai_bot_stream_ends_with_markdown_sources(services, loaded, monkeypatch):

@@ -108,6 +108,14 @@ def test_enable_thinking_is_sent_as_chat_template_kwargs_only_when_asked(model):
     assert model.last_body["chat_template_kwargs"] == {"enable_thinking": False}
 
 
+def test_choices_are_sent_as_guided_choice_only_when_given(model):
+    llm = backend(model)
+    llm.generate(QUESTION, GenerationParams())
+    assert "guided_choice" not in model.last_body
+    llm.generate(QUESTION, GenerationParams(choice=("a [1]", "not found")))
+    assert model.last_body["guided_choice"] == ["a [1]", "not found"]
+
+
 def test_thinking_off_with_a_prefilling_template_reads_the_reply_as_answer(model):
     generation = backend(model, "thinking").generate(QUESTION, GenerationParams(enable_thinking=False))
     assert generation.text == ANSWER and generation.reasoning == ""
