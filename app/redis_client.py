@@ -39,6 +39,7 @@ from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import (
     ClusterDownError,
+    ClusterError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -57,8 +58,10 @@ _OPTIONS = {"cluster": {"failover_wait"},
 # What a command meets while a primary is down and before a replica took its slots over: the
 # dead node's refused or cut connections, CLUSTERDOWN, a slot no live node serves, TRYAGAIN
 # (a multi-key command during a slot migration). redis-py re-reads the slot table after each.
+# And ClusterError "TTL exhausted": redis-py's own 16 redirections (ASK, TRYAGAIN) used up by one
+# command while a slot with many keys migrates (CI met it once, under load).
 FAILOVER_ERRORS = (RedisConnectionError, RedisTimeoutError, ClusterDownError, SlotNotCoveredError,
-                   TryAgainError)
+                   TryAgainError, ClusterError)
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 0.5
 
 

@@ -101,6 +101,19 @@ def test_a_failover_is_waited_out_then_given_up(monkeypatch):
         redis_client._ride_out(1, lambda: (_ for _ in ()).throw(RedisConnectionError("down")))
 
 
+def test_redirections_used_up_during_a_migration_are_waited_out(monkeypatch):
+    monkeypatch.setattr(redis_client.time, "sleep", lambda s: None)
+    calls = []
+
+    def migrating():
+        calls.append(1)
+        if len(calls) < 3:
+            raise redis.exceptions.ClusterError("TTL exhausted.")
+        return "ok"
+
+    assert redis_client._ride_out(10, migrating) == "ok" and len(calls) == 3
+
+
 def test_other_errors_are_not_retried(monkeypatch):
     monkeypatch.setattr(redis_client.time, "sleep", lambda s: pytest.fail("slept"))
     with pytest.raises(redis.ResponseError):
