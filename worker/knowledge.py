@@ -52,9 +52,7 @@ class Grounding:
     def choices(self, settings) -> tuple[str, ...]:
         """The replies the model may give (KB_ANSWER_BY_QUOTING: a passage quoted whole, or "not
         found"); none when it answers freely."""
-        if settings.kb_answer_by_quoting and settings.kb_passages_in_prompt and self.passages:
-            return prompt.quote_choices(self.passages)
-        return ()
+        return prompt.reply_choices(settings, self.passages)
 
     def cite(self, reply: str, markdown: bool = False) -> str:
         """The reply with its sources; the model's "not found" becomes the full decline."""

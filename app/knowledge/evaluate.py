@@ -146,8 +146,7 @@ def _answer_all(questions: list[dict], services, settings: Settings, max_tokens:
             else:
                 messages = [{"role": "system", "content": settings.system_prompt},
                             {"role": "user", "content": question}]
-            quoting = settings.kb_answer_by_quoting and settings.kb_passages_in_prompt
-            choice = prompt.quote_choices(result.passages) if quoting else ()
+            choice = prompt.reply_choices(settings, result.passages)
             params = GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
                                       choice=choice)  # a whole quote, however long
             text = backend.generate(messages, params).text.strip()

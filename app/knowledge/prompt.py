@@ -80,6 +80,14 @@ def quote_choices(passages: list[Passage]) -> tuple[str, ...]:
     return (*(quote_reply(p, n) for n, p in enumerate(passages, 1)), NOT_FOUND_ZH, NOT_FOUND_EN)
 
 
+def reply_choices(settings, passages: list[Passage]) -> tuple[str, ...]:
+    """The replies the model is held to under these settings: ``quote_choices`` when it answers
+    by quoting the passages of its prompt, else none (it writes freely)."""
+    if settings.kb_answer_by_quoting and settings.kb_passages_in_prompt and passages:
+        return quote_choices(passages)
+    return ()
+
+
 def cited_numbers(reply: str, count: int) -> list[int]:
     """The passage numbers the reply marked, in order of first use; all when it marked none."""
     used = []
