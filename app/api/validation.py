@@ -11,6 +11,8 @@ from app.llm import GenerationParams
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 256
 MAX_STOP = 4
+MAX_CHOICES = 64  # guided_choice: replies to choose among (the inference server's limit)
+MAX_CHOICE_CHARS = 8192
 
 
 @dataclass
@@ -91,6 +93,18 @@ def _stop(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _guided_choice(value) -> tuple[str, ...]:
+    """vLLM's ``guided_choice``: the reply is one of these texts (the bundled engine's
+    ``SamplingParams.choice``; a remote vLLM or SGLang server takes it as it is)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_CHOICES or not all(
+            isinstance(c, str) and c.strip() and len(c) <= MAX_CHOICE_CHARS for c in value):
+        raise invalid(f"'guided_choice' must be 1 to {MAX_CHOICES} non-empty strings of at most "
+                      f"{MAX_CHOICE_CHARS} characters", "guided_choice")
+    return tuple(value)
+
+
 def _enable_thinking(value) -> bool | None:
     """``chat_template_kwargs.enable_thinking`` (vLLM's convention); other keys are ignored."""
     if value is None:
@@ -129,5 +143,6 @@ def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
         stop=_stop(body.get("stop")),
         seed=_integer(body, "seed", None, -(2**63), 2**63 - 1),
         enable_thinking=_enable_thinking(body.get("chat_template_kwargs")),
+        choice=_guided_choice(body.get("guided_choice")),
     )
     return ChatRequest(model, messages, params, stream, bool(options.get("include_usage")))

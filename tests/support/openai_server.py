@@ -34,7 +34,11 @@ REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
 _MODE = re.compile(r"#reasoning=(\w+)")
 
 
-def reply_for(messages: list[dict]) -> str:
+def reply_for(messages: list[dict], choice: list[str] | None = None) -> str:
+    """The echo reply; with vLLM's ``guided_choice``, one of the choices (the last, so that a
+    test sees the list arrived whole)."""
+    if choice:
+        return choice[-1]
     users = [m["content"] for m in messages if m.get("role") == "user"]
     return f"答复#{len(users)}: {users[-1] if users else ''}"
 
@@ -104,7 +108,7 @@ class FakeOpenAIServer:
                 finally:
                     with self.lock:
                         self.in_flight -= 1
-            text = reply_for(body["messages"])
+            text = reply_for(body["messages"], body.get("guided_choice"))
             mode = reasoning_mode(body["messages"], self.reasoning)
             reasoning, content, finish = written(text, mode)
             prompt_tokens = sum(len(m["content"]) for m in body["messages"])

@@ -50,6 +50,18 @@ def test_completion_answers_and_records_usage_and_audit(api, key, client):
     assert "你好" not in event.payload_enc  # sealed, like every audit payload
 
 
+def test_guided_choice_reaches_the_model_and_the_reply_is_one_of_them(api, key, client):
+    """vLLM's ``guided_choice`` passes through to the model server (the fake answers with the
+    last choice, as a constrained model would answer with one of them), plain and streamed."""
+    choices = ["年假 10 天 [1]", "抱歉，我在知识库里没有找到这个问题的答案。"]
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO,
+                                           extra_body={"guided_choice": choices})
+    assert reply.choices[0].message.content == choices[-1]
+    stream = client.chat.completions.create(model=MODEL, messages=HELLO, stream=True,
+                                            extra_body={"guided_choice": choices})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == choices[-1]
+
+
 def test_streaming_sends_chunks_then_usage_then_done(api, key, client):
     name, _ = key
     stream = client.chat.completions.create(model=MODEL, messages=HELLO, stream=True,
@@ -108,6 +120,10 @@ def test_a_reasoning_models_thinking_reaches_the_official_client_apart(client):
     ({"model": MODEL, "messages": HELLO, "stream": "yes"}, "stream"),
     ({"model": MODEL, "messages": HELLO, "n": 2}, "n"),
     ({"model": MODEL, "messages": HELLO, "stop": [1]}, "stop"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": []}, "guided_choice"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": ["yes", " "]}, "guided_choice"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": "yes"}, "guided_choice"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": ["x"] * 65}, "guided_choice"),
     ({"messages": HELLO}, "model"),
     ([1, 2], None),
 ])
