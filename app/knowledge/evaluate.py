@@ -35,6 +35,8 @@ from app.llm import GenerationParams, make_backend
 from app.services import Services
 
 MARKUP = re.compile(r"\*\*|__|`")
+# a space between a Chinese character and a digit or Latin letter (typesetting: "10 日" is "10日")
+CJK_GAP = re.compile(r"(?<=[\u4e00-\u9fff])[ \u00a0]+(?=[0-9A-Za-z])|(?<=[0-9A-Za-z%])[ \u00a0]+(?=[\u4e00-\u9fff])")
 FALLBACK_CONTACT = "IT服务台（分机 8100）/ the IT help desk (ext. 8100)"
 
 
@@ -50,10 +52,11 @@ def ephemeral_settings(database_url: str, model_dir: str, passages: bool) -> Set
         kb_passages_in_prompt=passages, kb_fallback_contact=FALLBACK_CONTACT)
 
 
-def as_read(answer: str) -> str:
-    """The answer as an employee reads it: markdown's emphasis and code marks are not words
-    ("**5** 次" says "5 次"; WeCom's markdown and the AI bot's stream show it so)."""
-    return MARKUP.sub("", answer)
+def as_read(text: str) -> str:
+    """A text as an employee reads it: markdown's emphasis and code marks are not words
+    ("**5** 次" says "5 次"; WeCom's markdown and the AI bot's stream show it so), and the space
+    Chinese typesetting puts between a character and a number is not either ("10 日" = "10日")."""
+    return CJK_GAP.sub("", MARKUP.sub("", text))
 
 
 def load_questions(path: str | Path) -> list[dict]:
@@ -89,7 +92,7 @@ class Tally:
         self.in_scope += 1
         self.wrongly_declined += declined
         shown = as_read(answer)
-        self.answered_facts += all(any(s in shown for s in group) for group in item["facts"])
+        self.answered_facts += all(any(as_read(s) in shown for s in group) for group in item["facts"])
         if item.get("section") and not declined:
             self.cited_checked += 1
             self.cited_right += any(item["section"] in c for c in citations)

@@ -64,3 +64,14 @@ def test_json_mode_prints_each_answer_then_the_summary(tmp_path, capsys):
     assert rows[1]["declined"] is True and "没有找到" in rows[1]["answer"]
     assert not rows[0]["declined"] and any("2. IT" in c for c in rows[0]["citations"])
     assert summary["summary"]["in_scope"] == 1 and summary["passages_in_prompt"] is True
+
+
+def test_the_space_between_a_chinese_character_and_a_number_is_not_read():
+    """"次月 10 日" says "10日" and "10 日" alike (Chinese typesetting's space); digits stay apart."""
+    tally = Tally()
+    item = {"question": "a", "facts": [["10日"], ["Xinghe Connect"]]}
+    tally.add(item, "次月 10 日发放，客户端 Xinghe Connect", [], False)
+    tally.add({"question": "b", "facts": [["10 日"]]}, "次月10日发放", [], False)
+    tally.add({"question": "c", "facts": [["10 日"]]}, "次月 1 0 日发放", [], False)
+    tally.add({"question": "d", "facts": [["XingheConnect"]]}, "Xinghe Connect", [], False)
+    assert tally.answered_facts == 2
