@@ -48,6 +48,28 @@ def key_facts(text: str) -> set[str]:
     return set(_FACT.findall(text))
 
 
+_SENTENCE_START = re.compile(r"(?:^|[.!?:;。！？：；]\s*|\n\s*[-*]?\s*)([A-Z][A-Za-z]{2,})\b")
+
+
+def reference_facts(answer: str, common_words: set[str]) -> set[str]:
+    """``key_facts`` of a reference answer less the capitalised words that are only a sentence's
+    first word ("The", "You", "Please": capitalised by grammar, not names): a word the handbooks
+    also write in lower case is common, unless the answer capitalises it mid-sentence too."""
+    starts = set(_SENTENCE_START.findall(answer))
+    inside = set(re.findall(r"(?<=[a-z,] )[A-Z][A-Za-z]{2,}\b", answer))
+    return {f for f in key_facts(answer)
+            if not (f in starts and f not in inside and f.lower() in common_words)}
+
+
+def common_words() -> set[str]:
+    """The words the handbooks or the reference answers write in lower case somewhere."""
+    from inference.demo.corpus import HANDBOOKS  # noqa: PLC0415
+
+    texts = [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS]
+    texts += [item["answer"] for item in load_qa()]
+    return {w for text in texts for w in re.findall(r"\b[a-z]{3,}\b", text)}
+
+
 @dataclass
 class Score:
     exact: float
@@ -141,11 +163,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def heldout_questions() -> list[dict]:
     """The held-out paraphrases as a question set: each must hold its reference's key facts
-    (items about the handbook only: small talk is not searched, and an answer without a number,
-    name or app has nothing to check)."""
-    items = []
+    (``reference_facts``; items about the handbook only: small talk is not searched, and an
+    answer without a number, name or app has nothing to check)."""
+    items, common = [], common_words()
     for item in load_qa():
-        facts = sorted(key_facts(item["answer"]))
+        facts = sorted(reference_facts(item["answer"], common))
         if item["topic"] in ("greeting", "smalltalk") or not facts:
             continue
         items += [{"question": q, "facts": [[f] for f in facts]} for q in item["heldout"]]

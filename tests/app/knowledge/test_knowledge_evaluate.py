@@ -75,3 +75,12 @@ def test_the_space_between_a_chinese_character_and_a_number_is_not_read():
     tally.add({"question": "c", "facts": [["10 日"]]}, "次月 1 0 日发放", [], False)
     tally.add({"question": "d", "facts": [["XingheConnect"]]}, "Xinghe Connect", [], False)
     assert tally.answered_facts == 2
+
+
+def test_held_out_facts_leave_out_words_capitalised_only_as_a_sentence_start():
+    common = {"the", "please", "desk", "you"}
+    answer = "The IT Service Desk is on ext. 8100. Please use Xinghe Connect. You can also call."
+    assert demo_eval.reference_facts(answer, common) == {"Service", "Desk", "8100", "Xinghe",
+                                                         "Connect"}
+    # a name that opens a sentence stays a fact (never written in lower case)
+    assert demo_eval.reference_facts("Monday to Friday.", common) == {"Monday", "Friday"}
