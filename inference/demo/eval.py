@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from inference.demo.corpus import heldout_pairs, load_qa
+from inference.demo.corpus import HANDBOOKS, heldout_pairs, load_qa
 from inference.demo.train import SYSTEM_PROMPT
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
@@ -49,6 +49,7 @@ def key_facts(text: str) -> set[str]:
 
 
 _SENTENCE_START = re.compile(r"(?:^|[.!?:;。！？：；]\s*|\n\s*[-*]?\s*)([A-Z][A-Za-z]{2,})\b")
+_MID_SENTENCE = re.compile(r"(?<=[a-z,] )[A-Z][A-Za-z]{2,}\b")
 
 
 def reference_facts(answer: str, common_words: set[str]) -> set[str]:
@@ -56,15 +57,13 @@ def reference_facts(answer: str, common_words: set[str]) -> set[str]:
     first word ("The", "You", "Please": capitalised by grammar, not names): a word the handbooks
     also write in lower case is common, unless the answer capitalises it mid-sentence too."""
     starts = set(_SENTENCE_START.findall(answer))
-    inside = set(re.findall(r"(?<=[a-z,] )[A-Z][A-Za-z]{2,}\b", answer))
+    inside = set(_MID_SENTENCE.findall(answer))
     return {f for f in key_facts(answer)
             if not (f in starts and f not in inside and f.lower() in common_words)}
 
 
 def common_words() -> set[str]:
     """The words the handbooks or the reference answers write in lower case somewhere."""
-    from inference.demo.corpus import HANDBOOKS  # noqa: PLC0415
-
     texts = [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS]
     texts += [item["answer"] for item in load_qa()]
     return {w for text in texts for w in re.findall(r"\b[a-z]{3,}\b", text)}
@@ -180,7 +179,6 @@ def knowledge_eval(args) -> None:
     import json
 
     from app.knowledge.evaluate import evaluate, load_questions  # noqa: PLC0415
-    from inference.demo.corpus import HANDBOOKS
     from inference.demo.grounded import (
         DEMO_ANSWER_BY_QUOTING,
         DEMO_CHUNK_TOKENS,
