@@ -319,10 +319,6 @@ class Settings(BaseSettings):
         default=False, description="the model's reply must be one passage quoted whole with its number, or "
                                    "'not found' (an extractive model such as the bundled demo; the model "
                                    "server must support guided_choice)")
-    kb_judge_each_passage: bool = Field(
-        default=False, description="ask the model about each passage on its own, best first, and answer from the "
-                                   "first it does not decline (a small model that cannot weigh several passages "
-                                   "at once, such as the bundled demo; up to KB_TOP_K calls a question)")
     kb_min_similarity: float = Field(default=0.6, ge=-1, le=1,
                                      description="cosine from which a dense match is relevant")
     embeddings_base_url: str = Field(default="", description="OpenAI-compatible /v1 with /embeddings; "

@@ -36,7 +36,6 @@ from inference.demo.corpus import COMPANY_PATH, HANDBOOKS
 from inference.demo.grounded import (
     DEMO_ANSWER_BY_QUOTING,
     DEMO_CHUNK_TOKENS,
-    DEMO_JUDGE_EACH_PASSAGE,
     DEMO_MIN_SCORE,
     DEMO_TOP_K,
 )
@@ -117,7 +116,6 @@ def stack_env() -> dict[str, str]:
         env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
         env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))
         env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())
-        env.setdefault("KB_JUDGE_EACH_PASSAGE", str(DEMO_JUDGE_EACH_PASSAGE).lower())
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)

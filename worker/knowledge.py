@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from app.knowledge import judging, prompt
+from app.knowledge import prompt
 from app.knowledge.retrieval import Passage, Retriever
 from app.models import KnowledgeDocument
 
@@ -45,20 +45,14 @@ class Grounding:
     def decline(self) -> str:
         return prompt.not_found_reply(self.contact)
 
-    def messages(self, system_prompt: str, history: list[dict],
-                 passages: list[Passage] | None = None) -> list[dict]:
-        """The prompt over the passages found (or over ``passages``: one at a time, KB_JUDGE_EACH_PASSAGE)."""
-        return prompt.grounded_messages(system_prompt, history, self.question,
-                                        self.passages if passages is None else passages, self.contact)
+    def messages(self, system_prompt: str, history: list[dict]) -> list[dict]:
+        return prompt.grounded_messages(system_prompt, history, self.question, self.passages,
+                                        self.contact)
 
-    def choices(self, settings, passages: list[Passage] | None = None) -> tuple[str, ...]:
+    def choices(self, settings) -> tuple[str, ...]:
         """The replies the model may give (KB_ANSWER_BY_QUOTING: a passage quoted whole, or "not
         found"); none when it answers freely."""
-        return prompt.reply_choices(settings, self.passages if passages is None else passages)
-
-    def one_by_one(self, settings) -> bool:
-        """KB_JUDGE_EACH_PASSAGE: the model is asked about each passage alone (app/knowledge/judging.py)."""
-        return judging.judges_each_passage(settings, self.passages)
+        return prompt.reply_choices(settings, self.passages)
 
     def cite(self, reply: str, markdown: bool = False) -> str:
         """The reply with its sources; the model's "not found" becomes the full decline."""

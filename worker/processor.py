@@ -31,7 +31,6 @@ from app import metrics
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
-from app.knowledge import judging
 from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
@@ -395,27 +394,19 @@ class MessageProcessor:
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
             return Reply(grounding.decline(), usage={"model": "kb-not-found"})
-        files = self.media.files.files(conversation or row.user_hash)
-
-        def messages_over(passages: list | None = None) -> list[dict]:
-            if grounding is not None and self.settings.kb_passages_in_prompt:
-                messages = grounding.messages(self.settings.system_prompt, history, passages)
-            else:
-                messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
-                            {"role": "user", "content": text}]
-            # The conversation's files (worker/media.py), and the images beside the question.
-            messages = media.with_files(messages, files, self.settings.file_context_max_chars)
-            if images:
-                messages[-1] = media.with_images(messages[-1], images)
-            return messages
-
-        def params_over(passages: list | None = None) -> GenerationParams:
-            return GenerationParams(
-                max_tokens=self.settings.max_new_tokens, temperature=self.settings.temperature,
-                top_p=self.settings.top_p,
-                choice=grounding.choices(self.settings, passages) if grounding is not None else ())
-
-        messages, params = messages_over(), params_over()
+        if grounding is not None and self.settings.kb_passages_in_prompt:
+            messages = grounding.messages(self.settings.system_prompt, history)
+        else:
+            messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
+                        {"role": "user", "content": text}]
+        # The conversation's files (worker/media.py), and the images beside the question.
+        messages = media.with_files(messages, self.media.files.files(conversation or row.user_hash),
+                                    self.settings.file_context_max_chars)
+        if images:
+            messages[-1] = media.with_images(messages[-1], images)
+        params = GenerationParams(max_tokens=self.settings.max_new_tokens,
+                                  temperature=self.settings.temperature, top_p=self.settings.top_p,
+                                  choice=grounding.choices(self.settings) if grounding is not None else ())
         try:
             llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:
@@ -426,11 +417,7 @@ class MessageProcessor:
             return Reply(charge.notice)
         started = time.monotonic()
         try:
-            if grounding is not None and grounding.one_by_one(self.settings):
-                # each passage alone, best first (app/knowledge/judging.py); the answer is sent whole
-                generation = judging.answer_each(llm.generate, messages_over, grounding.passages, params_over)
-            else:
-                generation = channel.generate(llm, messages, params)
+            generation = channel.generate(llm, messages, params)
         except LLMError as exc:
             self.meter.release(charge)
             raise _model_failure(exc) from exc

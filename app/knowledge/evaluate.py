@@ -3,8 +3,7 @@
 `python -m inference.demo.eval --questions FILE [--json]` (the demo model against the demo
 handbook) runs this: a throwaway database gets the handbook through the real upload path
 (`KnowledgeStore.add`), each question goes through the worker's retrieval and prompt (`Retriever`,
-`prompt.grounded_messages` or the question alone when `--no-passages`, each passage alone when
-`kb_judge_each_passage` (`judging.answer_each`), `prompt.with_sources`,
+`prompt.grounded_messages` or the question alone when `--no-passages`, `prompt.with_sources`,
 the "not found" reply without the model), and the model answers through `app.llm` (the bundled
 engine, greedy).
 
@@ -29,7 +28,7 @@ from pathlib import Path
 from app import migrate
 from app.config import Settings
 from app.db import Database
-from app.knowledge import judging, prompt
+from app.knowledge import prompt
 from app.knowledge.retrieval import Retriever
 from app.knowledge.store import KnowledgeStore
 from app.llm import GenerationParams, make_backend
@@ -145,22 +144,15 @@ def _answer_all(questions: list[dict], services, settings: Settings, max_tokens:
             if not result.found:
                 tally.add(item, prompt.not_found_reply(contact), [], True)
                 continue
-
-            def messages_over(passages, question=question):
-                if settings.kb_passages_in_prompt:
-                    return prompt.grounded_messages(settings.system_prompt, [], question, passages, contact)
-                return [{"role": "system", "content": settings.system_prompt},
-                        {"role": "user", "content": question}]
-
-            def params_over(passages):
-                choice = prompt.reply_choices(settings, passages)
-                return GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
-                                        choice=choice)  # a whole quote, however long
-
-            if judging.judges_each_passage(settings, result.passages):
-                text = judging.answer_each(backend.generate, messages_over, result.passages, params_over).text.strip()
+            if settings.kb_passages_in_prompt:
+                messages = prompt.grounded_messages(settings.system_prompt, [], question, result.passages, contact)
             else:
-                text = backend.generate(messages_over(result.passages), params_over(result.passages)).text.strip()
+                messages = [{"role": "system", "content": settings.system_prompt},
+                            {"role": "user", "content": question}]
+            choice = prompt.reply_choices(settings, result.passages)
+            params = GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
+                                      choice=choice)  # a whole quote, however long
+            text = backend.generate(messages, params).text.strip()
             if prompt.is_decline(text):  # the model's "not found", as the worker sends it
                 tally.add(item, prompt.not_found_reply(contact), [], True)
                 continue

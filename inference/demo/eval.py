@@ -138,9 +138,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quoting", action=argparse.BooleanOptionalAction, default=None,
                         help="with --questions: KB_ANSWER_BY_QUOTING (default: the demo model's, as make run; "
                              "--no-quoting: the model writes its reply freely)")
-    parser.add_argument("--judge-each", action=argparse.BooleanOptionalAction, default=None,
-                        help="with --questions: KB_JUDGE_EACH_PASSAGE (default: the demo model's, as make run; "
-                             "--no-judge-each: all passages in one prompt)")
     args = parser.parse_args(argv)
     if args.questions:
         return knowledge_eval(args)
@@ -185,7 +182,6 @@ def knowledge_eval(args) -> None:
     from inference.demo.grounded import (
         DEMO_ANSWER_BY_QUOTING,
         DEMO_CHUNK_TOKENS,
-        DEMO_JUDGE_EACH_PASSAGE,
         DEMO_MIN_SCORE,
         DEMO_TOP_K,
     )
@@ -197,8 +193,7 @@ def knowledge_eval(args) -> None:
     passages = args.passages
     reading = {"kb_chunk_tokens": args.chunk_tokens or DEMO_CHUNK_TOKENS, "kb_top_k": args.top_k or DEMO_TOP_K,
                "kb_min_score": DEMO_MIN_SCORE if args.min_score is None else args.min_score,
-               "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting,
-               "kb_judge_each_passage": DEMO_JUDGE_EACH_PASSAGE if args.judge_each is None else args.judge_each}
+               "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting}
     tally = evaluate(questions, args.model, HANDBOOKS, passages, **reading)  # both editions, as make run
     if args.json:
         for row in tally.rows:

@@ -14,11 +14,6 @@ as the worker searches it (`Retriever.search`, a follow-up with the question bef
   questions shown passages that lack the answer: their own with the answering ones taken out,
   or another topic's. Those negatives make the model read the passages, not just the question.
 
-With `DEMO_JUDGE_EACH_PASSAGE` (make run's `KB_JUDGE_EACH_PASSAGE`) every conversation shows
-one passage, as the worker then asks: each passage found for a question alone, quoted when it is
-the answer's source and "not found" when it does not hold the answer (the same topic's near
-misses: what teaches the model to read the passage rather than recognise the question).
-
 Which passages hold an answer: the chunks found when the answer itself is the question (the best
 of each edition, within the item's handbook sections), i.e. the text it was written from.
 """
@@ -45,9 +40,6 @@ UNGROUNDED_TOPICS = ("greeting", "smalltalk")  # small talk: the worker never se
 HOLDS_ANSWER = 0.4  # share of the answer's distinctive pieces a passage must hold
 OWN_NEGATIVE_SHARE = 0.15  # answerable questions also shown their passages without the answer
 OTHER_NEGATIVE_SHARE = 0.1  # ... and another topic's passages
-# One passage at a time: the share of an answerable question's passages that do not answer it
-# kept as "not found" conversations (all would be 64 % of the tokens for 27 % of the targets)
-HARD_NEGATIVE_SHARE = 0.6
 DEMO_CHUNK_TOKENS = 100  # KB_CHUNK_TOKENS and KB_TOP_K the demo model reads best (make run's)
 DEMO_TOP_K = 3
 # KB_MIN_SCORE for the demo model: it declines weak matches less reliably than a large model, so
@@ -57,10 +49,6 @@ DEMO_MIN_SCORE = 0.25
 # engine writes the quote exactly (inference/engine/choices.py): left free, its copy of a passage
 # drifts into bullets it memorised
 DEMO_ANSWER_BY_QUOTING = True
-# KB_JUDGE_EACH_PASSAGE: the demo model is shown one passage at a time (app/knowledge/judging.py).
-# Shown three, it learnt which questions the handbook answers, not which passage answers them:
-# asked the IT desk's number over five other topics' passages it answered 3 to 5 times of 5
-DEMO_JUDGE_EACH_PASSAGE = True
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,
     "HR（分机 8000）/ HR (ext. 8000)", "行政（分机 8200）/ Admin (ext. 8200)",
@@ -123,7 +111,6 @@ class Builder:
         self.system_prompt = system_prompt
         self.rng = rng
         self.top_k = services.settings.kb_top_k
-        self.one_by_one = services.settings.kb_judge_each_passage
         self._sources: dict[str, set[int]] = {}
 
     def sources_of(self, answer: str, topic: str) -> set[int]:
@@ -162,8 +149,6 @@ class Builder:
         passages = result.passages
         ask = [*history, {"role": "user", "content": question}]
         sources = self.sources_of(answer, topic)
-        if self.one_by_one:
-            return self.judged(passages, ask, answer, topic, sources, others)
         held = [i for i, p in enumerate(passages) if p.chunk_id in sources]
         if not held:  # retrieval missed: the honest answer from these passages is "not found"
             reply = decline_for(question)
@@ -181,40 +166,12 @@ class Builder:
                     self.conversation(foreign, [*ask, _assistant(decline_for(question))]), "decline"))
         return samples
 
-    def judged(self, passages: list[Passage], ask: list[dict], answer: str, topic: str,
-               sources: set[int], others: list[str]) -> list[Sample]:
-        """KB_JUDGE_EACH_PASSAGE: one conversation per passage the worker would show, alone as
-        [1]: quoted when it is the answer's source, "not found" when it does not hold the answer
-        (the hard negatives: the same topic, close words), none when it holds much of the answer
-        without being its source (no clear label); and now and then another topic's passage."""
-        question = ask[-1]["content"]
-        samples = []
-        for passage in passages:
-            if passage.chunk_id in sources:
-                reply, kind = prompt.quote_reply(passage, 1), "answer"
-            elif holding(answer, [passage], topic):
-                continue
-            elif self.rng.random() < HARD_NEGATIVE_SHARE:
-                reply, kind = decline_for(question), "decline"
-            else:
-                continue
-            samples.append(Sample(self.conversation([passage], [*ask, _assistant(reply)]), kind))
-        if others and self.rng.random() < OTHER_NEGATIVE_SHARE:
-            foreign = [p for p in self.closest(self.rng.choice(others)) if p.chunk_id not in sources
-                       and not holding(answer, [p], topic)]
-            if foreign:
-                samples.append(Sample(self.conversation(
-                    [self.rng.choice(foreign)], [*ask, _assistant(decline_for(question))]), "decline"))
-        return samples
-
     def unanswerable(self, question: str) -> list[Sample]:
         passages = self.closest(question)
         if not passages:
             return []  # no passage shares a word with it: the worker declines without the model
         reply = decline_for(question)
         turns = [{"role": "user", "content": question}, _assistant(reply)]
-        if self.one_by_one:
-            return [Sample(self.conversation([p], turns), "decline") for p in passages]
         return [Sample(self.conversation(passages, turns), "decline")]
 
 
@@ -231,8 +188,8 @@ def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
     for item in items:
         by_topic.setdefault(item["topic"], []).append(item["question"])
     samples: list[Sample] = []
-    with scratch_knowledge_base(HANDBOOKS, kb_chunk_tokens=DEMO_CHUNK_TOKENS, kb_top_k=DEMO_TOP_K,
-                                kb_judge_each_passage=DEMO_JUDGE_EACH_PASSAGE) as services:
+    with scratch_knowledge_base(HANDBOOKS, kb_chunk_tokens=DEMO_CHUNK_TOKENS,
+                                kb_top_k=DEMO_TOP_K) as services:
         builder = Builder(services, system_prompt, rng)
         for item in items:
             others = [q for topic, qs in by_topic.items() if topic != item["topic"] for q in qs]
@@ -255,7 +212,5 @@ def _dialogue_samples(builder: Builder, messages: list[dict]) -> list[Sample]:
     first_q, first_a, follow_q, follow_a = (m["content"] for m in messages)
     history = [{"role": "user", "content": first_q}, _assistant(first_a)]
     # the dialogues carry no topic: any section may hold the answer
-    samples = builder.answerable(follow_q, follow_a, "any", [], history, previous=first_q)
-    # over three passages only the answer (any section's passage may hold part of it); one by
-    # one, the passages that hold too little of it are clear negatives
-    return samples if builder.one_by_one else [s for s in samples if s.kind == "answer"]
+    return [s for s in builder.answerable(follow_q, follow_a, "any", [], history, previous=first_q)
+            if s.kind == "answer"]

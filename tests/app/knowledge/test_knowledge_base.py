@@ -216,56 +216,6 @@ def test_an_extractive_model_may_only_quote_a_passage_or_decline(app, services, 
         assert mark == f"[{number}]" and f"[{number}] 员工手册" in system and text in system
 
 
-class JudgeLLM(PromptLLM):
-    """Declines every passage but the one holding ``answers_over``; keeps every prompt."""
-
-    def __init__(self, answers_over: str | None):
-        super().__init__()
-        self.answers_over = answers_over
-
-    def generate(self, messages, params):
-        from app.knowledge import prompt
-
-        self.prompts.append(messages)
-        self.params.append(params)
-        over = self.answers_over and self.answers_over in messages[0]["content"]
-        return Generation(text="第一年 10 天 [1]。" if over else prompt.NOT_FOUND_ZH, model="glm-4",
-                          prompt_tokens=5000, completion_tokens=50)  # above the meter's estimates
-
-
-def test_judging_each_passage_asks_about_one_at_a_time(app, services, loaded, monkeypatch):
-    """KB_JUDGE_EACH_PASSAGE (make run's, for the demo model): one prompt per passage, best
-    first, each holding that passage alone as [1] (and, quoting, only its quote to choose); the
-    first the model does not decline answers, cited by its place among all; every call is paid."""
-    from app.knowledge import prompt
-    from app.models import UsageRecord
-
-    monkeypatch.setattr(services.settings, "kb_judge_each_passage", True)
-    monkeypatch.setattr(services.settings, "kb_answer_by_quoting", True)
-    monkeypatch.setattr(services.settings, "kb_min_score", 0.05)  # a few passages, the leave one not first
-    question = "报销要在多少天内提交？年假呢"
-    found = Retriever(services).search(question, [SALES]).passages
-    leave = next(n for n, p in enumerate(found, 1) if "10 天" in p.text)
-    assert len(found) >= 2 and leave >= 2, [p.section for p in found]  # another passage comes first
-
-    llm = JudgeLLM(answers_over="10 天")
-    reply = ask(app, services, processor_with(services, llm), "bob-sales", question, 560)
-    assert len(llm.prompts) == leave  # asked until the passage that answers, in rank order
-    for asked, passage, params in zip(llm.prompts, found, llm.params, strict=False):
-        system = asked[0]["content"]
-        assert f"[1] {passage.source}" in system and "\n[2] " not in system and passage.text in system
-        assert params.choice == (prompt.quote_reply(passage, 1), prompt.NOT_FOUND_ZH, prompt.NOT_FOUND_EN)
-    assert reply == f"第一年 10 天 [{leave}]。\n\n来源 / Sources:\n[{leave}] {found[leave - 1].source}"
-    with services.db.session() as session:
-        usage = session.scalars(select(UsageRecord).order_by(UsageRecord.id.desc())).first()
-        assert (usage.prompt_tokens, usage.completion_tokens) == (5000 * leave, 50 * leave)
-
-    llm = JudgeLLM(answers_over=None)  # declines every passage: the "not found" reply
-    monkeypatch.setattr(services.settings, "kb_fallback_contact", "HR（分机 8000）")
-    reply = ask(app, services, processor_with(services, llm), "bob-sales", question, 561)
-    assert len(llm.prompts) == len(found) and reply == not_found_reply("HR（分机 8000）")
-
-
 def test_the_ai_bot_stream_ends_with_markdown_sources(services, loaded, monkeypatch):
     from tests.worker.test_reasoning_replies import aibot_row
 
