@@ -176,38 +176,6 @@ def test_long_sections_are_packed_and_cut_at_sentences_within_the_size():
     assert all(f"第{i}条" in joined for i in range(40)) and "短段落" in joined
 
 
-def test_a_later_piece_of_a_cut_list_item_repeats_its_label():
-    """"连续输错 5 次后账号锁定" cut from "- **密码**（域账号）：" is found and read as a password
-    rule only if it says so; a label with a long remark is repeated as its bold words."""
-    item = ("- **密码**（域账号）：至少 **12 个字符**，须包含大写字母、小写字母、数字、符号中的至少 3 类；"
-            "每 **90 天** 更换一次；不得与最近 **5** 次使用过的密码重复。\n  连续输错 **5** 次后账号锁定 **15 分钟**。")
-    first, *later = chunk_blocks([Block(item)], max_tokens=60)
-    assert first.text.startswith("- **密码**（域账号）：至少") and "锁定" not in first.text
-    assert later and all(c.text.startswith("- **密码**（域账号）： ") for c in later)
-    assert later[-1].text == "- **密码**（域账号）： 连续输错 **5** 次后账号锁定 **15 分钟**。"
-    assert all(c.tokens <= 60 for c in (first, *later))
-    long_remark = item.replace("（域账号）", "（域账号，" + "包括邮箱、VPN 和所有内部系统的登录" * 2 + "）")
-    assert chunk_blocks([Block(long_remark)], max_tokens=60)[-1].text.startswith("- **密码**： ")
-
-
-def test_a_later_piece_of_a_cut_table_repeats_its_header_row():
-    rows = "\n".join(f"| Team {i} | 8{i:03d} | team{i}@example.com |" for i in range(30))
-    table = f"| Team | Extension | Email |\n|---|---|---|\n{rows}"
-    chunks = chunk_blocks([Block(table)], max_tokens=60)
-    assert len(chunks) > 2 and all(c.tokens <= 60 for c in chunks)
-    assert all(c.text.startswith("| Team | Extension | Email | |---|---|---|") for c in chunks)
-    assert all(f"| Team {i} |" in "".join(c.text for c in chunks) for i in range(30))
-
-
-def test_a_wrapped_line_is_not_a_place_to_cut():
-    """Markdown's wrapped lines join (without a space in Chinese); a new list item still starts
-    a sentence."""
-    item = ("- **假期**：\n  - 年假：入职第 1 年 **10 天**。未休年假最多可结转 **5** 天，\n    须在 **3 月 31 日**前休完。"
-            + "\n  - 病假：每年 **5 天全薪**。" * 8)
-    chunks = chunk_blocks([Block(item)], max_tokens=40)
-    assert any("未休年假最多可结转 **5** 天，须在 **3 月 31 日**前休完。" in c.text for c in chunks)
-
-
 def test_count_tokens_cjk_chars_and_words():
     assert count_tokens("年假 annual leave 10 days") == 6
     assert count_tokens("") == 0
