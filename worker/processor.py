@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -75,7 +76,33 @@ class Outcome:
 
 
 DONE = Outcome("done")
+NOT_OURS = Outcome("done", reason="not-ours")
 _UNREAD = object()  # the finish did not read the user's next message
+DRAINED_REMEMBERED = 4096  # message ids a process answered in a drain, ahead of their own tasks
+
+
+class _Drained:
+    """The messages this process answered in a drain (bounded, oldest forgotten first).
+
+    A drained message's own task still arrives; remembered, it is done without a claim (an
+    UPDATE that matches nothing and a read of why: a third of the worker's statements when an
+    employee sends several messages at once). Only a finished row is remembered, so skipping
+    its task loses nothing; a task this process never drained for claims as always."""
+
+    def __init__(self, size: int = DRAINED_REMEMBERED):
+        self.size = size
+        self._ids: OrderedDict[int, bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, message_id: int) -> None:
+        with self._lock:
+            self._ids[message_id] = True
+            if len(self._ids) > self.size:
+                self._ids.popitem(last=False)
+
+    def take(self, message_id: int) -> bool:
+        with self._lock:
+            return self._ids.pop(message_id, False)
 
 
 def _observe_finished(row, status: str) -> None:
@@ -193,6 +220,7 @@ class MessageProcessor:
         self.grounder = Grounder(services, wecom)
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
         self.media = media.MediaHandler(self)  # voice, images, files (worker/media.py)
+        self.drained = _Drained()
 
     @property
     def llm(self) -> LLMBackend:
@@ -204,6 +232,8 @@ class MessageProcessor:
 
     # -- entry point ---------------------------------------------------------------------------
     def process(self, message_id: int) -> Outcome:
+        if self.drained.take(message_id):  # answered here in an earlier message's drain
+            return NOT_OURS
         claimed = []
         outcome = self._process_one(message_id, claimed)
         if outcome.status != "done" or outcome.reason == "not-ours":
@@ -225,6 +255,8 @@ class MessageProcessor:
             outcome = self._process_one(nxt)
             if outcome.status != "done":
                 return  # its own task (or the sweeper) takes it from here
+            if outcome.reason != "not-ours":  # finished here: its own task has nothing to do
+                self.drained.add(nxt)
             current = nxt
 
     def _process_one(self, message_id: int, claimed: list | None = None) -> Outcome:
@@ -246,7 +278,7 @@ class MessageProcessor:
                 return DONE if after is _UNREAD else Outcome("done", next_id=after, next_read=True)
             except LeaseLost:
                 log.warning("lease lost, another worker continues message_id=%s", message_id)
-                return Outcome("done", reason="not-ours")
+                return NOT_OURS
             except TransientFailure as exc:
                 return self._transient(row, owner, exc)
             except PermanentFailure as exc:
@@ -255,7 +287,7 @@ class MessageProcessor:
 
     def _not_claimed(self, message_id: int, claim) -> Outcome:
         if claim.result in (ClaimResult.DONE, ClaimResult.MISSING):
-            return Outcome("done", reason="not-ours")
+            return NOT_OURS
         # Behind an earlier message of the same user, or leased by a worker that may have died:
         # look again when that can have changed.
         return Outcome("wait", countdown=max(claim.retry_after_s, 0.2), reason=claim.result)

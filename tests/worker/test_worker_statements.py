@@ -63,3 +63,27 @@ def test_a_claim_that_fails_says_why(services):
         assert rows.finish(session, first, "me", MessageStatus.ANSWERED)
     with services.db.single_statement() as session:
         assert rows.claim(session, first, "other", 60).result == ClaimResult.DONE
+
+
+def test_a_message_answered_in_a_drain_needs_no_claim_of_its_own_task(services, monkeypatch):
+    """An employee's queued messages are answered in one drain; their own tasks then find them
+    remembered and run no claim. Another process (which drained nothing) claims and finds them done."""
+    from tests.worker.test_processor_data import FakeLLM, processor_for
+
+    first, second, other_user, third = _messages(services, ["dora", "dora", "erin", "dora"])
+    claims = []
+    real_claim = rows.claim
+    monkeypatch.setattr(rows, "claim", lambda session, message_id, *a: claims.append(message_id)
+                        or real_claim(session, message_id, *a))
+    llm = FakeLLM()
+    processor = processor_for(services, llm)
+    assert processor.process(first).status == "done"
+    assert claims == [first, second, third] and llm.calls == 3  # the drain answered dora's three
+    assert {_status(services, m) for m in (first, second, third)} == {MessageStatus.ANSWERED}
+    claims.clear()
+    assert processor.process(second).reason == processor.process(third).reason == "not-ours"
+    assert claims == [] and llm.calls == 3  # no claim, no second answer
+    assert processor.process(second).reason == "not-ours" and claims == [second]  # remembered once
+    elsewhere = processor_for(services, llm)
+    assert elsewhere.process(third).reason == "not-ours" and claims == [second, third]
+    assert elsewhere.process(other_user).status == "done" and _status(services, other_user) == MessageStatus.ANSWERED
