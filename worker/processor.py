@@ -85,9 +85,9 @@ class _Drained:
     """The messages this process answered in a drain (bounded, oldest forgotten first).
 
     A drained message's own task still arrives; remembered, it is done without a claim (an
-    UPDATE that matches nothing and a read of why: a third of the worker's statements when an
-    employee sends several messages at once). Only a finished row is remembered, so skipping
-    its task loses nothing; a task this process never drained for claims as always."""
+    UPDATE that matches nothing and a read of why, for every message after the first when an
+    employee sends several at once). Only a finished row is remembered, so skipping its task
+    loses nothing; a task this process never drained for claims as always."""
 
     def __init__(self, size: int = DRAINED_REMEMBERED):
         self.size = size
