@@ -50,7 +50,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from app.audit import EventType
+from app.audit import Event, EventType
 from app.db import to_money, utcnow
 from app.models import (
     Budget,
@@ -455,6 +455,11 @@ def _prices_statement():
             .order_by(table.c.valid_from.desc(), table.c.id.desc()))
 
 
+def _alert_event(alert: RaisedAlert) -> Event:
+    return Event(EventType.BUDGET_ALERT, actor="system", outcome=f"{alert.threshold}%",
+                 payload=alert.as_json())
+
+
 class _Prices:
     """Every price version of a batch's models and of the fallback (``*``), read once; ``at``
     is the price in effect for one call: the model's latest version by then, else the fallback's."""
@@ -487,7 +492,8 @@ def _decode_periods(text: str) -> list[tuple[int, datetime]]:
 
 
 class _Job:
-    """One ``reserve`` or ``settle`` waiting for the writer: its arguments, then its outcome."""
+    """One ``reserve``, ``settle`` or ``audit`` waiting for the writer: its arguments, then its
+    outcome."""
 
     __slots__ = ("kind", "args", "done", "result", "error", "thread")
 
@@ -693,6 +699,18 @@ class Accounting:
             self.on_alerts(settled.alerts)
         return settled
 
+    def record_audit(self, event: Event) -> None:
+        """Append ``event`` to the audit chain in the group commit's next transaction.
+
+        The worker's reply events go here: each would otherwise be a transaction of its own
+        (a connection checked out and pinged, three statements, a commit) after its message's;
+        in the batch they share its commit and one move of the audit head. Returns when it is
+        committed, as ``AuditLog.record`` does."""
+        if self.audit is None:
+            raise RuntimeError("Accounting.record_audit: this Accounting was made without an AuditLog")
+        self._run("audit", event)
+        self.audit.publish_head(self.db)
+
     # -- the group commit ----------------------------------------------------------------------
     def _run(self, kind: str, args):
         queue = getattr(self.db.engine, "writer_queue", None)
@@ -737,6 +755,7 @@ class Accounting:
         rows, audit head)."""
         settles = [job.args for job in jobs if job.kind == "settle"]
         reserves = [job.args for job in jobs if job.kind == "reserve"]
+        events: list[Event] = []  # appended last: the audit head is the last lock taken
         # Reads: the budgets that apply, the prices.
         budgets = []
         if reserves or settles:
@@ -753,7 +772,9 @@ class Accounting:
         records, plans = [], []
         for job in jobs:
             a = job.args
-            if job.kind == "settle":
+            if job.kind == "audit":
+                plans.append(None)
+            elif job.kind == "settle":
                 price = prices.at(a.model, a.now)
                 if price is None:
                     log.warning("no price for model %r (nor %r): this call costs nothing",
@@ -794,6 +815,8 @@ class Accounting:
                        for r in conn.execute(_drop_reservations_statement(), {"ids": ids})}
         keys = set()
         for job, plan in zip(jobs, plans, strict=True):
+            if job.kind == "audit":
+                continue
             if job.kind == "reserve":
                 keys.update(plan[2])
             elif job.args.reservation_id in dropped:
@@ -810,6 +833,10 @@ class Accounting:
         results, new_reservations, usage_index = [], [], 0
         for job, plan in zip(jobs, plans, strict=True):
             a = job.args
+            if job.kind == "audit":
+                events.append(a)
+                results.append(None)
+                continue
             if job.kind == "settle":
                 cost, fallback = plan
                 own = dropped.pop(a.reservation_id, None)
@@ -820,8 +847,7 @@ class Accounting:
                 else:
                     charged = fallback
                 alerts = self._charge_rows(session, rows, by_id, charged, cost, seen)
-                for alert in alerts:
-                    self._audit_alert(session, alert)
+                events.extend(_alert_event(alert) for alert in alerts)
                 results.append(Settled(usage_ids[usage_index], cost, alerts))
                 usage_index += 1
                 continue
@@ -849,6 +875,8 @@ class Accounting:
                 results[index] = Admission(True, reservation_id, row["amount"],
                                            **jobs[index].args.base)
         _write_periods(session, rows)
+        if events and self.audit is not None:
+            self.audit.append_many(conn, events)
         return results
 
     def _roll_up(self, session: Session, records: list[dict]) -> None:
@@ -903,10 +931,6 @@ class Accounting:
                            row.period_start, threshold, row.spent, budget.limit, budget.currency,
                            budget.action)
 
-    def _audit_alert(self, session: Session, alert: RaisedAlert) -> None:
-        if self.audit is not None:
-            self.audit.append(session, EventType.BUDGET_ALERT, actor="system",
-                              outcome=f"{alert.threshold}%", payload=alert.as_json())
 
     def expire_reservations(self, older_than_s: float, now: datetime | None = None) -> int:
         """Charge the worst case of reservations nobody settled (a worker killed mid-call, a
@@ -926,9 +950,9 @@ class Accounting:
                 budgets = {b.id: b for b in session.scalars(
                     _budgets_by_id(), {"ids": sorted({k[0] for k in periods})})}
                 alerts = self._charge_rows(session, periods, budgets, periods, amount, set())
-                for alert in alerts:
-                    self._audit_alert(session, alert)
                 _write_periods(session, periods)
+                if alerts and self.audit is not None:
+                    self.audit.append_many(session, [_alert_event(alert) for alert in alerts])
             log.warning("budget reservation %s expired unsettled: charged its worst case %s",
                         reservation_id, amount)
             charged.append(reservation_id)

@@ -23,7 +23,7 @@ from app.accounting import (
     estimate_completion_tokens,
     estimate_prompt_tokens,
 )
-from app.audit import EventType
+from app.audit import Event, EventType
 
 log = logging.getLogger(__name__)
 BLOCK_NOTICE = ("抱歉，本期 AI 助手的{scope}预算已用完，暂时无法回答。如需继续使用，请联系管理员。\n"
@@ -82,6 +82,12 @@ class Meter:
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
                 model: str) -> Charge:
         department = self.department_of(row.user_hash, user_id)
+        if not getattr(row, "budgeted", True):
+            # No budget was enabled at the claim (``app.outbox.rows``): admitted as reserve
+            # would admit it, without a group commit that reads the budgets to find none.
+            return Charge(Admission(True, user_hash=row.user_hash, department=department,
+                                    model=model, message_id=row.id,
+                                    prompt_tokens=estimate_prompt_tokens(messages)))
         admission = self.accounting.reserve(
             row.user_hash, department, model, estimate_prompt_tokens(messages), max_new_tokens,
             message_id=row.id, user_hashes=self.services.blind_index.candidates("wecom-user", user_id))
@@ -120,9 +126,10 @@ class Meter:
             log.exception("reservation not released message_id=%s", charge.admission.message_id)
 
     def audit_reply(self, row, event_type: str, outcome: str, **payload) -> None:
+        """Written by the accounting group commit (one transaction for the batch's events)."""
         try:
-            self.services.audit.record(self.services.db, event_type, actor=row.user_hash,
-                                       outcome=outcome, request_id=row.request_id,
-                                       payload={"message_id": row.id, **payload})
+            self.accounting.record_audit(Event(event_type, actor=row.user_hash, outcome=outcome,
+                                               request_id=row.request_id,
+                                               payload={"message_id": row.id, **payload}))
         except Exception:  # noqa: BLE001 - the reply already happened; the log says it is missing
             log.exception("audit event %s not written message_id=%s", event_type, row.id)

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
-from app.models import InboundMessage, MessageStatus
+from app.models import Budget, InboundMessage, MessageStatus
 from app.outbox.statements import DriverStatements, values_rows
 from app.security import BlindIndex, FieldCipher
 
@@ -214,8 +214,14 @@ def _claim_statement():
     """The claim's UPDATE, built once: the row is queued (or its lease ran out) and no earlier
     message of the same user is still pending. Made per call, its aliased subquery and
     expressions cost the worker more CPU than the database spent running it. A Core statement
-    returning the columns: loading an ORM object from it cost about as much again."""
+    returning the columns: loading an ORM object from it cost about as much again.
+
+    It also returns ``budgeted``: whether any budget is enabled at all. Without one the worker
+    admits the call without a reservation, as ``Accounting.reserve`` would, instead of a group
+    commit that reads the budgets to find none (a budget enabled after the claim applies from
+    the user's next message; the settle charges whatever budget is enabled by then)."""
     table = InboundMessage.__table__
+    budgeted = exists().where(Budget.__table__.c.enabled.is_(True)).label("budgeted")
     earlier = table.alias("earlier")
     pending_before = exists().where(
         earlier.c.user_hash == table.c.user_hash,
@@ -234,7 +240,7 @@ def _claim_statement():
         .values(status=MessageStatus.PROCESSING, lease_owner=bindparam("owner"),
                 lease_until=bindparam("until", type_=table.c.lease_until.type),
                 attempts=table.c.attempts + 1, updated_at=now)
-        .returning(*table.c)
+        .returning(*table.c, budgeted)
     )
 
 

@@ -283,3 +283,40 @@ def test_settle_charges_the_larger_of_reported_and_estimated_tokens(services, ac
     assert [(r.model, r.prompt_tokens, r.completion_tokens) for r in records] == [
         ("glm-4", 1000, 400), ("glm-4", 2000, 600)]
     assert spent == Decimal("0.060000")
+
+
+def test_audit_events_share_the_group_commit_with_settles_and_alerts(services, accounting):
+    """Reply events written by the accounting writer land in the chain beside the batch's alert
+    events, every one once, and the chain verifies."""
+    from app.audit import Event, EventType
+
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "0.2", action="warn", thresholds="50,100")
+    barrier = threading.Barrier(16)
+
+    def one(i):
+        barrier.wait()
+        if i % 2:
+            accounting.record_audit(Event(EventType.REPLY_SENT, actor=f"u{i}", outcome="sent",
+                                          payload={"message_id": i}))
+        else:
+            accounting.settle(accounting.reserve(f"u{i}", "", "glm-4", 1000, 500),
+                              usage(user=f"u{i}", dept=""))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(16)))
+    with services.db.session() as session:
+        events = list(session.scalars(select(AuditEvent).order_by(AuditEvent.seq)))
+        report = services.audit.verify(session)
+    assert report.ok, report.issues
+    sent = sorted(services.audit.payload_of(e)["message_id"] for e in events if e.event_type == "reply_sent")
+    assert sent == list(range(1, 16, 2))
+    assert sorted(e.outcome for e in events if e.event_type == "budget_alert") == ["100%", "50%"]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+def test_record_audit_needs_an_audit_log(services):
+    from app.audit import Event, EventType
+
+    with pytest.raises(RuntimeError, match="without an AuditLog"):
+        Accounting(services.db, TZ).record_audit(Event(EventType.REPLY_SENT, actor="u1"))

@@ -87,3 +87,42 @@ def test_a_message_answered_in_a_drain_needs_no_claim_of_its_own_task(services, 
     elsewhere = processor_for(services, llm)
     assert elsewhere.process(third).reason == "not-ours" and claims == [second, third]
     assert elsewhere.process(other_user).status == "done" and _status(services, other_user) == MessageStatus.ANSWERED
+
+
+def test_the_claim_says_whether_a_budget_is_enabled_and_only_then_the_worker_reserves(services, monkeypatch):
+    """Without an enabled budget the worker admits the call without the reservation's group
+    commit, and the usage is still recorded; once one is enabled, the next message reserves
+    (and is blocked by a budget it is over)."""
+    from app.accounting import Accounting, set_budget, set_budget_enabled, set_price
+    from app.models import UsageRecord
+    from tests.worker.test_processor_data import FakeLLM, processor_for
+
+    first, second, third = _messages(services, ["fay", "gus", "hal"])
+    with services.db.transaction() as session:
+        set_price(session, "glm-4", "5", "1", "15")
+        disabled = set_budget(session, "user", "nobody", "day", "1")
+        set_budget_enabled(session, disabled.id, False)
+    reserves = []
+    real_reserve = Accounting.reserve
+    monkeypatch.setattr(Accounting, "reserve", lambda self, *a, **k: reserves.append(a)
+                        or real_reserve(self, *a, **k))
+    processor = processor_for(services, FakeLLM())
+    assert processor.process(first).status == "done"
+    assert reserves == [] and _status(services, first) == MessageStatus.ANSWERED
+    with services.db.session() as session:
+        assert session.scalar(select(UsageRecord.message_id).where(UsageRecord.message_id == first)) == first
+
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "1000")
+    with services.db.single_statement() as session:
+        claimed = rows.claim(session, second, "me", 60)
+        assert claimed.row.budgeted
+        assert rows.finish(session, second, "me", MessageStatus.QUEUED)
+    assert processor.process(second).status == "done"
+    assert len(reserves) == 1 and _status(services, second) == MessageStatus.ANSWERED
+
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "0.000001")  # spent already by the second
+    assert processor.process(third).status == "done"
+    assert len(reserves) == 2 and processor.llm.calls == 2
+    assert "预算已用完" in processor.wecom.sent[-1][2]
