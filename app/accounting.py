@@ -171,6 +171,9 @@ class Admission:
     model: str = ""  # the configured model: what the call is priced by
     message_id: int | None = None
     prompt_tokens: int = 0  # the prompt's estimate, an upper bound: settle charges at least this
+    # False: admitted knowing no budget was enabled (the worker reads it with its claim); its
+    # settle records the usage and charges no budget, without reading them
+    budgeted: bool = True
 
 
 @dataclass
@@ -529,6 +532,7 @@ class _SettleArgs:
     cached_tokens: int
     completion_tokens: int
     now: datetime
+    budgeted: bool = True
 
 
 _FORK_GUARD = threading.Lock()
@@ -694,7 +698,7 @@ class Accounting:
                 admission.prompt_tokens if admission is not None else 0),
             min(max(usage.cached_tokens, 0), max(usage.prompt_tokens, 0)),
             max(usage.completion_tokens, usage.estimated_completion_tokens),
-            now or utcnow()))
+            now or utcnow(), admission is None or admission.budgeted))
         if settled.alerts and self.on_alerts is not None:
             self.on_alerts(settled.alerts)
         return settled
@@ -758,7 +762,7 @@ class Accounting:
         events: list[Event] = []  # appended last: the audit head is the last lock taken
         # Reads: the budgets that apply, the prices.
         budgets = []
-        if reserves or settles:
+        if reserves or any(s.budgeted for s in settles):
             budgets = list(session.scalars(_batch_budgets_statement(), {
                 "hashes": sorted({h for r in reserves for h in r.hashes}
                                  | {s.usage.user_hash for s in settles}),
@@ -791,7 +795,7 @@ class Accounting:
                     "price_id": price.id if price else None, "latency_ms": u.latency_ms,
                     "message_id": u.message_id})
                 fallback = [(b.id, period_start(b.period, a.now, self.tz)) for b in budgets
-                            if _applies(b, (u.user_hash,), u.department, u.api_key_id)]
+                            if a.budgeted and _applies(b, (u.user_hash,), u.department, u.api_key_id)]
                 plans.append((cost, fallback))
             else:
                 mine = [b for b in budgets if _applies(b, a.hashes, a.department, a.api_key_id)]

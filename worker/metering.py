@@ -84,10 +84,11 @@ class Meter:
         department = self.department_of(row.user_hash, user_id)
         if not getattr(row, "budgeted", True):
             # No budget was enabled at the claim (``app.outbox.rows``): admitted as reserve
-            # would admit it, without a group commit that reads the budgets to find none.
+            # would admit it, without a group commit that reads the budgets to find none; its
+            # settle charges none either (one enabled meanwhile applies from the next message).
             return Charge(Admission(True, user_hash=row.user_hash, department=department,
                                     model=model, message_id=row.id,
-                                    prompt_tokens=estimate_prompt_tokens(messages)))
+                                    prompt_tokens=estimate_prompt_tokens(messages), budgeted=False))
         admission = self.accounting.reserve(
             row.user_hash, department, model, estimate_prompt_tokens(messages), max_new_tokens,
             message_id=row.id, user_hashes=self.services.blind_index.candidates("wecom-user", user_id))

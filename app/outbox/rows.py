@@ -218,8 +218,8 @@ def _claim_statement():
 
     It also returns ``budgeted``: whether any budget is enabled at all. Without one the worker
     admits the call without a reservation, as ``Accounting.reserve`` would, instead of a group
-    commit that reads the budgets to find none (a budget enabled after the claim applies from
-    the user's next message; the settle charges whatever budget is enabled by then)."""
+    commit that reads the budgets to find none, and its settle reads none either (a budget
+    enabled after the claim applies from the next message claimed)."""
     table = InboundMessage.__table__
     budgeted = exists().where(Budget.__table__.c.enabled.is_(True)).label("budgeted")
     earlier = table.alias("earlier")

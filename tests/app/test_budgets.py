@@ -320,3 +320,29 @@ def test_record_audit_needs_an_audit_log(services):
 
     with pytest.raises(RuntimeError, match="without an AuditLog"):
         Accounting(services.db, TZ).record_audit(Event(EventType.REPLY_SENT, actor="u1"))
+
+
+def test_an_admission_made_without_budgets_settles_without_charging_one(services, accounting):
+    """The worker admits a call without reserving when its claim read that no budget was
+    enabled; one enabled before the settle is charged from the next call, and usage is
+    recorded either way."""
+    from app.accounting import Admission
+
+    with services.db.transaction() as session:
+        set_budget(session, "global", "", "day", "100")
+    unbudgeted = Admission(True, user_hash="u1", department="d1", model="glm-4", message_id=1,
+                           prompt_tokens=1000, budgeted=False)
+    accounting.settle(unbudgeted, usage())
+    with services.db.session() as session:
+        assert session.scalar(select(func.count()).select_from(BudgetPeriod)) == 0
+        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 1
+    # In one batch with a budgeted call (the writer's transaction): only that one is charged.
+    from app.accounting import _Job, _SettleArgs
+    now = datetime.now(TZ)
+    jobs = [_Job("settle", _SettleArgs(None, usage(), "glm-4", 1000, 0, 500, now, budgeted))
+            for budgeted in (False, True)]
+    accounting._commit(jobs)
+    assert [job.error for job in jobs] == [None, None]
+    with services.db.session() as session:
+        assert session.scalars(select(BudgetPeriod)).one().spent == Decimal("0.025000")
+        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 3
