@@ -935,7 +935,6 @@ class Accounting:
                            row.period_start, threshold, row.spent, budget.limit, budget.currency,
                            budget.action)
 
-
     def expire_reservations(self, older_than_s: float, now: datetime | None = None) -> int:
         """Charge the worst case of reservations nobody settled (a worker killed mid-call, a
         charge that failed): spent, not released, so a failure is never a free call. Returns
