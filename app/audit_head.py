@@ -54,7 +54,8 @@ class HeadCopy:
 class HeadFile:
     """A file outside the database holding the newest head seen (``AUDIT_HEAD_FILE``).
 
-    Written after commit (a checkpoint, a purge, an event recorded in its own transaction) by
+    Written after commit (a checkpoint, a purge, an event recorded in its own transaction, the
+    accounting writer's batch of reply events) by
     a write to a temporary file and a rename, so a reader sees the old copy or the new one. It
     never moves backwards: processes that commit in one order may write in another, so a copy
     older than the one there is dropped. Hence a copy may lag the database (appends inside

@@ -346,3 +346,24 @@ def test_an_admission_made_without_budgets_settles_without_charging_one(services
     with services.db.session() as session:
         assert session.scalars(select(BudgetPeriod)).one().spent == Decimal("0.025000")
         assert session.scalar(select(func.count()).select_from(UsageRecord)) == 3
+
+
+def test_the_writer_copies_the_audit_head_out_after_a_batch_of_audit_events(services, accounting,
+                                                                               tmp_path):
+    """With AUDIT_HEAD_FILE, the reply events' head reaches the copy (once a batch, written by
+    the writer after its callers returned), and verify finds the copy current."""
+    import time
+
+    from app.audit import Event, EventType
+    from app.audit_head import HeadFile
+
+    services.audit.head_file = HeadFile(tmp_path / "audit-head.json")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: accounting.record_audit(Event(EventType.REPLY_SENT, actor=f"u{i}")),
+                      range(8)))
+    deadline = time.monotonic() + 5
+    while (copy := services.audit.head_file.read()) is None or copy.last_seq < 8:
+        assert time.monotonic() < deadline, copy
+        time.sleep(0.02)
+    with services.db.session() as session:
+        assert services.audit.verify(session).ok
