@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -28,7 +29,8 @@ from emulator import EmulatorConfig, EmulatorServer
 from emulator import media as samples
 from emulator.callbacks import build_callback_xml
 
-AES_KEY = base64.b64encode(os.urandom(32)).decode()[:43]
+# fixed keys: the wrong-key case below must fail the padding check every run, not 255 in 256
+AES_KEY = base64.b64encode(bytes(range(100, 132))).decode()[:43]
 
 
 # -- parsing ---------------------------------------------------------------------------------------
@@ -85,9 +87,15 @@ def test_media_encryption_round_trip_and_wrong_key():
     sealed = encrypt_media(key, png)
     assert len(sealed) % 32 == 0 and sealed != png
     assert decrypt_media(key, sealed) == png
-    other = decode_aes_key(base64.b64encode(os.urandom(32)).decode()[:43])
+    # The media cipher is plain AES-CBC with PKCS#7 (no MAC, as WeCom defines it): a wrong key is
+    # caught by the padding check about 255 times in 256, and never yields the plaintext.
+    wrong = decode_aes_key(base64.b64encode(bytes(range(1, 33))).decode()[:43])
     with pytest.raises((IllegalBufferError, DecryptAesError)):
-        decrypt_media(other, sealed)
+        decrypt_media(wrong, sealed)
+    for _ in range(8):
+        other = decode_aes_key(base64.b64encode(os.urandom(32)).decode()[:43])
+        with contextlib.suppress(IllegalBufferError, DecryptAesError):
+            assert decrypt_media(other, sealed) != png
     with pytest.raises(DecryptAesError):
         decrypt_media(key, b"short")
 
