@@ -23,6 +23,13 @@ class SamplingParams:
     # The reply must be one of these texts (vLLM's guided choice): each step may only continue
     # one of them, and once one is left the rest of it is written without asking the model.
     choice: list[str] = field(default_factory=list)
+    # How the reply is chosen among `choice`: "tokens" (constrained decoding, as above) or
+    # "likelihood" (each reply read whole and scored by its mean token log-probability; the
+    # best one, or one drawn at the temperature: inference.engine.choice_scoring)
+    choice_scoring: str = "tokens"
+    # With "likelihood": added to each choice's score (mean log-probability per token), one per
+    # choice; a prior for or against a reply (e.g. the knowledge base's "not found")
+    choice_bias: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -41,6 +48,13 @@ class SamplingParams:
             raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
         if any(not isinstance(c, str) or not c.strip() for c in self.choice):
             raise ValueError("choice must be a list of non-empty strings")
+        if self.choice_scoring not in ("tokens", "likelihood"):
+            raise ValueError(f"choice_scoring must be 'tokens' or 'likelihood', got {self.choice_scoring!r}")
+        if self.choice_bias:
+            if self.choice_scoring != "likelihood" or len(self.choice_bias) != len(self.choice):
+                raise ValueError("choice_bias needs choice_scoring='likelihood' and one number per choice")
+            if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in self.choice_bias):
+                raise ValueError("choice_bias must be finite numbers")
         if self.choice and self.ignore_eos:
             raise ValueError("choice ends the reply with its text: it cannot ignore_eos")
 

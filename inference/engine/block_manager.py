@@ -118,7 +118,8 @@ class BlockManager:
         seq.num_slid_out = self._first_in_window(k * self.block_size)
 
     def _prefix_hit(self, seq: Sequence) -> int:
-        limit = min(len(seq.block_hashes), (seq.num_tokens - 1) // self.block_size)
+        end = seq.num_tokens - 1 if seq.compute_from is None else min(seq.num_tokens - 1, seq.compute_from)
+        limit = min(len(seq.block_hashes), end // self.block_size)
         hits = [key in self.blocks.cached for key in seq.block_hashes[:limit]]
         if self.nodes is None:
             return hits.index(False) if False in hits else limit

@@ -15,6 +15,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine.block_manager import BlockManager
+from inference.engine.choice_scoring import ChoiceScoring
 from inference.engine.choices import Choices
 from inference.engine.errors import PromptTooLongError, RequestFailedError
 from inference.engine.model_runner import ModelRunner
@@ -200,12 +201,21 @@ class LLMEngine:
         if params.choice:  # drafts would bypass the constraint; its forced tail is faster anyway
             if self.end_token_id is None:
                 raise ValueError("choices need an end-of-sequence token")
-            choices = Choices([self.tokenizer.reply_ids(c) for c in params.choice], self.end_token_id)
+            tokenized = [self.tokenizer.reply_ids(c) for c in params.choice]
+            choices = Choices(tokenized, self.end_token_id)
             k = 0
         request_id = request_id or str(next(self._ids))
         seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
                        generator_for(params, self.model.device), k)
-        seq.choices = choices
+        if choices is not None and params.choice_scoring == "likelihood":
+            bias: dict[tuple[int, ...], float] = {}  # a reply listed twice keeps its first bias
+            for reply, b in zip(tokenized, params.choice_bias or [0.0] * len(tokenized), strict=True):
+                bias.setdefault((*reply, self.end_token_id), float(b))
+            seq.scoring = ChoiceScoring(seq, choices.replies, [bias[tuple(r)] for r in choices.replies])
+            if seq.scoring.longest > self.max_model_len:  # the longest reply is read whole
+                raise PromptTooLongError(seq.scoring.longest, self.max_model_len)
+        else:
+            seq.choices = choices
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -213,7 +223,14 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         seq = self.requests.pop(request_id, None)
         if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, "abort")
+            self._end(seq, "abort")
+
+    def _end(self, seq: Sequence, reason: str, error: Exception | None = None) -> None:
+        """Finish a request's sequence, and the ones scoring its choices if it has them."""
+        self.scheduler.finish(seq, reason, error)
+        for child in seq.scoring.children if seq.scoring is not None else ():
+            if not child.is_finished:
+                self.scheduler.finish(child, "abort")
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -232,9 +249,10 @@ class LLMEngine:
             for other, _ in batch:
                 other.drafts = None
             seq = max(batch, key=lambda item: item[1])[0]
+            seq = seq.scoring.parent if seq.scoring is not None else seq  # a request's, not a choice's
             error = RequestFailedError(f"out of memory on {self.model.device.type} running request {seq.request_id}")
             error.__cause__ = exc
-            self.scheduler.finish(seq, "error", error)
+            self._end(seq, "error", error)
             self.requests.pop(seq.request_id, None)
             return [self._output(seq, [], "")]
         outputs = []
@@ -243,7 +261,22 @@ class LLMEngine:
                 outputs.append(self._postprocess(seq, result.tokens))
             if not seq.is_finished:
                 self.scheduler.advance(seq, result.kept)
+                if seq.scoring is not None and seq.num_computed_tokens == seq.num_tokens:
+                    outputs += self._scored(seq)
         return outputs
+
+    def _scored(self, seq: Sequence) -> list[RequestOutput]:
+        """A sequence of a request scoring its choices has its rows computed: after the prompt
+        come the replies, and after the last reply the request's answer."""
+        scoring = seq.scoring
+        if seq is scoring.parent:
+            self.scheduler.hand_over(seq, scoring.spawn())
+            return []
+        self.scheduler.finish(seq, "stop")
+        if not scoring.done():
+            return []
+        parent = scoring.parent
+        return [self._postprocess(parent, scoring.pick(parent.params.temperature, parent.generator))]
 
     def _postprocess(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
         """Append the step's tokens one by one, stopping at the first that ends the request

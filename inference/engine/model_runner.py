@@ -16,7 +16,9 @@ model's own next token come back, and `kept` says how many of its positions stay
 Plain and speculative sequences, prefill chunks and verifies share the one forward.
 
 A sequence constrained to given replies (`Sequence.choices`) samples among the tokens that
-continue one of them, and once one is left its step returns the rest of it at once.
+continue one of them, and once one is left its step returns the rest of it at once. A sequence
+scoring replies whole (`Sequence.scoring`) samples nothing: the log-probabilities of the rows
+it asks for go to its `ChoiceScoring` (`inference.engine.choice_scoring`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class ModelRunner:
         n - 1 drafts); the result of each sequence, in batch order."""
         ids, positions, plan_batch = [], [], []
         sample_rows, sampling, verifying, starts = [], [], [], []
+        scored = []  # (row, sequence, position, token) whose log-probability a scoring wants
         wanted = []
         for seq, n in batch:
             if seq.speculative_k:
@@ -81,7 +84,9 @@ class ModelRunner:
                 verifying.append((seq, row, drafts, dists))
             else:
                 ids.extend(seq.token_ids[c : c + n])
-                if c + n == seq.num_tokens:
+                if seq.scoring is not None:
+                    scored += [(row + p - c, seq, p, t) for p, t in seq.scoring.targets(seq, c, n)]
+                elif c + n == seq.num_tokens:
                     sample_rows.append(row + n - 1)
                     sampling.append(seq)
             positions.extend(range(c, c + n))
@@ -105,6 +110,13 @@ class ModelRunner:
                     results[id(seq)].tokens += seq.choices.rest([*seq.completion_token_ids, token])
         if verifying:
             self._verify(hidden, verifying, results)
+        if scored:
+            rows = torch.tensor([r for r, *_ in scored], device=self.device)
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[rows]).float(), dim=-1)
+            tokens = torch.tensor([0 if t is None else t for *_, t in scored], device=self.device)
+            picked = logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()  # one host copy
+            for (_, seq, position, token), value, row in zip(scored, picked, logprobs, strict=True):
+                seq.scoring.record(seq, position, row if token is None else value)
         for (seq, _), start in zip(plan_batch, starts, strict=True):
             if seq.drafts is not None:  # the main model's hidden states of the kept positions
                 seq.drafts.drafter.add_verified(hidden[start : start + results[id(seq)].kept])

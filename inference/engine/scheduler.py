@@ -83,6 +83,14 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def hand_over(self, seq: Sequence, successors: list[Sequence]) -> None:
+        """A running sequence's work goes on in others (a request scoring its choices: the
+        prompt, then one sequence per reply): it leaves the batch and its blocks go back (its
+        full ones stay in the prefix cache); the successors come first in the queue."""
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+        self.waiting.extendleft(reversed(successors))
+
     def advance(self, seq: Sequence, num_kept: int) -> None:
         """The step ran: `num_kept` more positions of the sequence are in the cache for good
         (fewer than scheduled when drafts were rejected). Call it once the accepted tokens are

@@ -28,7 +28,10 @@ class Sequence:
     `speculative_k` (0 = plain decoding) is how many MTP drafts the sequence may verify per
     step; `drafts` holds its drafter (`inference.engine.drafting.SequenceDrafts`), made by the
     model runner and dropped whenever the sequence's cache is (preemption, a failed step).
-    `choices` holds the replies it is constrained to (`SamplingParams.choice`), tokenized.
+    `choices` holds the replies it is constrained to (`SamplingParams.choice`), tokenized;
+    `scoring` the state its request shares when those replies are scored whole instead
+    (`inference.engine.choice_scoring`: the request's own sequence, then one per reply, number
+    `choice_index`), which only prefill and sample nothing.
     """
 
     def __init__(
@@ -61,6 +64,11 @@ class Sequence:
         self.speculative_k = speculative_k
         self.drafts: Any = None
         self.choices: Any = None  # inference.engine.choices.Choices, for SamplingParams.choice
+        self.scoring: Any = None  # inference.engine.choice_scoring.ChoiceScoring
+        # positions from here on are computed even when the prefix cache holds them (a reply
+        # being scored: its rows' logits are wanted), None: the cache may serve any
+        self.compute_from: int | None = None
+        self.choice_index = -1
 
     def __len__(self) -> int:
         return len(self.token_ids)
