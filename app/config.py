@@ -319,6 +319,15 @@ class Settings(BaseSettings):
         default=False, description="the model's reply must be one passage quoted whole with its number, or "
                                    "'not found' (an extractive model such as the bundled demo; the model "
                                    "server must support guided_choice)")
+    kb_choice_scoring: Literal["tokens", "likelihood"] = Field(
+        default="likelihood", description="with KB_ANSWER_BY_QUOTING, how the reply is chosen: 'likelihood' "
+                                          "(each passage read whole, the likeliest quoted: the bundled engine "
+                                          "and `inference serve`) or 'tokens' (constrained decoding, as vLLM's "
+                                          "guided_choice)")
+    kb_decline_bias: float = Field(
+        default=0.0, ge=-5, le=5, description="with KB_CHOICE_SCORING=likelihood: added to the 'not found' "
+                                              "replies' score (mean log-probability per token); higher "
+                                              "declines more")
     kb_min_similarity: float = Field(default=0.6, ge=-1, le=1,
                                      description="cosine from which a dense match is relevant")
     embeddings_base_url: str = Field(default="", description="OpenAI-compatible /v1 with /embeddings; "

@@ -8,7 +8,10 @@ all their requests share one batch and the weights exist once, as with `vllm ser
 - `POST /v1/chat/completions`: `messages` (text, or text parts), `max_tokens` /
   `max_completion_tokens`, `temperature`, `top_p`, `stop`, `seed`, `stream` with
   `stream_options.include_usage`, `chat_template_kwargs.enable_thinking`, `guided_choice` (vLLM's:
-  the reply is one of these texts, `inference.engine.choices`); `usage` with
+  the reply is one of these texts, `inference.engine.choices`) with this server's
+  `choice_scoring` ("tokens", the default, as vLLM; "likelihood": each text read whole and the
+  likeliest one given, `inference.engine.choice_scoring`) and `choice_bias` (one number per
+  choice, added to its score); `usage` with
   `prompt_tokens_details.cached_tokens` (prefix-cache hits). A reasoning model's think part is
   sent apart as `reasoning_content` (vLLM's `--reasoning-parser` convention), never in `content`.
 - `GET /v1/models`, `GET /health` (503 once the engine thread has died), `GET /metrics`
@@ -32,6 +35,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import (
@@ -42,7 +46,15 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.engine.service import EngineService
@@ -72,6 +84,8 @@ class ChatRequest(BaseModel):
     stream_options: dict | None = None
     chat_template_kwargs: dict | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1, max_length=MAX_CHOICES)
+    choice_scoring: Literal["tokens", "likelihood"] = "tokens"
+    choice_bias: list[FiniteFloat] | None = Field(default=None, max_length=MAX_CHOICES)
 
     @field_validator("guided_choice")
     @classmethod
@@ -79,6 +93,13 @@ class ChatRequest(BaseModel):
         if choice is not None and any(not c.strip() for c in choice):
             raise ValueError("every choice must be a non-empty string")
         return choice
+
+    @model_validator(mode="after")
+    def _bias(self) -> ChatRequest:
+        if self.choice_bias is not None and (self.choice_scoring != "likelihood"
+                                             or len(self.choice_bias) != len(self.guided_choice or ())):
+            raise ValueError("choice_bias needs choice_scoring 'likelihood' and one number per guided_choice text")
+        return self
 
     @field_validator("messages")
     @classmethod
@@ -104,7 +125,8 @@ class ChatRequest(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed,
                               max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
-                              choice=list(self.guided_choice or []))
+                              choice=list(self.guided_choice or []), choice_scoring=self.choice_scoring,
+                              choice_bias=list(self.choice_bias or []))
 
     @property
     def thinking(self) -> bool:

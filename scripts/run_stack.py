@@ -36,6 +36,7 @@ from inference.demo.corpus import COMPANY_PATH, HANDBOOKS
 from inference.demo.grounded import (
     DEMO_ANSWER_BY_QUOTING,
     DEMO_CHUNK_TOKENS,
+    DEMO_DECLINE_BIAS,
     DEMO_MIN_SCORE,
     DEMO_TOP_K,
 )
@@ -116,6 +117,7 @@ def stack_env() -> dict[str, str]:
         env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
         env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))
         env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())
+        env.setdefault("KB_DECLINE_BIAS", str(DEMO_DECLINE_BIAS))
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)

@@ -438,7 +438,9 @@ class MessageProcessor:
             messages[-1] = media.with_images(messages[-1], images)
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p,
-                                  choice=grounding.choices(self.settings) if grounding is not None else ())
+                                  choice=grounding.choices(self.settings) if grounding is not None else (),
+                                  choice_scoring=self.settings.kb_choice_scoring,
+                                  choice_bias=grounding.bias(self.settings) if grounding is not None else ())
         try:
             llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:

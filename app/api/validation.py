@@ -105,6 +105,27 @@ def _guided_choice(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _choice_scoring(value) -> str:
+    """How the reply is chosen among ``guided_choice`` (the bundled engine's; vLLM's is "tokens")."""
+    if value is None:
+        return "tokens"
+    if value not in ("tokens", "likelihood"):
+        raise invalid("'choice_scoring' must be 'tokens' or 'likelihood'", "choice_scoring")
+    return value
+
+
+def _choice_bias(value, choices: tuple[str, ...], scoring: str) -> tuple[float, ...]:
+    """With ``choice_scoring: likelihood``: one number per choice, added to its score."""
+    if value is None:
+        return ()
+    if scoring != "likelihood":
+        raise invalid("'choice_bias' needs 'choice_scoring': 'likelihood'", "choice_bias")
+    if not isinstance(value, list) or len(value) != len(choices) or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in value):
+        raise invalid("'choice_bias' must be one finite number per 'guided_choice' text", "choice_bias")
+    return tuple(float(b) for b in value)
+
+
 def _enable_thinking(value) -> bool | None:
     """``chat_template_kwargs.enable_thinking`` (vLLM's convention); other keys are ignored."""
     if value is None:
@@ -143,6 +164,8 @@ def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
         stop=_stop(body.get("stop")),
         seed=_integer(body, "seed", None, -(2**63), 2**63 - 1),
         enable_thinking=_enable_thinking(body.get("chat_template_kwargs")),
-        choice=_guided_choice(body.get("guided_choice")),
+        choice=(choice := _guided_choice(body.get("guided_choice"))),
+        choice_scoring=(scoring := _choice_scoring(body.get("choice_scoring"))),
+        choice_bias=_choice_bias(body.get("choice_bias"), choice, scoring),
     )
     return ChatRequest(model, messages, params, stream, bool(options.get("include_usage")))

@@ -151,7 +151,8 @@ def _answer_all(questions: list[dict], services, settings: Settings, max_tokens:
                             {"role": "user", "content": question}]
             choice = prompt.reply_choices(settings, result.passages)
             params = GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
-                                      choice=choice)  # a whole quote, however long
+                                      choice=choice, choice_scoring=settings.kb_choice_scoring,
+                                      choice_bias=prompt.choice_bias(settings, choice))
             text = backend.generate(messages, params).text.strip()
             if prompt.is_decline(text):  # the model's "not found", as the worker sends it
                 tally.add(item, prompt.not_found_reply(contact), [], True)

@@ -88,6 +88,13 @@ def reply_choices(settings, passages: list[Passage]) -> tuple[str, ...]:
     return ()
 
 
+def choice_bias(settings, choices: tuple[str, ...]) -> tuple[float, ...]:
+    """KB_DECLINE_BIAS on the "not found" replies among ``choices`` (likelihood scoring only)."""
+    if not choices or settings.kb_choice_scoring != "likelihood" or not settings.kb_decline_bias:
+        return ()
+    return tuple(settings.kb_decline_bias if c in (NOT_FOUND_ZH, NOT_FOUND_EN) else 0.0 for c in choices)
+
+
 def cited_numbers(reply: str, count: int) -> list[int]:
     """The passage numbers the reply marked, in order of first use; all when it marked none."""
     used = []

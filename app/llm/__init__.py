@@ -38,6 +38,10 @@ class GenerationParams:
     # The reply must be one of these (an extractive model quoting a passage: KB_ANSWER_BY_QUOTING);
     # the bundled engine's SamplingParams.choice, vLLM's and SGLang's guided_choice
     choice: tuple[str, ...] = ()
+    # How the reply is chosen among `choice`: "tokens" (constrained decoding, vLLM's way) or
+    # "likelihood" (each read whole, the likeliest wins: the bundled engine and its server)
+    choice_scoring: str = "tokens"
+    choice_bias: tuple[float, ...] = ()  # with "likelihood": added to each choice's score
 
 
 @dataclass
@@ -119,6 +123,10 @@ class OpenAIBackend:
             body["chat_template_kwargs"] = {"enable_thinking": params.enable_thinking}
         if params.choice:
             body["guided_choice"] = list(params.choice)
+            if params.choice_scoring != "tokens":  # `inference serve`'s; other servers ignore it
+                body["choice_scoring"] = params.choice_scoring
+            if params.choice_bias:
+                body["choice_bias"] = list(params.choice_bias)
         if stream:
             body["stream_options"] = {"include_usage": True}
         return body

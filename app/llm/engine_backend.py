@@ -62,7 +62,8 @@ class EngineBackend:
     def _params(params: GenerationParams) -> SamplingParams:
         return SamplingParams(temperature=params.temperature, top_p=params.top_p,
                               max_tokens=params.max_tokens, stop=list(params.stop), seed=params.seed,
-                              choice=list(params.choice))
+                              choice=list(params.choice), choice_scoring=params.choice_scoring,
+                              choice_bias=list(params.choice_bias))
 
     def generate(self, messages: list[dict], params: GenerationParams) -> Generation:
         final = None

@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quoting", action=argparse.BooleanOptionalAction, default=None,
                         help="with --questions: KB_ANSWER_BY_QUOTING (default: the demo model's, as make run; "
                              "--no-quoting: the model writes its reply freely)")
+    parser.add_argument("--choice-scoring", choices=("tokens", "likelihood"), default=None,
+                        help="with --questions: KB_CHOICE_SCORING (default: the setting's, as make run)")
+    parser.add_argument("--decline-bias", type=float, default=None,
+                        help="with --questions: KB_DECLINE_BIAS (default: the demo model's, as make run)")
     args = parser.parse_args(argv)
     if args.questions:
         return knowledge_eval(args)
@@ -182,6 +186,7 @@ def knowledge_eval(args) -> None:
     from inference.demo.grounded import (
         DEMO_ANSWER_BY_QUOTING,
         DEMO_CHUNK_TOKENS,
+        DEMO_DECLINE_BIAS,
         DEMO_MIN_SCORE,
         DEMO_TOP_K,
     )
@@ -193,7 +198,10 @@ def knowledge_eval(args) -> None:
     passages = args.passages
     reading = {"kb_chunk_tokens": args.chunk_tokens or DEMO_CHUNK_TOKENS, "kb_top_k": args.top_k or DEMO_TOP_K,
                "kb_min_score": DEMO_MIN_SCORE if args.min_score is None else args.min_score,
-               "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting}
+               "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting,
+               "kb_decline_bias": DEMO_DECLINE_BIAS if args.decline_bias is None else args.decline_bias}
+    if args.choice_scoring:
+        reading["kb_choice_scoring"] = args.choice_scoring
     tally = evaluate(questions, args.model, HANDBOOKS, passages, **reading)  # both editions, as make run
     if args.json:
         for row in tally.rows:

@@ -97,6 +97,9 @@ def test_the_stream_carries_the_same_text_then_usage(client):
     ([1, 2], 400, "JSON object"),
     ({"messages": QUESTION, "guided_choice": ["a", ""]}, 400, "guided_choice"),
     ({"messages": QUESTION, "guided_choice": []}, 400, "guided_choice"),
+    ({"messages": QUESTION, "guided_choice": ["a"], "choice_scoring": "best"}, 400, "choice_scoring"),
+    ({"messages": QUESTION, "guided_choice": ["a", "b"], "choice_scoring": "likelihood", "choice_bias": [1]}, 400,
+     "choice_bias"),
 ])
 def test_a_bad_request_gets_a_4xx_in_openais_shape(client, body, status, says):
     response = client.post("/v1/chat/completions", json=body)
@@ -171,6 +174,11 @@ def test_the_served_process_answers_the_workers_openai_backend():
         choice = ("请联系 IT 服务台。", "Sorry, I could not find this in the knowledge base.")
         chosen = backend.generate(QUESTION, GenerationParams(temperature=0, max_tokens=200, choice=choice))
         assert chosen.text.strip() in choice  # guided_choice, as vLLM takes it
+        for lifted in range(2):  # scored whole, and a bias large enough picks the reply it lifts
+            bias = tuple(100.0 if i == lifted else 0.0 for i in range(2))
+            chosen = backend.generate(QUESTION, GenerationParams(temperature=0, max_tokens=200, choice=choice,
+                                                                 choice_scoring="likelihood", choice_bias=bias))
+            assert chosen.text.strip() == choice[lifted]
     finally:
         server.terminate()
         server.wait(30)

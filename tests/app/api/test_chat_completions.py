@@ -124,6 +124,12 @@ def test_a_reasoning_models_thinking_reaches_the_official_client_apart(client):
     ({"model": MODEL, "messages": HELLO, "guided_choice": ["yes", " "]}, "guided_choice"),
     ({"model": MODEL, "messages": HELLO, "guided_choice": "yes"}, "guided_choice"),
     ({"model": MODEL, "messages": HELLO, "guided_choice": ["x"] * 65}, "guided_choice"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": ["x"], "choice_scoring": "best"}, "choice_scoring"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": ["x"], "choice_bias": [1]}, "choice_bias"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": ["x", "y"], "choice_scoring": "likelihood",
+      "choice_bias": [1]}, "choice_bias"),
+    ({"model": MODEL, "messages": HELLO, "guided_choice": ["x"], "choice_scoring": "likelihood",
+      "choice_bias": ["high"]}, "choice_bias"),
     ({"messages": HELLO}, "model"),
     ([1, 2], None),
 ])

@@ -214,6 +214,14 @@ def test_an_extractive_model_may_only_quote_a_passage_or_decline(app, services, 
     for number, quote in enumerate(choice[:-2], 1):
         text, mark = quote.rsplit(" ", 1)
         assert mark == f"[{number}]" and f"[{number}] 员工手册" in system and text in system
+    # scored whole by default; KB_DECLINE_BIAS goes on the two "not found" replies only
+    assert llm.params[-1].choice_scoring == "likelihood" and llm.params[-1].choice_bias == ()
+    monkeypatch.setattr(services.settings, "kb_decline_bias", 0.8)
+    ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 522)
+    assert llm.params[-1].choice_bias == (0.0,) * (len(choice) - 2) + (0.8, 0.8)
+    monkeypatch.setattr(services.settings, "kb_choice_scoring", "tokens")  # vLLM's guided_choice: no bias
+    ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 523)
+    assert llm.params[-1].choice_scoring == "tokens" and llm.params[-1].choice_bias == ()
 
 
 def test_the_ai_bot_stream_ends_with_markdown_sources(services, loaded, monkeypatch):

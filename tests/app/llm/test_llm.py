@@ -114,6 +114,10 @@ def test_choices_are_sent_as_guided_choice_only_when_given(model):
     assert "guided_choice" not in model.last_body
     llm.generate(QUESTION, GenerationParams(choice=("a [1]", "not found")))
     assert model.last_body["guided_choice"] == ["a [1]", "not found"]
+    assert "choice_scoring" not in model.last_body and "choice_bias" not in model.last_body  # vLLM's own
+    llm.generate(QUESTION, GenerationParams(choice=("a [1]", "not found"), choice_scoring="likelihood",
+                                            choice_bias=(0.0, 0.8)))
+    assert model.last_body["choice_scoring"] == "likelihood" and model.last_body["choice_bias"] == [0.0, 0.8]
 
 
 def test_thinking_off_with_a_prefilling_template_reads_the_reply_as_answer(model):
