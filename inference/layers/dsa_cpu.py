@@ -12,7 +12,7 @@ import torch
 
 from inference.layers import cpu_kernels
 
-KEY_BLOCK = 64  # dsa_kernels.c's KEY_BLOCK: the transposed keys are padded to a multiple of it
+KEY_BLOCK = 128  # a multiple of dsa_kernels.c's KEY_BLOCK (128, 64 without AVX-512): the transposed keys' padding
 # queries from which scoring against the keys transposed pays (a copy of every key a call: ~4 ms
 # at 32k positions, fresh pages and the strided copy); fewer are scored by torch's product on the
 # keys in place, or, read through a paged pool's slots, by the kernel

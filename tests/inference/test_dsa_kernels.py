@@ -45,6 +45,24 @@ def test_select_with_tied_scores_takes_exactly_k():
         assert len(set(row)) == 10 and all(p <= pos for p in row)
 
 
+@pytest.mark.parametrize("case", ["random", "spikes the sample sees alone", "three values"])
+def test_the_top_k_is_exact_whatever_its_sample_of_the_scores_says(case):
+    """The kernel's top-k sets a floor from one score in 8; where that floor is too high (only
+    the sampled positions are large) it falls back to every position. Either way: exactly the
+    `count` best, ties to the earlier position, in position order."""
+    from inference.layers import cpu_kernels
+
+    m, count = 4096, 700
+    torch.manual_seed(3)
+    scores = {"random": torch.randn(m), "spikes the sample sees alone": (torch.arange(m) % 8 == 0).float(),
+              "three values": torch.randint(0, 3, (m,)).float()}[case]
+    out, positions = torch.empty(1, count, dtype=torch.long), torch.tensor([m - 1])
+    cpu_kernels.library().wecom_dsa_top_rows(scores.data_ptr(), m, positions.data_ptr(), 1, count, out.data_ptr(), 1)
+    values = scores.tolist()
+    expected = sorted(sorted(range(m), key=lambda i: (-values[i], i))[:count])
+    assert out[0].tolist() == expected
+
+
 def reference_attend(query, latents, picked, positions, rank, scale):
     """query [H, n, W] over each query's chosen rows at or before its position: [H, n, rank]."""
     out = []
