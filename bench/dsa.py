@@ -93,7 +93,7 @@ def filled_cache(layer, config: ModelConfig, n: int, capacity: int):
     return cache
 
 
-def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 5) -> float:
+def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 15) -> float:
     """Seconds for one token after `n` cached positions (best of `repeats`)."""
     cache = filled_cache(layer, config, n, n + repeats)
     best = float("inf")
@@ -103,7 +103,7 @@ def decode(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats:
     return best
 
 
-def decode_attention(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 5) -> float:
+def decode_attention(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int, repeats: int = 15) -> float:
     """`decode` without the layer's projections in and out (the same for both): for DSA the
     indexer (its key, its scores, the top-k) and the attention over the chosen rows, for MLA the
     attention over every row (best of `repeats`)."""
@@ -158,9 +158,9 @@ def main() -> None:
         print(f"\nGLM-5's own attention shape ({config.num_attention_heads} heads, latent {config.kv_lora_rank} + "
               f"rope {config.qk_rope_head_dim}, indexer {config.index_n_heads} x {config.index_head_dim}), decode:")
         for n in (32768, 65536):
-            t_dsa, t_mla = decode(dsa, config, rotary, n, 3), decode(mla, config, rotary, n, 3)
+            t_dsa, t_mla = decode(dsa, config, rotary, n, 7), decode(mla, config, rotary, n, 7)
             print(f"{'decode':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
-            t_dsa, t_mla = decode_attention(dsa, config, rotary, n, 3), decode_attention(mla, config, rotary, n, 3)
+            t_dsa, t_mla = decode_attention(dsa, config, rotary, n, 7), decode_attention(mla, config, rotary, n, 7)
             print(f"{'attend':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")
 
 
