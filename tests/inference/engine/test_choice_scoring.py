@@ -161,3 +161,23 @@ def test_a_bias_is_added_to_its_replys_score(demo):
         SamplingParams(choice=REPLIES, choice_scoring="likelihood", choice_bias=[1.0])
     with pytest.raises(ValueError, match="one number per choice"):
         SamplingParams(choice=REPLIES, choice_bias=bias)
+
+
+def test_a_reply_preempted_halfway_is_recomputed_to_the_same_score(demo):
+    """Replies prefilled in chunks of 64 tokens; one is preempted halfway (its blocks released,
+    as the scheduler does when blocks run out) and recomputed from the prefix cache."""
+    chunked = engine(max_num_batched_tokens=64)
+    long = [reply * 4 for reply in REPLIES]
+    request = chunked.add_request(MESSAGES, SamplingParams(temperature=0, max_tokens=400, choice=long,
+                                                           choice_scoring="likelihood"))
+    scoring, final, preempted = chunked.requests[request].scoring, None, None
+    while final is None:
+        final = next((o for o in chunked.step() if o.request_id == request and o.finished), None)
+        halfway = [c for c in chunked.scheduler.running if 0 < c.num_computed_tokens < c.num_tokens]
+        if preempted is None and halfway:
+            preempted = halfway[0]
+            chunked.scheduler.running.remove(preempted)
+            chunked.scheduler.preempt(preempted)
+    assert preempted is not None and chunked.scheduler.num_preemptions == 1
+    assert scoring.scores() == pytest.approx(reference_scores(demo, MESSAGES, long), abs=1e-4)
+    assert chunked.block_manager.all_free()
