@@ -19,7 +19,7 @@ KEY_BLOCK = 128  # a multiple of dsa_kernels.c's KEY_BLOCK (128, 64 without AVX-
 TRANSPOSE_ROWS = 16
 # heads from which the kernel scores a few queries better than the library's product: it puts
 # the heads along its vectors (16 lanes), so fewer leave lanes empty (GLM-5's 32 index heads at
-# 32k positions: 1.8 against 3.0 ms a decode row on a 2-core AVX-512 Xeon; 4 heads: 0.39 / 0.35)
+# 32k positions: 1.8 against 3.0 ms a decode row on a 2-core AVX-512 EPYC; 4 heads: 0.39 / 0.35)
 KERNEL_HEADS = 16
 
 

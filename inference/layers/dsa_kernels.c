@@ -24,8 +24,8 @@
 float wecom_exp_shifted(float *s, long n, float top);
 
 /* keys scored together: 8 vectors of sums in registers per head, so that the FMAs do not wait
- * on each other (AVX-512: 128 keys, 1.5x the indexer of 64 on a 2-core Xeon; AVX2's 16 registers
- * hold 64) */
+ * on each other (AVX-512: 128 keys, 1.5x the indexer of 64 on a 2-core AVX-512 EPYC; AVX2's 16
+ * registers hold 64) */
 #ifdef __AVX512F__
 #define KEY_BLOCK 128
 #else
