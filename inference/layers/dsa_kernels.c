@@ -277,7 +277,7 @@ void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, co
 #define SPAN 64  /* values of the rank a pass holds */
 
 /* Per-thread scratch of the attention: the query transposed qT [W, Hp] (Hp: heads padded to
- * LANES, zeros), a step's scores s [ROWS, Hp], the running max m [Hp] and sum l [Hp] of each
+ * `attend_heads`, zeros), a step's scores s [ROWS, Hp], the running max m [Hp] and sum l [Hp] of each
  * head's softmax, its correction and the step's max [Hp], the chosen rows [k] (pointers into the
  * cache). */
 typedef struct {
@@ -285,29 +285,45 @@ typedef struct {
     const float **valid;
 } attend_scratch;
 
+/* The attention's heads padded for its vectors: to 8 for up to 8 heads (on AVX-512 machines
+ * whose FMA units are 256 bits wide, e.g. AMD's Zen 4, an 8-lane FMA costs half a 16-lane one:
+ * 16 lanes for 8 heads would waste half the work), else to a multiple of LANES */
+static long attend_heads(long H) {
+    return H <= 8 ? 8 : (H + LANES - 1) / LANES * LANES;
+}
+
 /* s[b, h] = scale * row_b . query_h for the n (<= ROWS) rows, every head; rows read where the cache
- * holds them, CHAINS at a time against a run of LANES heads */
-static void score_rows(const attend_scratch *S, const float *const *rows, long n, long Hp, long W, float scale) {
-    for (long b0 = 0; b0 < n; b0 += CHAINS) {
-        const float *r[CHAINS];
-        for (int a = 0; a < CHAINS; a++)
-            r[a] = rows[b0 + a < n ? b0 + a : b0]; /* past n: the first row again, not stored */
-        for (long h0 = 0; h0 < Hp; h0 += LANES) {
-            float acc[CHAINS][LANES] = {{0}};
-            for (long w = 0; w < W; w++) {
-                const float *q = S->qT + w * Hp + h0;
-                for (int a = 0; a < CHAINS; a++) {
-                    const float x = r[a][w];
-#pragma omp simd
-                    for (int j = 0; j < LANES; j++)
-                        acc[a][j] += x * q[j];
-                }
-            }
-            for (long a = 0; a < CHAINS && b0 + a < n; a++)
-                for (int j = 0; j < LANES; j++)
-                    S->s[(b0 + a) * Hp + h0 + j] = acc[a][j] * scale;
-        }
+ * holds them, CHAINS at a time against a run of L heads (L: 16, or 8 where Hp is 8) */
+#define SCORE_ROWS(NAME, L)                                                                              \
+    static void NAME(const attend_scratch *S, const float *const *rows, long n, long Hp, long W,         \
+                     float scale) {                                                                      \
+        for (long b0 = 0; b0 < n; b0 += CHAINS) {                                                        \
+            const float *r[CHAINS];                                                                      \
+            for (int a = 0; a < CHAINS; a++)                                                             \
+                r[a] = rows[b0 + a < n ? b0 + a : b0]; /* past n: the first row again, not stored */     \
+            for (long h0 = 0; h0 < Hp; h0 += L) {                                                        \
+                float acc[CHAINS][L] = {{0}};                                                            \
+                for (long w = 0; w < W; w++) {                                                           \
+                    const float *q = S->qT + w * Hp + h0;                                                \
+                    for (int a = 0; a < CHAINS; a++) {                                                   \
+                        const float x = r[a][w];                                                         \
+                        _Pragma("omp simd") for (int j = 0; j < L; j++) acc[a][j] += x * q[j];           \
+                    }                                                                                    \
+                }                                                                                        \
+                for (long a = 0; a < CHAINS && b0 + a < n; a++)                                          \
+                    for (int j = 0; j < L; j++)                                                          \
+                        S->s[(b0 + a) * Hp + h0 + j] = acc[a][j] * scale;                                \
+            }                                                                                            \
+        }                                                                                                \
     }
+SCORE_ROWS(score_rows16, LANES)
+SCORE_ROWS(score_rows8, 8)
+
+static void score_rows(const attend_scratch *S, const float *const *rows, long n, long Hp, long W, float scale) {
+    if (Hp == 8)
+        score_rows8(S, rows, n, Hp, W, scale);
+    else
+        score_rows16(S, rows, n, Hp, W, scale);
 }
 
 /* The step's scores become its softmax weights against the running max (raised where the step
@@ -392,7 +408,7 @@ static void values_step(const attend_scratch *S, const float *const *rows, long 
 static void attend_part(const attend_scratch *S, const float *query, const float *latents, const long *picked,
                         const long *rows, long position, long k, long H, long W, long R, float scale,
                         float *out) {
-    const long Hp = (H + LANES - 1) / LANES * LANES;
+    const long Hp = attend_heads(H);
     for (long w = 0; w < W; w++)
         for (long h = 0; h < Hp; h++)
             S->qT[w * Hp + h] = h < H ? query[h * W + w] : 0.0f;
@@ -447,7 +463,7 @@ static void merge_parts(const float *outs, const float *ms, const float *ls, lon
 void wecom_dsa_attend(const float *query, const float *latents, const long *picked, const long *rows,
                       const long *positions, long n, long H, long W, long R, long k, float scale, float *out,
                       int threads) {
-    const long Hp = (H + LANES - 1) / LANES * LANES;
+    const long Hp = attend_heads(H);
     long parts = n >= threads ? 1 : (threads + n - 1) / n;
     parts = parts > k / (4 * ROWS) ? (k / (4 * ROWS) > 1 ? k / (4 * ROWS) : 1) : parts;
     float *outs = malloc((size_t)n * parts * H * R * sizeof(float));
