@@ -43,15 +43,15 @@ OTHER_NEGATIVE_SHARE = 0.1  # ... and another topic's passages
 DEMO_CHUNK_TOKENS = 100  # KB_CHUNK_TOKENS and KB_TOP_K the demo model reads best (make run's)
 DEMO_TOP_K = 3
 # KB_MIN_SCORE for the demo model: it declines weak matches less reliably than a large model, so
-# fewer reach it (the evaluation set's sweep, README "The demo model": 0.15 / 0.2 / 0.25 / 0.3)
+# fewer reach it (the evaluation set's sweep with KB_DECLINE_BIAS, models/demo/README.md)
 DEMO_MIN_SCORE = 0.3
 # KB_ANSWER_BY_QUOTING: the demo model chooses the passage it quotes (or "not found") and the
-# engine writes the quote exactly (inference/engine/choices.py): left free, its copy of a passage
-# drifts into bullets it memorised
+# engine writes the quote exactly (each scored whole, inference/engine/choice_scoring.py, or token
+# by token, choices.py): left free, its copy of a passage drifts into bullets it memorised
 DEMO_ANSWER_BY_QUOTING = True
 # KB_DECLINE_BIAS: scored whole (KB_CHOICE_SCORING=likelihood, the default), the demo model's
 # quotes outscore its "not found" even where it should decline; this prior evens it (the
-# evaluation set's sweep, README "The demo model": 0 / 0.8 / 1.0 / 1.2)
+# evaluation set's sweep, models/demo/README.md: 0 / 0.8 / 1.0)
 DEMO_DECLINE_BIAS = 0.8
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,
