@@ -54,10 +54,6 @@ class Grounding:
         found"); none when it answers freely."""
         return prompt.reply_choices(settings, self.passages)
 
-    def bias(self, settings) -> tuple[float, ...]:
-        """KB_DECLINE_BIAS on the "not found" ones among ``choices`` (likelihood scoring)."""
-        return prompt.choice_bias(settings, self.choices(settings))
-
     def cite(self, reply: str, markdown: bool = False) -> str:
         """The reply with its sources; the model's "not found" becomes the full decline."""
         if prompt.is_decline(reply):

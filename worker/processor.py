@@ -32,6 +32,7 @@ from app import metrics
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
+from app.knowledge.prompt import choice_bias
 from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
@@ -436,11 +437,11 @@ class MessageProcessor:
                                     self.settings.file_context_max_chars)
         if images:
             messages[-1] = media.with_images(messages[-1], images)
+        choice = grounding.choices(self.settings) if grounding is not None else ()
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p,
-                                  choice=grounding.choices(self.settings) if grounding is not None else (),
-                                  choice_scoring=self.settings.kb_choice_scoring,
-                                  choice_bias=grounding.bias(self.settings) if grounding is not None else ())
+                                  choice=choice, choice_scoring=self.settings.kb_choice_scoring,
+                                  choice_bias=choice_bias(self.settings, choice))
         try:
             llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:

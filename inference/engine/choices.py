@@ -16,11 +16,17 @@ import torch
 
 
 class Choices:
-    def __init__(self, replies: list[list[int]], eos_token_id: int):
-        unique = list(dict.fromkeys(tuple(r) for r in replies if r))
+    def __init__(self, replies: list[list[int]], eos_token_id: int, bias: list[float] | None = None):
+        """``bias``: one number per reply (``SamplingParams.choice_bias``); a reply listed twice
+        keeps its first."""
+        unique: dict[tuple[int, ...], float] = {}
+        for reply, b in zip(replies, bias or [0.0] * len(replies), strict=True):
+            if reply:
+                unique.setdefault(tuple(reply), float(b))
         if not unique:
             raise ValueError("choice: no reply to choose from")
         self.replies = [[*r, eos_token_id] for r in unique]  # each ends the sequence
+        self.bias = list(unique.values())
 
     def alive(self, written: list[int]) -> list[list[int]]:
         n = len(written)

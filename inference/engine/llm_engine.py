@@ -201,17 +201,14 @@ class LLMEngine:
         if params.choice:  # drafts would bypass the constraint; its forced tail is faster anyway
             if self.end_token_id is None:
                 raise ValueError("choices need an end-of-sequence token")
-            tokenized = [self.tokenizer.reply_ids(c) for c in params.choice]
-            choices = Choices(tokenized, self.end_token_id)
+            choices = Choices([self.tokenizer.reply_ids(c) for c in params.choice], self.end_token_id,
+                              params.choice_bias)
             k = 0
         request_id = request_id or str(next(self._ids))
         seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
                        generator_for(params, self.model.device), k)
         if choices is not None and params.choice_scoring == "likelihood":
-            bias: dict[tuple[int, ...], float] = {}  # a reply listed twice keeps its first bias
-            for reply, b in zip(tokenized, params.choice_bias or [0.0] * len(tokenized), strict=True):
-                bias.setdefault((*reply, self.end_token_id), float(b))
-            seq.scoring = ChoiceScoring(seq, choices.replies, [bias[tuple(r)] for r in choices.replies])
+            seq.scoring = ChoiceScoring(seq, choices.replies, choices.bias)
             if seq.scoring.longest > self.max_model_len:  # the longest reply is read whole
                 raise PromptTooLongError(seq.scoring.longest, self.max_model_len)
         else:
