@@ -1,4 +1,4 @@
-"""Decode attention on CUDA for a whole batch in one launch a layer, reading the paged pools
+"""Paged attention on CUDA for a whole batch in one launch a layer, reading the paged pools
 through each sequence's slot list (Triton).
 
 The torch path (`PagedGQALayer.attend`, `PagedMLALayer`, DSA's `_selected`) gathers each
@@ -18,6 +18,12 @@ in registers:
   values the row's first `rank`. The slot list is every position (GLM-4.7-Flash) or the chosen
   ones (GLM-5's DeepSeek Sparse Attention, the indexer's top-k mapped to slots).
 
+- `gqa_prefill`: a step's prefill and chunked-prefill rows (and any decode rows beside them),
+  causal, one launch a layer: a program takes a block of one sequence's queries and the heads
+  of one kv head, walks that sequence's slots up to the block's last position, and masks each
+  query to its own past. Dense models (no sparse window); the sparse window's prefill keeps
+  the torch path.
+
 Slot lists are `[batch, width]` int32/int64 with each sequence's length; entries past it are not
 read. Triton comes with PyTorch's CUDA wheels; tests run the same programs on the CPU under
 Triton's interpreter (`TRITON_INTERPRET=1`).
@@ -27,13 +33,14 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 import torch
 
 # "auto": CUDA tensors take the kernels; "0": never; "interpret": CPU tensors too, under
 # TRITON_INTERPRET=1 (the tests run the engine's paged path through the programs that way)
 MODE = os.environ.get("INFERENCE_TRITON_ATTENTION", "auto")
-CALLS = {"gqa": 0, "latent": 0}  # launches so far (what the tests check was taken)
+CALLS = {"gqa": 0, "latent": 0, "gqa_prefill": 0}  # launches so far (what the tests check was taken)
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -127,7 +134,52 @@ def _kernels():
         tl.store(out_ptr + b * stride_ob + h[:, None] * stride_oh + r[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & (r[None, :] < R))
 
-    return gqa_decode_kernel, latent_decode_kernel
+    @jit
+    def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, block_seq_ptr, block_first_ptr, rows_ptr, starts_ptr,
+                           news_ptr, out_ptr, scale, stride_qt, stride_qh, stride_kh, stride_ks, stride_sb,
+                           stride_ot, stride_oh,
+                           GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        blk, kv = tl.program_id(0), tl.program_id(1)
+        b = tl.load(block_seq_ptr + blk)  # the sequence this block of queries belongs to
+        m0 = tl.load(block_first_ptr + blk)  # its first query, counted in the sequence's new rows
+        row0 = tl.load(rows_ptr + b)  # the sequence's first row in the step
+        start = tl.load(starts_ptr + b)  # the position of that row
+        num_new = tl.load(news_ptr + b)
+        i = tl.arange(0, BLOCK_M * BLOCK_G)  # a query's heads of this kv head, query after query
+        m, g = i // BLOCK_G, i % BLOCK_G
+        d = tl.arange(0, BLOCK_D)
+        valid = (g < GROUP) & (m0 + m < num_new)
+        position = start + m0 + m
+        row = (row0 + m0 + m).to(tl.int64)
+        heads = kv * GROUP + g
+        q = tl.load(q_ptr + row[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
+                    mask=valid[:, None] & (d[None, :] < D), other=0.0)
+        end = start + tl.minimum(m0 + BLOCK_M, num_new)  # one past the block's last position
+        top = tl.full((BLOCK_M * BLOCK_G,), float("-inf"), tl.float32)
+        total = tl.zeros((BLOCK_M * BLOCK_G,), tl.float32)
+        acc = tl.zeros((BLOCK_M * BLOCK_G, BLOCK_D), tl.float32)
+        for first in range(0, end, BLOCK_N):  # key 0 is in every query's past: no row stays empty
+            n = first + tl.arange(0, BLOCK_N)
+            live = n < end
+            slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
+            keep = live[:, None] & (d[None, :] < D)
+            rows = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
+            k = tl.load(k_ptr + rows, mask=keep, other=0.0)
+            v = tl.load(v_ptr + rows, mask=keep, other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_M * BLOCK_G, BLOCK_N]
+            s = tl.where(live[None, :] & (n[None, :] <= position[:, None]), s, float("-inf"))
+            new_top = tl.maximum(top, tl.max(s, axis=1))
+            p = tl.exp(s - new_top[:, None])
+            fix = tl.exp(top - new_top)
+            total = total * fix + tl.sum(p, axis=1)
+            acc = acc * fix[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            top = new_top
+        out = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (d[None, :] < D))
+
+    return gqa_decode_kernel, latent_decode_kernel, gqa_prefill_kernel
 
 
 def available() -> bool:
@@ -184,4 +236,66 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, leng
         q, pool, slots, lengths, out, scale, heads,
         q.stride(0), q.stride(1), pool.stride(0), slots.stride(0), out.stride(0), out.stride(1),
         R=rank, DR=rope, BLOCK_H=block_h, BLOCK_R=_pow2(rank), BLOCK_DR=_pow2(rope), BLOCK_N=block_n)
+    return out
+
+
+PREFILL_BLOCK_M = 16  # queries a program takes (times the heads sharing a kv head)
+
+
+@dataclass
+class PrefillPlan:
+    """Where a step's query rows lie for `gqa_prefill`: each sequence's slot list (every
+    position up to its last new one) and its rows, and the blocks of `PREFILL_BLOCK_M` queries
+    the launch's programs take (a block never spans two sequences). Made once a step."""
+
+    slots: torch.Tensor  # [B, W] each sequence's slots, position order
+    rows: torch.Tensor  # [B] its first row in the step
+    starts: torch.Tensor  # [B] the position of that row
+    news: torch.Tensor  # [B] its rows this step
+    block_seq: torch.Tensor  # [blocks] the sequence of each block
+    block_first: torch.Tensor  # [blocks] the block's first query among its sequence's rows
+
+    @classmethod
+    def build(cls, slot_lists: list[torch.Tensor], starts: list[int], news: list[int],
+              device: torch.device) -> PrefillPlan:
+        width = max(1, max(len(x) for x in slot_lists))
+        slots = torch.zeros(len(slot_lists), width, dtype=torch.long)
+        for b, row in enumerate(slot_lists):
+            slots[b, : len(row)] = row
+        rows, block_seq, block_first, a = [], [], [], 0
+        for b, n in enumerate(news):
+            rows.append(a)
+            firsts = range(0, n, PREFILL_BLOCK_M)
+            block_seq += [b] * len(firsts)
+            block_first += list(firsts)
+            a += n
+        as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+        return cls(slots.to(device), as_tensor(rows), as_tensor(starts), as_tensor(news), as_tensor(block_seq),
+                   as_tensor(block_first))
+
+
+def gqa_prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: PrefillPlan,
+                scale: float | None = None, block_n: int = 32) -> torch.Tensor:
+    """Causal attention for a whole step's rows in one launch: `q [T, Hq, D]`, each sequence's
+    rows one after another (a prefill, a chunk of one after its cached prefix, or one decode row),
+    against `pool_k`/`pool_v [Hkv, S, D]` read through each sequence's slots (`plan`, whose new
+    rows' keys are already written). Row t of sequence b attends to b's positions up to its own.
+    Returns `[T, Hq, D]`."""
+    tokens, heads, dim = q.shape
+    kv_heads = pool_k.shape[0]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not share {kv_heads} kv heads evenly")
+    group = heads // kv_heads
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    out = q.new_empty(tokens, heads, dim)
+    kernel = _kernels()[2]
+    CALLS["gqa_prefill"] += 1
+    block_g = _pow2(group, least=1)
+    kernel[(plan.block_seq.numel(), kv_heads)](
+        q, pool_k, pool_v, plan.slots, plan.block_seq, plan.block_first, plan.rows, plan.starts, plan.news, out,
+        scale if scale is not None else dim**-0.5,
+        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), plan.slots.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, D=dim, BLOCK_G=block_g, BLOCK_D=_pow2(dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=block_n)
     return out

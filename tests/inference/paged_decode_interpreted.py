@@ -51,6 +51,38 @@ def gqa_cases() -> list[dict]:
     return out
 
 
+def gqa_prefill_cases() -> list[dict]:
+    """A step of several sequences: a one-token prompt, a prompt over several query and key
+    blocks, one exactly a query block, a chunk after a cached prefix, and a decode row."""
+    out = []
+    gen = torch.Generator().manual_seed(2)
+    steps = [(0, 1), (0, 37), (0, 16), (50, 20), (70, 1)]  # (first position computed, rows)
+    for heads, kv_heads, dim in ((8, 2, 64), (6, 6, 40), (12, 4, 32)):
+        for name, dtype in DTYPES.items():
+            tokens = sum(n for _, n in steps)
+            q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+            pool_k = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
+            pool_v = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
+            slots, _ = slot_lists([c + n for c, n in steps], 600, gen)
+            lists = [slots[b, : c + n] for b, (c, n) in enumerate(steps)]
+            plan = kernels.PrefillPlan.build(lists, [c for c, _ in steps], [n for _, n in steps], q.device)
+            got = kernels.gqa_prefill(q, pool_k, pool_v, plan)
+            worst, a = 0.0, 0
+            for (c, n), own in zip(steps, lists, strict=True):
+                group = heads // kv_heads
+                k = pool_k[:, own].double().repeat_interleave(group, 0)  # [Hq, c + n, D]
+                v = pool_v[:, own].double().repeat_interleave(group, 0)
+                scores = torch.einsum("thd,hnd->htn", q[a : a + n].double(), k) * dim**-0.5
+                future = torch.arange(c + n)[None, :] > torch.arange(c, c + n)[:, None]
+                w = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+                expected = torch.einsum("htn,hnd->thd", w, v)
+                worst = max(worst, (got[a : a + n].double() - expected).abs().max().item())
+                a += n
+            out.append({"shape": [heads, kv_heads, dim], "dtype": name, "error": worst,
+                        "out_dtype": str(got.dtype).removeprefix("torch.")})
+    return out
+
+
 def latent_cases() -> list[dict]:
     out = []
     gen = torch.Generator().manual_seed(1)
@@ -75,9 +107,11 @@ def latent_cases() -> list[dict]:
 
 
 
-def engine_case(make_hf, kind: str) -> dict:
+def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
     """A tiny model through the serving engine, greedy: decode steps through the `kind` kernel
-    against the same engine's torch path."""
+    against the same engine's torch path. `chunked`: steps of at most 24 tokens, so the longer
+    prompts are prefilled in chunks beside the others' decode rows, and a prompt that repeats
+    another's first 48 tokens starts from the prefix cache."""
     import tempfile
 
     from inference.config import ModelConfig
@@ -93,9 +127,12 @@ def engine_case(make_hf, kind: str) -> dict:
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     vocab = model.config.vocab_size
     prompts = [[5, 6, 7, 8, 9], [t % (vocab - 3) + 3 for t in range(10, 80)], [3] * 20]
+    if chunked:
+        prompts.append(prompts[1][:48] + [4] * 9)
 
     def run() -> list[list[int]]:
-        engine = LLMEngine(model, args=EngineArgs(block_size=16, max_num_seqs=4), eos_token_ids=[])
+        args = EngineArgs(block_size=16, max_num_seqs=4, max_num_batched_tokens=24 if chunked else 8192)
+        engine = LLMEngine(model, args=args, eos_token_ids=[])
         ids = [engine.add_request(p, params) for p in prompts]
         done = {}
         while engine.has_unfinished_requests():
@@ -130,11 +167,11 @@ def compared_layers():
     def gqa_both(self, q, k, v, norms, gate):
         plan = self.plan
         out = gqa(self, q, k, v, norms, gate)
-        saved = plan.decode_table, plan.local_table
-        if saved != (None, None):
-            plan.decode_table = plan.local_table = None
+        saved = plan.decode_table, plan.local_table, plan.prefill_plan
+        if saved != (None, None, None):
+            plan.decode_table = plan.local_table = plan.prefill_plan = None
             worst[0] = max(worst[0], (out - gqa(self, q, k, v, norms, gate)).abs().max().item())
-            plan.decode_table, plan.local_table = saved
+            plan.decode_table, plan.local_table, plan.prefill_plan = saved
         return out
 
     def mla_both(self, x, rotations, cache):
@@ -185,6 +222,7 @@ def engines() -> dict:
     from tests.inference import test_glm4_moe_lite, test_glm_moe_dsa
 
     return {"glm4": engine_case(glm4, "gqa"),
+            "glm4_prefill": engine_case(glm4, "gqa_prefill", chunked=True),
             "glm5_sparse_union": engine_case(lambda: sparse(False), "gqa"),
             "glm5_sparse_routed": engine_case(lambda: sparse(True), "gqa"),
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
@@ -192,4 +230,5 @@ def engines() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"gqa": gqa_cases(), "latent": latent_cases(), "engines": engines()}))
+    print(json.dumps({"gqa": gqa_cases(), "gqa_prefill": gqa_prefill_cases(), "latent": latent_cases(),
+                      "engines": engines()}))
