@@ -153,13 +153,15 @@ class GQAStep:
             self.decode_split = torch.tensor([len(x) for x in locals_], device=device)  # then node slots
             if window is not None:
                 self.local_table, self.node_table = _table(locals_, device), _table(nodes, device)
-        # Any other step of a dense model on CUDA (prefills, chunks, decode rows beside them):
-        # one causal launch a layer over every sequence's rows
+        # Any other step on CUDA (prefills, chunks, decode rows beside them): one launch a layer
+        # over every sequence's rows, its window and key nodes where the model has them
         self.prefill_plan = None
-        if self.decode_table is None and window is None and paged_decode_triton.wanted(device):
+        if self.decode_table is None and paged_decode_triton.wanted(device):
             self.prefill_plan = paged_decode_triton.PrefillPlan.build(
-                [sp.local_slots for sp in self.seqs], [sp.start for sp in self.seqs],
-                [sp.num_new for sp in self.seqs], device)
+                [sp.local_slots for sp in self.seqs],
+                [0 if window is None else window_start(sp.start, window) for sp in self.seqs],
+                [sp.start for sp in self.seqs], [sp.num_new for sp in self.seqs], device,
+                None if window is None else [sp.node_slots for sp in self.seqs])
         self.elect_slots = torch.cat(elect_slots).to(device) if elect_slots else None
         self.node_targets = torch.cat(targets).to(device) if targets else None
         self.layers = [PagedGQALayer(cache, i, self) for i in range(layout.num_layers)]
@@ -202,8 +204,9 @@ class PagedGQALayer:
             return paged_decode_triton.gqa_decode(q.transpose(0, 1), pool_k, pool_v, *plan.decode_table,
                                                   second=(node_k, node_v, plan.decode_split)).transpose(0, 1)
         if plan.prefill_plan is not None:
-            return paged_decode_triton.gqa_prefill(q.transpose(0, 1), pool_k, pool_v,
-                                                   plan.prefill_plan).transpose(0, 1)
+            return paged_decode_triton.gqa_prefill(
+                q.transpose(0, 1), pool_k, pool_v, plan.prefill_plan, window=self.window, interval=self.interval,
+                nodes=None if self.window is None else (node_k, node_v), gate=gate).transpose(0, 1)
         if plan.local_table is not None and gate is not None:
             # routed: p_local * Attn(window) + p_global * Attn(nodes); a path the router zeroed,
             # or no node yet (its attention is 0), adds nothing

@@ -19,10 +19,11 @@ in registers:
   ones (GLM-5's DeepSeek Sparse Attention, the indexer's top-k mapped to slots).
 
 - `gqa_prefill`: a step's prefill and chunked-prefill rows (and any decode rows beside them),
-  causal, one launch a layer: a program takes a block of one sequence's queries and the heads
-  of one kv head, walks that sequence's slots up to the block's last position, and masks each
-  query to its own past. Dense models (no sparse window); the sparse window's prefill keeps
-  the torch path.
+  one launch a layer: a program takes a block of one sequence's queries and the heads of one kv
+  head, walks that sequence's slots from the block's first window start (or position 0) to its
+  last position, masking each query to its own past (and window), then, with a sparse window,
+  the sequence's key nodes, each query its valid ones: one softmax with the window's (union) or
+  one of their own, mixed by the router's weights (routed).
 
 Slot lists are `[batch, width]` int32/int64 with each sequence's length; entries past it are not
 read. Triton comes with PyTorch's CUDA wheels; tests run the same programs on the CPU under
@@ -49,137 +50,13 @@ def _pow2(n: int, least: int = 16) -> int:
 
 @functools.cache
 def _kernels():
-    """The jitted programs, made on first use; None without triton."""
+    """The jitted programs (inference/layers/paged_attention_programs.py), imported on first
+    use; None without triton."""
     try:
-        import triton.language as tl
-        from triton import jit
+        from inference.layers import paged_attention_programs as programs
     except ImportError:
         return None
-
-    @jit
-    def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_ptr, split_ptr, out_ptr, scale,
-                          stride_qb, stride_qh, stride_kh, stride_ks, stride_k2h, stride_k2s, stride_sb,
-                          stride_ob, stride_oh,
-                          GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-        b, kv = tl.program_id(0), tl.program_id(1)
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, BLOCK_D)
-        heads = kv * GROUP + g
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                    mask=(g[:, None] < GROUP) & (d[None, :] < D), other=0.0)
-        length = tl.load(lengths_ptr + b)
-        split = tl.load(split_ptr + b)  # entries before it are slots of the first pools, after it of the second
-        top = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-        total = tl.zeros((BLOCK_G,), tl.float32)
-        acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
-        for start in range(0, length, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            live = n < length
-            first = n < split
-            slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
-            keep1 = (live & first)[:, None] & (d[None, :] < D)
-            keep2 = (live & (n >= split))[:, None] & (d[None, :] < D)
-            rows1 = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
-            rows2 = kv * stride_k2h + slot[:, None] * stride_k2s + d[None, :]
-            k = tl.load(k_ptr + rows1, mask=keep1, other=0.0) + tl.load(k2_ptr + rows2, mask=keep2, other=0.0)
-            v = tl.load(v_ptr + rows1, mask=keep1, other=0.0) + tl.load(v2_ptr + rows2, mask=keep2, other=0.0)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
-            s = tl.where(live[None, :], s, float("-inf"))
-            new_top = tl.maximum(top, tl.max(s, axis=1))
-            p = tl.exp(s - new_top[:, None])
-            fix = tl.exp(top - new_top)
-            total = total * fix + tl.sum(p, axis=1)
-            acc = acc * fix[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            top = new_top
-        out = acc / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=(g[:, None] < GROUP) & (d[None, :] < D))
-
-    @jit
-    def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, lengths_ptr, out_ptr, scale, H,
-                             stride_qb, stride_qh, stride_ps, stride_sb, stride_ob, stride_oh,
-                             R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-                             BLOCK_DR: tl.constexpr, BLOCK_N: tl.constexpr):
-        b, hb = tl.program_id(0), tl.program_id(1)
-        h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        r = tl.arange(0, BLOCK_R)
-        e = tl.arange(0, BLOCK_DR)
-        head_ok = h < H
-        q_nope = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + r[None, :],
-                         mask=head_ok[:, None] & (r[None, :] < R), other=0.0)
-        q_rope = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + R + e[None, :],
-                         mask=head_ok[:, None] & (e[None, :] < DR), other=0.0)
-        length = tl.load(lengths_ptr + b)
-        top = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-        total = tl.zeros((BLOCK_H,), tl.float32)
-        acc = tl.zeros((BLOCK_H, BLOCK_R), tl.float32)
-        for start in range(0, length, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            live = n < length
-            slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
-            c = tl.load(pool_ptr + slot[:, None] * stride_ps + r[None, :],
-                        mask=live[:, None] & (r[None, :] < R), other=0.0)  # [BLOCK_N, BLOCK_R]
-            k_rope = tl.load(pool_ptr + slot[:, None] * stride_ps + R + e[None, :],
-                             mask=live[:, None] & (e[None, :] < DR), other=0.0)
-            s = (tl.dot(q_nope, tl.trans(c)) + tl.dot(q_rope, tl.trans(k_rope))).to(tl.float32) * scale
-            s = tl.where(live[None, :], s, float("-inf"))
-            new_top = tl.maximum(top, tl.max(s, axis=1))
-            p = tl.exp(s - new_top[:, None])
-            fix = tl.exp(top - new_top)
-            total = total * fix + tl.sum(p, axis=1)
-            acc = acc * fix[:, None] + tl.dot(p.to(c.dtype), c).to(tl.float32)
-            top = new_top
-        out = acc / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(out_ptr + b * stride_ob + h[:, None] * stride_oh + r[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None] & (r[None, :] < R))
-
-    @jit
-    def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, block_seq_ptr, block_first_ptr, rows_ptr, starts_ptr,
-                           news_ptr, out_ptr, scale, stride_qt, stride_qh, stride_kh, stride_ks, stride_sb,
-                           stride_ot, stride_oh,
-                           GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        blk, kv = tl.program_id(0), tl.program_id(1)
-        b = tl.load(block_seq_ptr + blk)  # the sequence this block of queries belongs to
-        m0 = tl.load(block_first_ptr + blk)  # its first query, counted in the sequence's new rows
-        row0 = tl.load(rows_ptr + b)  # the sequence's first row in the step
-        start = tl.load(starts_ptr + b)  # the position of that row
-        num_new = tl.load(news_ptr + b)
-        i = tl.arange(0, BLOCK_M * BLOCK_G)  # a query's heads of this kv head, query after query
-        m, g = i // BLOCK_G, i % BLOCK_G
-        d = tl.arange(0, BLOCK_D)
-        valid = (g < GROUP) & (m0 + m < num_new)
-        position = start + m0 + m
-        row = (row0 + m0 + m).to(tl.int64)
-        heads = kv * GROUP + g
-        q = tl.load(q_ptr + row[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :],
-                    mask=valid[:, None] & (d[None, :] < D), other=0.0)
-        end = start + tl.minimum(m0 + BLOCK_M, num_new)  # one past the block's last position
-        top = tl.full((BLOCK_M * BLOCK_G,), float("-inf"), tl.float32)
-        total = tl.zeros((BLOCK_M * BLOCK_G,), tl.float32)
-        acc = tl.zeros((BLOCK_M * BLOCK_G, BLOCK_D), tl.float32)
-        for first in range(0, end, BLOCK_N):  # key 0 is in every query's past: no row stays empty
-            n = first + tl.arange(0, BLOCK_N)
-            live = n < end
-            slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
-            keep = live[:, None] & (d[None, :] < D)
-            rows = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
-            k = tl.load(k_ptr + rows, mask=keep, other=0.0)
-            v = tl.load(v_ptr + rows, mask=keep, other=0.0)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_M * BLOCK_G, BLOCK_N]
-            s = tl.where(live[None, :] & (n[None, :] <= position[:, None]), s, float("-inf"))
-            new_top = tl.maximum(top, tl.max(s, axis=1))
-            p = tl.exp(s - new_top[:, None])
-            fix = tl.exp(top - new_top)
-            total = total * fix + tl.sum(p, axis=1)
-            acc = acc * fix[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-            top = new_top
-        out = acc / tl.where(total > 0, total, 1.0)[:, None]
-        tl.store(out_ptr + row[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (d[None, :] < D))
-
-    return gqa_decode_kernel, latent_decode_kernel, gqa_prefill_kernel
+    return programs.gqa_decode_kernel, programs.latent_decode_kernel, programs.gqa_prefill_kernel
 
 
 def available() -> bool:
@@ -239,16 +116,20 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, leng
     return out
 
 
-PREFILL_BLOCK_M = 16  # queries a program takes (times the heads sharing a kv head)
+PREFILL_BLOCK_M = 16  # queries a program takes (times the heads sharing a kv head); at most block_n
 
 
 @dataclass
 class PrefillPlan:
-    """Where a step's query rows lie for `gqa_prefill`: each sequence's slot list (every
-    position up to its last new one) and its rows, and the blocks of `PREFILL_BLOCK_M` queries
-    the launch's programs take (a block never spans two sequences). Made once a step."""
+    """Where a step's query rows lie for `gqa_prefill`: each sequence's slot list (from its first
+    query's window start, or position 0, up to its last new position), its key nodes' slots
+    (the sparse window's; those valid for its last query) and its rows, and the blocks of
+    `PREFILL_BLOCK_M` queries the launch's programs take (a block never spans two sequences).
+    Made once a step, shared by every layer."""
 
     slots: torch.Tensor  # [B, W] each sequence's slots, position order
+    local_starts: torch.Tensor  # [B] the position of its first slot
+    node_slots: torch.Tensor  # [B, N] its key nodes' slots in the node pools (unread without a window)
     rows: torch.Tensor  # [B] its first row in the step
     starts: torch.Tensor  # [B] the position of that row
     news: torch.Tensor  # [B] its rows this step
@@ -256,12 +137,8 @@ class PrefillPlan:
     block_first: torch.Tensor  # [blocks] the block's first query among its sequence's rows
 
     @classmethod
-    def build(cls, slot_lists: list[torch.Tensor], starts: list[int], news: list[int],
-              device: torch.device) -> PrefillPlan:
-        width = max(1, max(len(x) for x in slot_lists))
-        slots = torch.zeros(len(slot_lists), width, dtype=torch.long)
-        for b, row in enumerate(slot_lists):
-            slots[b, : len(row)] = row
+    def build(cls, slot_lists: list[torch.Tensor], local_starts: list[int], starts: list[int], news: list[int],
+              device: torch.device, node_lists: list[torch.Tensor] | None = None) -> PrefillPlan:
         rows, block_seq, block_first, a = [], [], [], 0
         for b, n in enumerate(news):
             rows.append(a)
@@ -270,32 +147,51 @@ class PrefillPlan:
             block_first += list(firsts)
             a += n
         as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-        return cls(slots.to(device), as_tensor(rows), as_tensor(starts), as_tensor(news), as_tensor(block_seq),
-                   as_tensor(block_first))
+        nodes = _padded(node_lists or [torch.empty(0, dtype=torch.long)], device)
+        return cls(_padded(slot_lists, device), as_tensor(local_starts), nodes, as_tensor(rows), as_tensor(starts),
+                   as_tensor(news), as_tensor(block_seq), as_tensor(block_first))
+
+
+def _padded(lists: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    table = torch.zeros(len(lists), max(1, max(len(x) for x in lists)), dtype=torch.long)
+    for b, row in enumerate(lists):
+        table[b, : len(row)] = row
+    return table.to(device)
 
 
 def gqa_prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: PrefillPlan,
-                scale: float | None = None, block_n: int = 32) -> torch.Tensor:
-    """Causal attention for a whole step's rows in one launch: `q [T, Hq, D]`, each sequence's
-    rows one after another (a prefill, a chunk of one after its cached prefix, or one decode row),
-    against `pool_k`/`pool_v [Hkv, S, D]` read through each sequence's slots (`plan`, whose new
-    rows' keys are already written). Row t of sequence b attends to b's positions up to its own.
-    Returns `[T, Hq, D]`."""
+                scale: float | None = None, block_n: int = 32, window: int | None = None,
+                interval: int | None = None, nodes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention for a whole step's rows in one launch: `q [T, Hq, D]`, each sequence's rows
+    one after another (a prefill, a chunk of one after its cached prefix, or one decode row),
+    against `pool_k`/`pool_v [Hkv, S, D]` read through each sequence's slots (`plan`; the new
+    rows' keys are already written). Dense: row t of sequence b attends to b's positions up to
+    its own. With a sparse `window` and `interval` (the contract of inference/layers/attention.py):
+    to its window, and to its valid key nodes in `nodes = (node_k, node_v)` pools, one softmax
+    (union) or, with `gate [T, 2]` (routed, thresholded), `gate[:, 0] * Attn(window) +
+    gate[:, 1] * Attn(nodes)`. Returns `[T, Hq, D]`."""
     tokens, heads, dim = q.shape
     kv_heads = pool_k.shape[0]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads do not share {kv_heads} kv heads evenly")
+    if window is not None and (interval is None or nodes is None):
+        raise ValueError("a sparse window needs its interval and the node pools")
+    if block_n < PREFILL_BLOCK_M:
+        raise ValueError("a block of queries must not be longer than a block of keys")
     group = heads // kv_heads
     if q.stride(2) != 1:
         q = q.contiguous()
+    node_k, node_v = nodes if nodes is not None else (pool_k, pool_v)
+    gate = gate.contiguous() if gate is not None else q  # unread when not routed
     out = q.new_empty(tokens, heads, dim)
     kernel = _kernels()[2]
     CALLS["gqa_prefill"] += 1
-    block_g = _pow2(group, least=1)
     kernel[(plan.block_seq.numel(), kv_heads)](
-        q, pool_k, pool_v, plan.slots, plan.block_seq, plan.block_first, plan.rows, plan.starts, plan.news, out,
-        scale if scale is not None else dim**-0.5,
-        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), plan.slots.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, D=dim, BLOCK_G=block_g, BLOCK_D=_pow2(dim), BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=block_n)
+        q, pool_k, pool_v, node_k, node_v, plan.slots, plan.node_slots, gate, plan.block_seq, plan.block_first,
+        plan.rows, plan.starts, plan.news, plan.local_starts, out, scale if scale is not None else dim**-0.5,
+        q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), node_k.stride(0), node_k.stride(1),
+        plan.slots.stride(0), plan.node_slots.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, D=dim, BLOCK_G=_pow2(group, least=1), BLOCK_D=_pow2(dim), BLOCK_M=PREFILL_BLOCK_M,
+        BLOCK_N=block_n, WINDOW=window or 0, INTERVAL=interval or 1, ROUTED=gate is not q)
     return out

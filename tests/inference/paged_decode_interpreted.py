@@ -53,34 +53,69 @@ def gqa_cases() -> list[dict]:
 
 def gqa_prefill_cases() -> list[dict]:
     """A step of several sequences: a one-token prompt, a prompt over several query and key
-    blocks, one exactly a query block, a chunk after a cached prefix, and a decode row."""
+    blocks, one exactly a query block, a chunk after a cached prefix, and a decode row; dense,
+    then a sparse window of 24 with a key node per 4 positions (union, and routed with some
+    paths' weights zeroed), where the later rows see the window slide and nodes appear."""
     out = []
     gen = torch.Generator().manual_seed(2)
     steps = [(0, 1), (0, 37), (0, 16), (50, 20), (70, 1)]  # (first position computed, rows)
-    for heads, kv_heads, dim in ((8, 2, 64), (6, 6, 40), (12, 4, 32)):
-        for name, dtype in DTYPES.items():
-            tokens = sum(n for _, n in steps)
-            q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
-            pool_k = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
-            pool_v = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
-            slots, _ = slot_lists([c + n for c, n in steps], 600, gen)
-            lists = [slots[b, : c + n] for b, (c, n) in enumerate(steps)]
-            plan = kernels.PrefillPlan.build(lists, [c for c, _ in steps], [n for _, n in steps], q.device)
-            got = kernels.gqa_prefill(q, pool_k, pool_v, plan)
-            worst, a = 0.0, 0
-            for (c, n), own in zip(steps, lists, strict=True):
-                group = heads // kv_heads
-                k = pool_k[:, own].double().repeat_interleave(group, 0)  # [Hq, c + n, D]
-                v = pool_v[:, own].double().repeat_interleave(group, 0)
-                scores = torch.einsum("thd,hnd->htn", q[a : a + n].double(), k) * dim**-0.5
-                future = torch.arange(c + n)[None, :] > torch.arange(c, c + n)[:, None]
-                w = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
-                expected = torch.einsum("htn,hnd->thd", w, v)
-                worst = max(worst, (got[a : a + n].double() - expected).abs().max().item())
-                a += n
-            out.append({"shape": [heads, kv_heads, dim], "dtype": name, "error": worst,
-                        "out_dtype": str(got.dtype).removeprefix("torch.")})
+    for mode in ("dense", "union", "routed"):
+        window, interval = (None, None) if mode == "dense" else (24, 4)
+        for heads, kv_heads, dim in ((8, 2, 64), (6, 6, 40), (12, 4, 32)):
+            for name, dtype in DTYPES.items():
+                out.append(prefill_case(steps, heads, kv_heads, dim, dtype, window, interval, mode, gen) | {
+                    "mode": mode, "dtype": name})
     return out
+
+
+def prefill_case(steps, heads, kv_heads, dim, dtype, window, interval, mode, gen) -> dict:
+    tokens, group = sum(n for _, n in steps), heads // kv_heads
+    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    pool_k = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
+    pool_v = torch.randn(kv_heads, 600, dim, generator=gen).to(dtype)
+    node_k = torch.randn(kv_heads, 90, dim, generator=gen).to(dtype)
+    node_v = torch.randn(kv_heads, 90, dim, generator=gen).to(dtype)
+    firsts = [0 if window is None else max(0, c - window + 1) for c, _ in steps]  # each list's first position
+    slots, _ = slot_lists([c + n - f for (c, n), f in zip(steps, firsts, strict=True)], 600, gen)
+    lists = [slots[b, : c + n - f] for b, ((c, n), f) in enumerate(zip(steps, firsts, strict=True))]
+    counts = [0 if window is None else max(0, c + n - window) // interval for c, n in steps]
+    nodes = [torch.randperm(90, generator=gen)[:count] for count in counts]
+    gate = None
+    if mode == "routed":
+        gate = torch.rand(tokens, 2, generator=gen)
+        gate[::5, 0] = 0  # a path below the router's threshold is zeroed before attention
+        gate[1::7, 1] = 0
+    plan = kernels.PrefillPlan.build(lists, firsts, [c for c, _ in steps], [n for _, n in steps], q.device,
+                                     None if window is None else nodes)
+    got = kernels.gqa_prefill(q, pool_k, pool_v, plan, window=window, interval=interval,
+                              nodes=None if window is None else (node_k, node_v), gate=gate)
+    worst, a = 0.0, 0
+    for (c, n), own, first, chosen in zip(steps, lists, firsts, nodes, strict=True):
+        k = pool_k[:, own].double().repeat_interleave(group, 0)  # [Hq, keys, D]
+        v = pool_v[:, own].double().repeat_interleave(group, 0)
+        nk = node_k[:, chosen].double().repeat_interleave(group, 0)
+        nv = node_v[:, chosen].double().repeat_interleave(group, 0)
+        for t in range(n):
+            p, row = c + t, q[a + t].double()  # [Hq, D]
+            keys = torch.arange(first, c + n)
+            local = (keys <= p) & (keys > (p - window if window else -1))
+            seen = 0 if window is None else max(0, p - window + 1) // interval
+            if mode == "routed":
+                expected = gate[a + t, 0].double() * attend(row, k[:, local], v[:, local], dim)
+                if seen:
+                    expected = expected + gate[a + t, 1].double() * attend(row, nk[:, :seen], nv[:, :seen], dim)
+            else:
+                expected = attend(row, torch.cat((k[:, local], nk[:, :seen]), 1),
+                                  torch.cat((v[:, local], nv[:, :seen]), 1), dim)
+            worst = max(worst, (got[a + t].double() - expected).abs().max().item())
+        a += n
+    return {"shape": [heads, kv_heads, dim], "error": worst, "out_dtype": str(got.dtype).removeprefix("torch.")}
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
+    """`q [H, D]` against `k`/`v [H, n, D]`, float64."""
+    w = torch.softmax(torch.einsum("hd,hnd->hn", q, k) * dim**-0.5, dim=-1)
+    return torch.einsum("hn,hnd->hd", w, v)
 
 
 def latent_cases() -> list[dict]:
@@ -225,6 +260,8 @@ def engines() -> dict:
             "glm4_prefill": engine_case(glm4, "gqa_prefill", chunked=True),
             "glm5_sparse_union": engine_case(lambda: sparse(False), "gqa"),
             "glm5_sparse_routed": engine_case(lambda: sparse(True), "gqa"),
+            "glm5_sparse_union_prefill": engine_case(lambda: sparse(False), "gqa_prefill", chunked=True),
+            "glm5_sparse_routed_prefill": engine_case(lambda: sparse(True), "gqa_prefill", chunked=True),
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
             "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent")}
 

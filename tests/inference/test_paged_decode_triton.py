@@ -33,8 +33,10 @@ def test_gqa_decode_equals_softmax_over_each_sequences_slots(interpreted):
 
 def test_gqa_prefill_equals_causal_softmax_over_each_sequences_slots(interpreted):
     """Prompts of 1, 16 and 37 rows, a chunk after 50 cached positions and a decode row in one
-    launch; GQA groups of 4, 1 and 3 heads."""
-    assert len(interpreted["gqa_prefill"]) == 3 * 2
+    launch; GQA groups of 4, 1 and 3 heads; dense, and a sparse window with key nodes in union
+    and routed mode (some rows' paths zeroed by the router)."""
+    assert len(interpreted["gqa_prefill"]) == 3 * 3 * 2
+    assert {case["mode"] for case in interpreted["gqa_prefill"]} == {"dense", "union", "routed"}
     for case in interpreted["gqa_prefill"]:
         assert case["out_dtype"] == case["dtype"] and case["error"] < TOLERANCE[case["dtype"]], case
 
@@ -46,10 +48,13 @@ def test_latent_decode_equals_mla_in_latent_space(interpreted):
         assert case["out_shape"] == [4, heads, rank] and case["error"] < TOLERANCE[case["dtype"]], case
 
 
-@pytest.mark.parametrize("model_type", ["glm4", "glm4_prefill", "glm5_sparse_union", "glm5_sparse_routed", "glm4_moe_lite",
+@pytest.mark.parametrize("model_type", ["glm4", "glm4_prefill", "glm5_sparse_union_prefill",
+                                        "glm5_sparse_routed_prefill", "glm5_sparse_union", "glm5_sparse_routed", "glm4_moe_lite",
                                         "glm_moe_dsa"])
 def test_the_engine_decodes_through_the_kernels_as_through_torch(interpreted, model_type):
-    """GQA (GLM-4; the sparse window in union and routed mode, past the window so key nodes count),
+    """GQA (GLM-4; the sparse window in union and routed mode, past the window so key nodes count;
+    `_prefill`: steps of 24 tokens, so prompts are prefilled in chunks beside decode rows and one
+    starts from another's cached prefix, every step through `gqa_prefill`),
     MLA (GLM-4.7-Flash) and DSA (GLM-5, its chosen rows read through their slots):
     the serving engine's decode steps take one launch a layer and give the torch path's tokens."""
     run = interpreted["engines"][model_type]
