@@ -95,6 +95,14 @@ class DSAttention(MLAttention):
         """`query [H, n, r + dr]` (absorbed) against the latents of its rows' chosen positions
         `picked [n, k]`, held in rows `rows [n, k]` of `latents`; a chosen position after the
         query's own (filler, where it has fewer than k earlier ones) is masked. Returns `[H, n, r]`."""
+        if paged_decode_triton.wanted(query.device):
+            # on CUDA, one launch for every query (a prefill's or a chunk's): each row's chosen
+            # latent rows read where they lie; a query's own and earlier positions come first
+            # in its list (`Indexer.select`), so it reads min(k, position + 1) of them
+            counts = (positions + 1).clamp(max=picked.shape[1])
+            out = paged_decode_triton.latent_decode(query.transpose(0, 1), latents, rows, counts, self.rank,
+                                                    self.scale)
+            return out.transpose(0, 1)
         if dsa_cpu.usable(query, latents):
             return dsa_cpu.attend(query, latents, picked, positions, self.rank, self.scale, rows)
         heads, n = query.shape[0], query.shape[1]

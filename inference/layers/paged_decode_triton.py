@@ -16,7 +16,8 @@ in registers:
 - `latent_decode`: Multi-head Latent Attention's decode in latent space, one `[slots, rank + rope]`
   pool, each latent row read once for a block of heads; scores `q_nope . c + q_rope . k_rope`,
   values the row's first `rank`. The slot list is every position (GLM-4.7-Flash) or the chosen
-  ones (GLM-5's DeepSeek Sparse Attention, the indexer's top-k mapped to slots).
+  ones (GLM-5's DeepSeek Sparse Attention, the indexer's top-k mapped to slots; in a prefill or
+  a chunk, a row per query, each with its own chosen slots).
 
 - `gqa_prefill`: a step's prefill and chunked-prefill rows (and any decode rows beside them),
   one launch a layer: a program takes a block of one sequence's queries and the heads of one kv

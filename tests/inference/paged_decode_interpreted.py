@@ -197,7 +197,7 @@ def compared_layers():
     from inference.layers.mla import MLAttention
 
     worst = [0.0]
-    gqa, mla, dsa = PagedGQALayer.attend, MLAttention.forward, DSAttention.forward
+    gqa, mla, dsa, selected = PagedGQALayer.attend, MLAttention.forward, DSAttention.forward, DSAttention._selected
 
     def gqa_both(self, q, k, v, norms, gate):
         plan = self.plan
@@ -226,11 +226,21 @@ def compared_layers():
             cache.batched_decode = True
         return out, mine
 
+    def selected_both(self, query, latents, picked, positions, rows):
+        out = selected(self, query, latents, picked, positions, rows)
+        if kernels.wanted(query.device):  # a prefill's or a chunk's chosen rows
+            kernels.MODE = "0"
+            worst[0] = max(worst[0], (out - selected(self, query, latents, picked, positions, rows)).abs().max().item())
+            kernels.MODE = "interpret"
+        return out
+
     PagedGQALayer.attend, MLAttention.forward, DSAttention.forward = gqa_both, mla_both, dsa_both
+    DSAttention._selected = selected_both
     try:
         yield worst
     finally:
         PagedGQALayer.attend, MLAttention.forward, DSAttention.forward = gqa, mla, dsa
+        DSAttention._selected = selected
 
 
 def glm4():
@@ -263,7 +273,8 @@ def engines() -> dict:
             "glm5_sparse_union_prefill": engine_case(lambda: sparse(False), "gqa_prefill", chunked=True),
             "glm5_sparse_routed_prefill": engine_case(lambda: sparse(True), "gqa_prefill", chunked=True),
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
-            "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent")}
+            "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent"),
+            "glm_moe_dsa_prefill": engine_case(test_glm_moe_dsa.make_hf, "latent", chunked=True)}
 
 
 if __name__ == "__main__":
