@@ -13,7 +13,8 @@ expert once, each expert that was chosen takes its contiguous run of rows in one
 weighted results go back to their (token, k) places and are summed over k. The Python loop is over experts
 (at most `n_routed_experts` a layer, the chosen ones doing work), never over tokens. Each expert
 is an ordinary `SwiGLU` of `Linear` layers, so the loader stacks its gate/up parts and int8
-(W8A16) quantization swaps its layers as it does every other.
+(W8A16) quantization swaps its layers as it does every other. On CUDA, plain experts run in two
+grouped launches instead of the loop (inference/layers/moe_triton.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
+from inference.layers import moe_triton
 from inference.layers.activation import silu_and_mul
 from inference.layers.linear import Linear, PackedLinear
 
@@ -89,6 +91,9 @@ class MoE(nn.Module):
 
     def routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Sum over each token's chosen experts of weight * expert(token), grouped by expert."""
+        stacked = self._stacked_weights(x)
+        if stacked is not None:  # CUDA: two grouped launches (inference/layers/moe_triton.py)
+            return moe_triton.routed(x, weights, experts, *stacked)
         top_k = experts.shape[1]
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # (token, expert) pairs grouped by expert
@@ -106,3 +111,24 @@ class MoE(nn.Module):
         pairs = torch.empty_like(done)
         pairs[order] = done
         return pairs.view(x.shape[0], top_k, -1).sum(dim=1)
+
+    def _stacked_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The experts' `gate_up [E, 2I, H]` and `down [E, H, I]` for the grouped kernel, stacked
+        on first use (each expert's weights then become views of the stacks: held once); None
+        where the kernel is not taken (off CUDA, int8 experts)."""
+        if not moe_triton.wanted(x):
+            return None
+        stacked = getattr(self, "_stacks", None)
+        if stacked is not None and stacked[0].device == x.device:
+            return stacked
+        experts = list(self.experts)
+        if not all(type(e.gate_up_proj) is PackedLinear and type(e.down_proj) is Linear
+                   and e.gate_up_proj.bias is None and e.down_proj.bias is None for e in experts):
+            return None
+        gate_up = torch.stack([e.gate_up_proj.weight.detach() for e in experts])
+        down = torch.stack([e.down_proj.weight.detach() for e in experts])
+        for i, expert in enumerate(experts):
+            expert.gate_up_proj.weight = nn.Parameter(gate_up[i], requires_grad=False)
+            expert.down_proj.weight = nn.Parameter(down[i], requires_grad=False)
+        self._stacks = (gate_up, down)
+        return self._stacks

@@ -118,6 +118,45 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dim: int) -> torch
     return torch.einsum("hn,hnd->hd", w, v)
 
 
+def moe_cases() -> list[dict]:
+    """The grouped experts (inference/layers/moe_triton.py) against `MoE.routed`'s loop: a decode
+    row, a few rows, and a prefill's worth, with some experts chosen by no token and some by
+    more rows than a block holds."""
+    from inference.config import ModelConfig
+    from inference.layers import moe_triton
+    from inference.layers.moe import MoE
+
+    out = []
+    gen = torch.Generator().manual_seed(3)
+    config = ModelConfig.from_dict(dict(
+        model_type="glm4_moe", vocab_size=100, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=40, n_routed_experts=8,
+        num_experts_per_tok=3, n_shared_experts=1))
+    for name, dtype in DTYPES.items():
+        for tokens in (1, 5, 70):
+            moe = MoE(config).eval()
+            with torch.no_grad():
+                for p in moe.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+            moe = moe.to(dtype)
+            x = torch.randn(tokens, 48, generator=gen).to(dtype)
+            experts = torch.stack([torch.randperm(6, generator=gen)[:3] for _ in range(tokens)])  # 6, 7 unused
+            weights = torch.rand(tokens, 3, generator=gen)
+            kernels.MODE = "0"
+            with torch.no_grad():
+                expected = moe.routed(x, weights, experts).double()
+                kernels.MODE = "interpret"
+                before = moe_triton.CALLS["grouped"]
+                got = moe.routed(x, weights, experts)
+                calls = moe_triton.CALLS["grouped"] - before
+                kernels.MODE = "0"
+                after = moe.routed(x, weights, experts).double()  # the loop on the stacks' views
+            out.append({"dtype": name, "tokens": tokens, "calls": calls, "out_dtype": str(got.dtype).removeprefix("torch."),
+                        "error": (got.double() - expected).abs().max().item() / expected.abs().max().item(),
+                        "views_error": (after - expected).abs().max().item()})
+    return out
+
+
 def latent_cases() -> list[dict]:
     out = []
     gen = torch.Generator().manual_seed(1)
@@ -151,6 +190,7 @@ def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
 
     from inference.config import ModelConfig
     from inference.engine import EngineArgs, LLMEngine
+    from inference.layers import moe_triton
     from inference.loader import load_model
     from inference.sampling_params import SamplingParams
 
@@ -179,12 +219,12 @@ def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
     kernels.MODE = "0"
     reference = run()
     kernels.MODE = "interpret"
-    before = kernels.CALLS[kind]
+    before, grouped = kernels.CALLS[kind], moe_triton.CALLS["grouped"]
     with compared_layers() as worst:
         tokens = run()
     kernels.MODE = "0"
     return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before,
-            "worst_difference": worst[0]}
+            "worst_difference": worst[0], "moe_calls": moe_triton.CALLS["grouped"] - grouped}
 
 
 @contextlib.contextmanager
@@ -279,4 +319,4 @@ def engines() -> dict:
 
 if __name__ == "__main__":
     print(json.dumps({"gqa": gqa_cases(), "gqa_prefill": gqa_prefill_cases(), "latent": latent_cases(),
-                      "engines": engines()}))
+                      "moe": moe_cases(), "engines": engines()}))

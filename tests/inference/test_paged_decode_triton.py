@@ -41,6 +41,17 @@ def test_gqa_prefill_equals_causal_softmax_over_each_sequences_slots(interpreted
         assert case["out_dtype"] == case["dtype"] and case["error"] < TOLERANCE[case["dtype"]], case
 
 
+def test_grouped_experts_equal_the_loop_over_experts(interpreted):
+    """A decode row, 5 rows and 70 (more rows for an expert than a block holds), two experts
+    chosen by no token; two launches each; the experts' own weights, now views of the stacks,
+    give the loop the same answer as before."""
+    assert len(interpreted["moe"]) == 3 * 2
+    for case in interpreted["moe"]:
+        assert case["calls"] == 2 and case["out_dtype"] == case["dtype"], case
+        assert case["error"] < {"float32": 2e-6, "float16": 5e-3}[case["dtype"]], case
+        assert case["views_error"] == 0.0, case
+
+
 def test_latent_decode_equals_mla_in_latent_space(interpreted):
     assert len(interpreted["latent"]) == 3 * 2
     for case in interpreted["latent"]:
@@ -57,8 +68,10 @@ def test_the_engine_decodes_through_the_kernels_as_through_torch(interpreted, mo
     starts from another's cached prefix, every step through `gqa_prefill`),
     MLA (GLM-4.7-Flash) and DSA (GLM-5, its chosen rows read through their slots, in decode and,
     `_prefill`, in chunked prefill too): the serving engine's steps take one launch a layer and
-    give the torch path's tokens."""
+    give the torch path's tokens (the MoE layers' grouped experts included)."""
     run = interpreted["engines"][model_type]
     assert run["kernel_calls"] > 0
+    # GLM-4.7-Flash's and GLM-5's MoE layers run their experts grouped (two launches a layer)
+    assert (run["moe_calls"] > 0) == model_type.startswith(("glm4_moe_lite", "glm_moe_dsa")), run["moe_calls"]
     assert run["worst_difference"] < 1e-4, run["worst_difference"]  # each step's attention, not just tokens
     assert run["tokens"] == run["reference"]
