@@ -8,6 +8,12 @@ from triton import jit
 
 
 @jit
+def softmax_start(ROWS: tl.constexpr, COLS: tl.constexpr):
+    """An empty running softmax: each row's max (-inf), sum and weighted values (zeros)."""
+    return tl.full((ROWS,), float("-inf"), tl.float32), tl.zeros((ROWS,), tl.float32), tl.zeros((ROWS, COLS), tl.float32)
+
+
+@jit
 def online_softmax(s, top, total, acc, v):
     """One block of scores `s` folded into a running softmax; a row with nothing seen yet
     (every score -inf so far) stays empty, never NaN."""
@@ -33,9 +39,7 @@ def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_pt
                 mask=(g[:, None] < GROUP) & (d[None, :] < D), other=0.0)
     length = tl.load(lengths_ptr + b)
     split = tl.load(split_ptr + b)  # entries before it are slots of the first pools, after it of the second
-    top = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-    total = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+    top, total, acc = softmax_start(BLOCK_G, BLOCK_D)
     for start in range(0, length, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         live = n < length
@@ -54,6 +58,7 @@ def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_pt
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=(g[:, None] < GROUP) & (d[None, :] < D))
 
+
 @jit
 def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, lengths_ptr, out_ptr, scale, H,
                          stride_qb, stride_qh, stride_ps, stride_sb, stride_ob, stride_oh,
@@ -69,9 +74,7 @@ def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, lengths_ptr, out_ptr, scale
     q_rope = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + R + e[None, :],
                      mask=head_ok[:, None] & (e[None, :] < DR), other=0.0)
     length = tl.load(lengths_ptr + b)
-    top = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    total = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, BLOCK_R), tl.float32)
+    top, total, acc = softmax_start(BLOCK_H, BLOCK_R)
     for start in range(0, length, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         live = n < length
@@ -115,9 +118,7 @@ def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, nk_ptr, nv_ptr, slots_ptr, node_slot
     lo = local_start
     if WINDOW > 0:
         lo = tl.maximum(local_start, start + m0 - WINDOW + 1)  # the block's first query's window
-    top = tl.full((BLOCK_M * BLOCK_G,), float("-inf"), tl.float32)
-    total = tl.zeros((BLOCK_M * BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_M * BLOCK_G, BLOCK_D), tl.float32)
+    top, total, acc = softmax_start(BLOCK_M * BLOCK_G, BLOCK_D)
     # local keys (every earlier position, or the window's): each query's first one lies in
     # the first block read (BLOCK_M <= BLOCK_N), so no valid row stays empty
     for first in range(lo, end, BLOCK_N):
@@ -139,9 +140,7 @@ def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, nk_ptr, nv_ptr, slots_ptr, node_slot
         # (union: the same softmax as the window's; routed: a softmax of their own)
         own = tl.maximum(position - WINDOW + 1, 0) // INTERVAL
         count = tl.maximum(end - WINDOW, 0) // INTERVAL
-        n_top = tl.full((BLOCK_M * BLOCK_G,), float("-inf"), tl.float32)
-        n_total = tl.zeros((BLOCK_M * BLOCK_G,), tl.float32)
-        n_acc = tl.zeros((BLOCK_M * BLOCK_G, BLOCK_D), tl.float32)
+        n_top, n_total, n_acc = softmax_start(BLOCK_M * BLOCK_G, BLOCK_D)
         if not ROUTED:
             n_top, n_total, n_acc = top, total, acc
         for first in range(0, count, BLOCK_N):
