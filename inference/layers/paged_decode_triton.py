@@ -154,10 +154,12 @@ class PrefillPlan:
 
 
 def _padded(lists: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    table = torch.zeros(len(lists), max(1, max(len(x) for x in lists)), dtype=torch.long)
+    """Slot lists as one `[len(lists), longest]` table on `device` (where the lists are: no copy
+    through the host)."""
+    table = torch.zeros(len(lists), max(1, max(len(x) for x in lists)), dtype=torch.long, device=device)
     for b, row in enumerate(lists):
         table[b, : len(row)] = row
-    return table.to(device)
+    return table
 
 
 def gqa_prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: PrefillPlan,
