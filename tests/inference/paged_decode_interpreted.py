@@ -181,16 +181,18 @@ def latent_cases() -> list[dict]:
 
 
 
-def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
+def engine_case(make_hf, kind: str, chunked: bool = False, blocks: int | None = None) -> dict:
     """A tiny model through the serving engine, greedy: decode steps through the `kind` kernel
     against the same engine's torch path. `chunked`: steps of at most 24 tokens, so the longer
     prompts are prefilled in chunks beside the others' decode rows, and a prompt that repeats
-    another's first 48 tokens starts from the prefix cache."""
+    another's first 48 tokens starts from the prefix cache. `blocks`: a paged cache of that many
+    blocks, too few for every sequence at once, so some are preempted and resumed."""
     import tempfile
 
     from inference.config import ModelConfig
     from inference.engine import EngineArgs, LLMEngine
     from inference.layers import moe_triton
+    from inference.layers.cache_layouts import cache_layout
     from inference.loader import load_model
     from inference.sampling_params import SamplingParams
 
@@ -205,8 +207,14 @@ def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
     if chunked:
         prompts.append(prompts[1][:48] + [4] * 9)
 
+    kv_bytes = None
+    if blocks is not None:
+        kv_bytes = blocks * cache_layout(model.config).bytes_per_block(16, model.model.embed_tokens.weight.dtype)
+    preemptions = []
+
     def run() -> list[list[int]]:
-        args = EngineArgs(block_size=16, max_num_seqs=4, max_num_batched_tokens=24 if chunked else 8192)
+        args = EngineArgs(block_size=16, max_num_seqs=4, max_num_batched_tokens=24 if chunked else 8192,
+                          kv_cache_bytes=kv_bytes)
         engine = LLMEngine(model, args=args, eos_token_ids=[])
         ids = [engine.add_request(p, params) for p in prompts]
         done = {}
@@ -214,6 +222,7 @@ def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
             for out in engine.step():
                 if out.finished:
                     done[out.request_id] = out.token_ids
+        preemptions.append(engine.scheduler.num_preemptions)
         return [done[i] for i in ids]
 
     kernels.MODE = "0"
@@ -224,7 +233,8 @@ def engine_case(make_hf, kind: str, chunked: bool = False) -> dict:
         tokens = run()
     kernels.MODE = "0"
     return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before,
-            "worst_difference": worst[0], "moe_calls": moe_triton.CALLS["grouped"] - grouped}
+            "worst_difference": worst[0], "moe_calls": moe_triton.CALLS["grouped"] - grouped,
+            "preemptions": preemptions[-1]}
 
 
 @contextlib.contextmanager
@@ -308,10 +318,13 @@ def engines() -> dict:
 
     return {"glm4": engine_case(glm4, "gqa"),
             "glm4_prefill": engine_case(glm4, "gqa_prefill", chunked=True),
+            "glm4_preempted": engine_case(glm4, "gqa_prefill", chunked=True, blocks=8),
             "glm5_sparse_union": engine_case(lambda: sparse(False), "gqa"),
             "glm5_sparse_routed": engine_case(lambda: sparse(True), "gqa"),
             "glm5_sparse_union_prefill": engine_case(lambda: sparse(False), "gqa_prefill", chunked=True),
             "glm5_sparse_routed_prefill": engine_case(lambda: sparse(True), "gqa_prefill", chunked=True),
+            "glm5_sparse_routed_preempted": engine_case(lambda: sparse(True), "gqa_prefill", chunked=True,
+                                                        blocks=5),
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
             "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent"),
             "glm_moe_dsa_prefill": engine_case(test_glm_moe_dsa.make_hf, "latent", chunked=True)}

@@ -59,18 +59,21 @@ def test_latent_decode_equals_mla_in_latent_space(interpreted):
         assert case["out_shape"] == [4, heads, rank] and case["error"] < TOLERANCE[case["dtype"]], case
 
 
-@pytest.mark.parametrize("model_type", ["glm4", "glm4_prefill", "glm5_sparse_union_prefill",
+@pytest.mark.parametrize("model_type", ["glm4", "glm4_prefill", "glm4_preempted", "glm5_sparse_routed_preempted",
+                                        "glm5_sparse_union_prefill",
                                         "glm5_sparse_routed_prefill", "glm_moe_dsa_prefill", "glm5_sparse_union", "glm5_sparse_routed", "glm4_moe_lite",
                                         "glm_moe_dsa"])
 def test_the_engine_decodes_through_the_kernels_as_through_torch(interpreted, model_type):
     """GQA (GLM-4; the sparse window in union and routed mode, past the window so key nodes count;
     `_prefill`: steps of 24 tokens, so prompts are prefilled in chunks beside decode rows and one
-    starts from another's cached prefix, every step through `gqa_prefill`),
+    starts from another's cached prefix, every step through `gqa_prefill`; `_preempted`: so few
+    blocks that a sequence is preempted and recomputed),
     MLA (GLM-4.7-Flash) and DSA (GLM-5, its chosen rows read through their slots, in decode and,
     `_prefill`, in chunked prefill too): the serving engine's steps take one launch a layer and
     give the torch path's tokens (the MoE layers' grouped experts included)."""
     run = interpreted["engines"][model_type]
     assert run["kernel_calls"] > 0
+    assert (run["preemptions"] > 0) == model_type.endswith("_preempted"), run["preemptions"]
     # GLM-4.7-Flash's and GLM-5's MoE layers run their experts grouped (two launches a layer)
     assert (run["moe_calls"] > 0) == model_type.startswith(("glm4_moe_lite", "glm_moe_dsa")), run["moe_calls"]
     assert run["worst_difference"] < 1e-4, run["worst_difference"]  # each step's attention, not just tokens
