@@ -130,7 +130,8 @@ class PagedDSALayer:
 
     def __init__(self, pool: torch.Tensor, key_pool: torch.Tensor | None, plan: MLAStep) -> None:
         self.pool, self.key_pool, self.plan = pool, key_pool, plan
-        self.batched_decode = plan.decode_table is not None  # a decode-only step on CUDA
+        # a decode-only step on CUDA (its rows' chosen slots go to the latent kernel in one launch)
+        self.batched_decode = plan.latent_table is not None and all(n == 1 for n in plan.num_new)
 
     def extend(self, rows: torch.Tensor, keys: torch.Tensor | None = None) -> list[IndexedContext]:
         plan = self.plan

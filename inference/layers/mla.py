@@ -132,11 +132,16 @@ class MLAttention(nn.Module):
         """`x [T, hidden]` normed input of the step's rows (one sequence's positions
         `[cache.length, ...)`, or the rows of a paged batch, sequence after sequence)."""
         q_nope, q_rope, latents, _ = self.project(x, rotations)
-        table = getattr(cache, "decode_table", None)
-        if table is not None:  # a decode-only paged step on CUDA: one launch for the batch
+        table = getattr(cache, "latent_table", None)
+        if table is not None and not any(self.expands(n, total) for n, total in zip(cache.plan.num_new,
+                                                                                     cache.plan.totals, strict=True)):
+            # a paged step on CUDA that runs absorbed (decode rows, verifies, short chunks): one
+            # launch for the batch, each row against its sequence's positions up to its own
             cache.write(latents)
-            query = torch.cat((self.kv_b_proj.absorb(q_nope), q_rope), dim=-1).transpose(0, 1)  # [B, H, r + dr]
-            out = paged_decode_triton.latent_decode(query, cache.pool, *table, self.rank, self.scale)
+            query = torch.cat((self.kv_b_proj.absorb(q_nope), q_rope), dim=-1).transpose(0, 1)  # [T, H, r + dr]
+            slots, reach, seq = table
+            out = paged_decode_triton.latent_decode(query, cache.pool, slots, reach, self.rank, self.scale,
+                                                    table_rows=seq)
             out = self.kv_b_proj.values(out.transpose(0, 1))
         else:
             out = self.attend(q_nope, q_rope, cache.extend(latents))

@@ -144,12 +144,17 @@ class MLAStep:
         self.write_slots = torch.cat([row.slots(row.start, row.start + row.num_new) for row in rows]).to(device)
         self.read_slots = [row.slots(0, row.start + row.num_new).to(device) for row in rows]
         self.num_new = [row.num_new for row in rows]
-        # A decode-only step on CUDA: every sequence's slots in one padded table, for the batched
-        # latent kernel (one launch a layer, the pool read in place)
-        self.decode_table = None
-        if all(n == 1 for n in self.num_new) and paged_decode_triton.wanted(torch.device(device)):
+        self.totals = [row.start + row.num_new for row in rows]
+        # A step on CUDA: every sequence's slots in one padded table, and for each of the step's
+        # rows its sequence's row of it and how far it reads (its position + 1), for the latent
+        # kernel (one launch a layer, the pool read in place) where the step runs absorbed
+        self.latent_table = None
+        if paged_decode_triton.wanted(torch.device(device)):
             table = torch.nn.utils.rnn.pad_sequence(self.read_slots, batch_first=True)
-            self.decode_table = (table, torch.tensor([len(s) for s in self.read_slots], device=device))
+            seq = [b for b, n in enumerate(self.num_new) for _ in range(n)]
+            reach = [row.start + i + 1 for row in rows for i in range(row.num_new)]
+            self.latent_table = (table, torch.tensor(reach, device=device),
+                                 torch.tensor(seq, dtype=torch.int32, device=device))
         self.layers = [PagedMLALayer(cache.latents[i], self) for i in range(cache.layout.num_layers)]
 
 
@@ -158,10 +163,10 @@ class PagedMLALayer:
 
     def __init__(self, pool: torch.Tensor, plan: MLAStep) -> None:
         self.pool, self.plan = pool, plan
-        self.decode_table = plan.decode_table
+        self.latent_table = plan.latent_table
 
     def write(self, rows: torch.Tensor) -> None:
-        """Only write the step's rows into their slots (the batched decode kernel reads the pool)."""
+        """Only write the step's rows into their slots (the latent kernel reads the pool)."""
         self.pool[self.plan.write_slots] = rows
 
     def extend(self, rows: torch.Tensor) -> list[LatentContext]:

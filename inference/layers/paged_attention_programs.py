@@ -60,7 +60,7 @@ def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_pt
 
 
 @jit
-def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, lengths_ptr, out_ptr, scale, H,
+def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, table_rows_ptr, lengths_ptr, out_ptr, scale, H,
                          stride_qb, stride_qh, stride_ps, stride_sb, stride_ob, stride_oh,
                          R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_DR: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -74,11 +74,12 @@ def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, lengths_ptr, out_ptr, scale
     q_rope = tl.load(q_ptr + b * stride_qb + h[:, None] * stride_qh + R + e[None, :],
                      mask=head_ok[:, None] & (e[None, :] < DR), other=0.0)
     length = tl.load(lengths_ptr + b)
+    table_row = tl.load(table_rows_ptr + b)  # the slot list this row reads (its sequence's, or its own)
     top, total, acc = softmax_start(BLOCK_H, BLOCK_R)
     for start in range(0, length, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         live = n < length
-        slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
+        slot = tl.load(slots_ptr + table_row * stride_sb + n, mask=live, other=0).to(tl.int64)
         c = tl.load(pool_ptr + slot[:, None] * stride_ps + r[None, :],
                     mask=live[:, None] & (r[None, :] < R), other=0.0)  # [BLOCK_N, BLOCK_R]
         k_rope = tl.load(pool_ptr + slot[:, None] * stride_ps + R + e[None, :],

@@ -100,18 +100,24 @@ def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slot
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, rank: int,
-                  scale: float, block_h: int = 16, block_n: int = 32) -> torch.Tensor:
-    """MLA decode: `q [B, H, rank + rope]` (`kv_b_proj` absorbed into its first `rank`) against
-    the latent rows `pool[slots[b, :lengths[b]]]` of `pool [S, rank + rope]`: `[B, H, rank]`,
-    the attention-weighted latent rows (for `kv_b_proj`'s value half)."""
+                  scale: float, block_h: int = 16, block_n: int = 32,
+                  table_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """MLA in latent space, one query row at a time: `q [B, H, rank + rope]` (`kv_b_proj`
+    absorbed into its first `rank`) against the latent rows `pool[slots[b, :lengths[b]]]` of
+    `pool [S, rank + rope]`: `[B, H, rank]`, the attention-weighted latent rows (for
+    `kv_b_proj`'s value half). `table_rows [B]`: row b reads slot list `slots[table_rows[b]]`
+    instead of its own (a chunk's queries share their sequence's list, each reading its own
+    position + 1 of it)."""
     batch, heads, width = q.shape
     rope = width - rank
     q, slots, lengths = q.contiguous(), slots.contiguous(), lengths.to(torch.int32).contiguous()
+    if table_rows is None:
+        table_rows = torch.arange(batch, dtype=torch.int32, device=q.device)
     out = q.new_empty(batch, heads, rank)
     kernel = _kernels()[1]
     CALLS["latent"] += 1
     kernel[(batch, -(-heads // block_h))](
-        q, pool, slots, lengths, out, scale, heads,
+        q, pool, slots, table_rows.to(torch.int32).contiguous(), lengths, out, scale, heads,
         q.stride(0), q.stride(1), pool.stride(0), slots.stride(0), out.stride(0), out.stride(1),
         R=rank, DR=rope, BLOCK_H=block_h, BLOCK_R=_pow2(rank), BLOCK_DR=_pow2(rope), BLOCK_N=block_n)
     return out

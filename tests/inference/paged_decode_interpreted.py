@@ -261,11 +261,11 @@ def compared_layers():
 
     def mla_both(self, x, rotations, cache):
         out = mla(self, x, rotations, cache)
-        table = getattr(cache, "decode_table", None)
+        table = getattr(cache, "latent_table", None)
         if table is not None:
-            cache.decode_table = None
+            cache.latent_table = None
             worst[0] = max(worst[0], (out - mla(self, x, rotations, cache)).abs().max().item())
-            cache.decode_table = table
+            cache.latent_table = table
         return out
 
     def dsa_both(self, x, rotations, cache, chosen=None):
@@ -326,6 +326,7 @@ def engines() -> dict:
             "glm5_sparse_routed_preempted": engine_case(lambda: sparse(True), "gqa_prefill", chunked=True,
                                                         blocks=5),
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
+            "glm4_moe_lite_prefill": engine_case(test_glm4_moe_lite.make_hf, "latent", chunked=True),
             "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent"),
             "glm_moe_dsa_prefill": engine_case(test_glm_moe_dsa.make_hf, "latent", chunked=True)}
 

@@ -61,15 +61,18 @@ def test_latent_decode_equals_mla_in_latent_space(interpreted):
 
 @pytest.mark.parametrize("model_type", ["glm4", "glm4_prefill", "glm4_preempted", "glm5_sparse_routed_preempted",
                                         "glm5_sparse_union_prefill",
-                                        "glm5_sparse_routed_prefill", "glm_moe_dsa_prefill", "glm5_sparse_union", "glm5_sparse_routed", "glm4_moe_lite",
+                                        "glm5_sparse_routed_prefill", "glm4_moe_lite_prefill", "glm_moe_dsa_prefill",
+                                        "glm5_sparse_union", "glm5_sparse_routed", "glm4_moe_lite",
                                         "glm_moe_dsa"])
 def test_the_engine_decodes_through_the_kernels_as_through_torch(interpreted, model_type):
     """GQA (GLM-4; the sparse window in union and routed mode, past the window so key nodes count;
     `_prefill`: steps of 24 tokens, so prompts are prefilled in chunks beside decode rows and one
     starts from another's cached prefix, every step through `gqa_prefill`; `_preempted`: so few
     blocks that a sequence is preempted and recomputed),
-    MLA (GLM-4.7-Flash) and DSA (GLM-5, its chosen rows read through their slots, in decode and,
-    `_prefill`, in chunked prefill too): the serving engine's steps take one launch a layer and
+    MLA (GLM-4.7-Flash; `_prefill`: chunks short enough for the absorbed form, each row reading
+    its sequence's slots up to its own position) and DSA (GLM-5, its chosen rows read through
+    their slots, in decode and, `_prefill`, in chunked prefill too): the serving engine's steps
+    take one launch a layer and
     give the torch path's tokens (the MoE layers' grouped experts included)."""
     run = interpreted["engines"][model_type]
     assert run["kernel_calls"] > 0
