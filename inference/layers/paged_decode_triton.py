@@ -154,18 +154,10 @@ class PrefillPlan:
             block_first += list(firsts)
             a += n
         as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-        nodes = _padded(node_lists or [torch.empty(0, dtype=torch.long)], device)
-        return cls(_padded(slot_lists, device), as_tensor(local_starts), nodes, as_tensor(rows), as_tensor(starts),
+        pad = functools.partial(torch.nn.utils.rnn.pad_sequence, batch_first=True)  # on the lists' device
+        nodes = pad(node_lists or [torch.empty(0, dtype=torch.long, device=device)])
+        return cls(pad(slot_lists), as_tensor(local_starts), nodes, as_tensor(rows), as_tensor(starts),
                    as_tensor(news), as_tensor(block_seq), as_tensor(block_first))
-
-
-def _padded(lists: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """Slot lists as one `[len(lists), longest]` table on `device` (where the lists are: no copy
-    through the host)."""
-    table = torch.zeros(len(lists), max(1, max(len(x) for x in lists)), dtype=torch.long, device=device)
-    for b, row in enumerate(lists):
-        table[b, : len(row)] = row
-    return table
 
 
 def gqa_prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: PrefillPlan,
