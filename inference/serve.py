@@ -14,6 +14,9 @@ all their requests share one batch and the weights exist once, as with `vllm ser
   choice, added to its score); `usage` with
   `prompt_tokens_details.cached_tokens` (prefix-cache hits). A reasoning model's think part is
   sent apart as `reasoning_content` (vLLM's `--reasoning-parser` convention), never in `content`.
+- `POST /v1/embeddings` with `--embeddings DIR` (an `inference.embedder` model: the demo's
+  `models/demo-embed`, which the knowledge base's dense retrieval reaches through
+  `EMBEDDINGS_BASE_URL`; `inference/embedding_api.py`).
 - `GET /v1/models`, `GET /health` (503 once the engine thread has died), `GET /metrics`
   (Prometheus: requests by outcome, tokens, time to first token, request latency, requests in
   the engine).
@@ -56,6 +59,8 @@ from pydantic import (
     model_validator,
 )
 
+from inference import embedding_api
+from inference.embedder import Embedder
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.engine.service import EngineService
 from inference.reasoning import ReasoningSplitter
@@ -171,8 +176,11 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", code:
     return response
 
 
-def create_app(service: EngineService, model_name: str, api_key: str = "", default_max_tokens: int = 1024) -> Flask:
+def create_app(service: EngineService, model_name: str, api_key: str = "", default_max_tokens: int = 1024,
+               embedder=None, embedder_name: str = "") -> Flask:
     app = Flask(__name__)
+    if embedder is not None:
+        embedding_api.register(app, embedder, embedder_name)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     metrics = Metrics(service)
     tokenizer = service.engine.tokenizer
@@ -211,8 +219,9 @@ def create_app(service: EngineService, model_name: str, api_key: str = "", defau
 
     @app.get("/v1/models")
     def models():
+        names = [model_name, *([embedder_name] if embedder is not None else [])]
         return jsonify({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "wecom-bot"}]})
+            {"id": name, "object": "model", "created": 0, "owned_by": "wecom-bot"} for name in names]})
 
     @app.post("/v1/chat/completions")
     def chat_completions():
@@ -363,12 +372,18 @@ def load_app(args) -> Flask:
         raise SystemExit(f"{path} has no tokenizer: the server answers chat completions")
     name = args.served_model_name or path.name
     log.info("serving %s from %s on %s (max_num_seqs %d)", name, path, engine.model.device, args.max_num_seqs)
+    embedder, embedder_name = None, ""
+    if args.embeddings:
+        embedder, embedder_name = Embedder.load(args.embeddings), Path(args.embeddings).name
+        log.info("serving embeddings %s from %s", embedder_name, args.embeddings)
     return create_app(EngineService(engine), name, args.api_key or os.environ.get("INFERENCE_API_KEY", ""),
-                      args.default_max_tokens)
+                      args.default_max_tokens, embedder, embedder_name)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help="checkpoint directory")
+    parser.add_argument("--embeddings", default=None,
+                        help="also serve /v1/embeddings with this embedder directory (inference/embedder.py)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None, help="the name /v1/models lists (default: the directory's)")

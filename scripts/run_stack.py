@@ -1,9 +1,10 @@
 """``make run``: the whole stack on this machine, with the WeCom emulator in front.
 
-Starts, in order: migrations, the handbook's two editions (English, Chinese) loaded into the
-knowledge base (``kb add``, left alone when unchanged), the model server (``python -m inference serve`` on 8090, holding
-``MODEL_DIR`` for the worker and ``/v1``, unless ``INFERENCE_BACKEND=openai`` names another
-server), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
+Starts, in order: migrations, the model server (``python -m inference serve`` on 8090, holding
+``MODEL_DIR`` for the worker and ``/v1``, and the demo's embedder (``models/demo-embed``) for the
+knowledge base's dense retrieval, unless ``INFERENCE_BACKEND=openai`` names another server), the
+handbook's two editions (English, Chinese) loaded into the knowledge base (``kb add``, left alone
+when unchanged; embedded by the model server), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
 gunicorn with the callback (8080), a Celery worker and Celery beat, the AI bot's long-connection
 service (``python -m app.aibot_connection``, when ``var/dev.env`` has ``AIBOT_BOT_ID``), then asks
 the emulator to verify the callback URLs (the app's and the AI bot's) as WeCom's console does,
@@ -37,9 +38,11 @@ from inference.demo.grounded import (
     DEMO_ANSWER_BY_QUOTING,
     DEMO_CHUNK_TOKENS,
     DEMO_DECLINE_BIAS,
+    DEMO_EMBEDDER,
     DEMO_MIN_SCORE,
     DEMO_TOP_K,
 )
+from inference.embedder import read_config
 from scripts.supervisor import Program, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +118,15 @@ def stack_env() -> dict[str, str]:
         # (inference/demo/grounded.py).
         env.setdefault("KB_CHUNK_TOKENS", str(DEMO_CHUNK_TOKENS))
         env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
+        embedder = read_config(ROOT / DEMO_EMBEDDER)
+        if env.get("ENGINE_SERVED") and embedder is not None and not env.get("EMBEDDINGS_BASE_URL"):
+            # Dense retrieval with the demo's embedder, served by the same engine process
+            # (inference/demo/train_embedder.py), with the thresholds its training chose.
+            env["ENGINE_EMBEDDINGS"] = str(ROOT / DEMO_EMBEDDER)
+            env["EMBEDDINGS_BASE_URL"] = env["OPENAI_BASE_URL"]
+            env["EMBEDDINGS_MODEL"] = Path(DEMO_EMBEDDER).name
+            for name, value in embedder.chosen_settings().items():
+                env.setdefault(name.upper(), str(value))
         env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))
         env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())
         env.setdefault("KB_DECLINE_BIAS", str(DEMO_DECLINE_BIAS))
@@ -149,6 +161,7 @@ def programs(env: dict[str, str]) -> list[Program]:
     engine = [
         Program("engine", [sys.executable, "-m", "inference", "serve", "--model", env.get("MODEL_DIR", "models/demo"),
                            "--port", str(ENGINE_PORT), "--max-num-seqs", env.get("ENGINE_MAX_NUM_SEQS", "16"),
+                           *(["--embeddings", env["ENGINE_EMBEDDINGS"]] if env.get("ENGINE_EMBEDDINGS") else []),
                            "--speculative-k", env.get("ENGINE_SPECULATIVE_K", "0"),
                            *(["--max-model-len", env["ENGINE_MAX_MODEL_LEN"]] if env.get("ENGINE_MAX_MODEL_LEN") else []),
                            *(["--kv-cache-bytes", env["ENGINE_KV_CACHE_BYTES"]] if env.get("ENGINE_KV_CACHE_BYTES") else [])],
@@ -176,16 +189,16 @@ def main() -> None:
     env = stack_env()
     os.chdir(ROOT)
     subprocess.run([sys.executable, "-m", "app.cli", "migrate"], env=env, check=True)
-    load_handbook(env)
     supervisor = Supervisor(programs(env), env=env, cwd=ROOT)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # unwinds to stop() below
     supervisor.start()
     try:
-        wait_http(f"http://127.0.0.1:{EMULATOR_PORT}/")
-        wait_http(f"http://127.0.0.1:{WEB_PORT}/healthz")
         if env.get("ENGINE_SERVED"):
             wait_http(f"http://127.0.0.1:{ENGINE_PORT}/health", seconds=300, ok_only=True)  # the model loads
+        load_handbook(env)  # after the engine: it embeds the chunks when dense retrieval is on
+        wait_http(f"http://127.0.0.1:{EMULATOR_PORT}/")
+        wait_http(f"http://127.0.0.1:{WEB_PORT}/healthz")
         verified = requests.post(f"http://127.0.0.1:{EMULATOR_PORT}/_emulator/verify", timeout=10).json()
         print(f"callback URL verification: {verified}")
         if env.get("AIBOT_TOKEN"):

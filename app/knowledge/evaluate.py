@@ -110,11 +110,20 @@ class Tally:
 
 @contextlib.contextmanager
 def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str = "",
-                           passages: bool = True, **overrides) -> Iterator[Services]:
+                           passages: bool = True, embeddings: str | None = None,
+                           **overrides) -> Iterator[Services]:
     """Services over a throwaway SQLite database holding ``handbooks`` (path, title), each
     uploaded through the real path; public (visible to everyone). ``overrides``: settings
-    (e.g. ``kb_chunk_tokens``)."""
-    with tempfile.TemporaryDirectory() as scratch:
+    (e.g. ``kb_chunk_tokens``). ``embeddings``: an embedder directory (``inference/embedder.py``)
+    served over HTTP for the run (``EMBEDDINGS_BASE_URL``), so dense retrieval is on, with the
+    thresholds its training chose unless ``overrides`` gives them."""
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
+        if embeddings:
+            from inference.embedding_api import serving  # noqa: PLC0415 - only with embeddings
+
+            url, embedder = stack.enter_context(serving(embeddings))
+            overrides = {"embeddings_base_url": url, "embeddings_model": Path(embeddings).name,
+                         **embedder.config.chosen_settings(), **overrides}
         url = f"sqlite:///{Path(scratch) / 'kb.sqlite3'}"
         migrate.upgrade(url)
         db = Database(url)
@@ -129,8 +138,9 @@ def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str
 
 
 def evaluate(questions: list[dict], model_dir: str, handbooks: Sequence[tuple[Path, str]],
-             passages: bool, max_tokens: int = 160, **overrides) -> Tally:
-    with scratch_knowledge_base(handbooks, model_dir, passages, **overrides) as services:
+             passages: bool, max_tokens: int = 160, embeddings: str | None = None,
+             **overrides) -> Tally:
+    with scratch_knowledge_base(handbooks, model_dir, passages, embeddings, **overrides) as services:
         return _answer_all(questions, services, services.settings, max_tokens)
 
 

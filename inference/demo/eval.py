@@ -19,10 +19,12 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
 from inference.demo.corpus import HANDBOOKS, heldout_pairs, load_qa
+from inference.demo.grounded import DEMO_EMBEDDER
 from inference.demo.train import SYSTEM_PROMPT
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
@@ -140,6 +142,10 @@ def main(argv: list[str] | None = None) -> None:
                              "--no-quoting: the model writes its reply freely)")
     parser.add_argument("--choice-scoring", choices=("tokens", "likelihood"), default=None,
                         help="with --questions: KB_CHOICE_SCORING (default: the setting's, as make run)")
+    parser.add_argument("--embeddings", default=DEMO_EMBEDDER if Path(DEMO_EMBEDDER).is_dir() else None,
+                        help="with --questions: dense retrieval with this embedder, served over HTTP as make run "
+                             "serves it (default: models/demo-embed when present; --embeddings '' for BM25 "
+                             "alone); its training's KB_MIN_SIMILARITY and KB_MIN_SCORE unless --min-score")
     parser.add_argument("--decline-bias", type=float, default=None,
                         help="with --questions: KB_DECLINE_BIAS (default: the demo model's, as make run)")
     args = parser.parse_args(argv)
@@ -197,17 +203,19 @@ def knowledge_eval(args) -> None:
         questions = load_questions(args.questions)[: args.limit]
     passages = args.passages
     reading = {"kb_chunk_tokens": args.chunk_tokens or DEMO_CHUNK_TOKENS, "kb_top_k": args.top_k or DEMO_TOP_K,
-               "kb_min_score": DEMO_MIN_SCORE if args.min_score is None else args.min_score,
                "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting,
                "kb_decline_bias": DEMO_DECLINE_BIAS if args.decline_bias is None else args.decline_bias}
     if args.choice_scoring:
         reading["kb_choice_scoring"] = args.choice_scoring
-    tally = evaluate(questions, args.model, HANDBOOKS, passages, **reading)  # both editions, as make run
+    if args.min_score is not None or not args.embeddings:  # else the embedder's own
+        reading["kb_min_score"] = DEMO_MIN_SCORE if args.min_score is None else args.min_score
+    tally = evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
+                     **reading)  # both editions, as make run
     if args.json:
         for row in tally.rows:
             print(json.dumps(row, ensure_ascii=False))
         print(json.dumps({"summary": tally.summary(), "model": args.model, "passages_in_prompt": passages,
-                          **reading}))
+                          "embeddings": args.embeddings or None, **reading}))
         return
     for row in tally.rows[: args.show]:
         print(f"  Q: {row['question']}\n  A: {row['answer']}\n  declined: {row['declined']}")

@@ -53,6 +53,9 @@ DEMO_ANSWER_BY_QUOTING = True
 # quotes outscore its "not found" even where it should decline; this prior evens it (the
 # evaluation set's sweep, models/demo/README.md: 0 / 0.8 / 1.0)
 DEMO_DECLINE_BIAS = 0.8
+# The demo's embedder (inference/demo/train_embedder.py), served beside the model by make run:
+# dense retrieval, and the KB_MIN_SIMILARITY / KB_MIN_SCORE its training chose
+DEMO_EMBEDDER = "models/demo-embed"
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,
     "HR（分机 8000）/ HR (ext. 8000)", "行政（分机 8200）/ Admin (ext. 8200)",

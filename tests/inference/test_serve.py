@@ -13,10 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 
+from app.knowledge.embeddings import EmbeddingClient
 from app.llm import GenerationParams, OpenAIBackend
+from inference.embedder import Embedder
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.service import EngineService
 from inference.llm import LLM
@@ -24,6 +27,7 @@ from inference.sampling_params import SamplingParams
 from inference.serve import create_app
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
+EMBEDDER = DEMO.parent / "demo-embed"
 QUESTION = [{"role": "user", "content": "年假有几天？"}]
 
 
@@ -152,7 +156,8 @@ def test_the_served_process_answers_the_workers_openai_backend():
     port = free_port()
     env = {**os.environ, "INFERENCE_API_KEY": "serve-test-key-" + "z" * 20}
     server = subprocess.Popen([sys.executable, "-m", "inference", "serve", "--model", str(DEMO), "--port", str(port),
-                               "--max-num-seqs", "4", "--max-model-len", "512"], env=env,
+                               "--max-num-seqs", "4", "--max-model-len", "512", "--embeddings", str(EMBEDDER)],
+                              env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
@@ -179,6 +184,14 @@ def test_the_served_process_answers_the_workers_openai_backend():
             chosen = backend.generate(QUESTION, GenerationParams(temperature=0, max_tokens=200, choice=choice,
                                                                  choice_scoring="likelihood", choice_bias=bias))
             assert chosen.text.strip() == choice[lifted]
+        # the knowledge base's dense retrieval reaches the demo's embedder on the same server
+        texts = ["年假有几天？", "How do I reset my VPN password?"]
+        vectors = EmbeddingClient(f"http://127.0.0.1:{port}/v1", "demo-embed",
+                                  api_key=env["INFERENCE_API_KEY"]).embed(texts)
+        assert np.allclose(np.stack(vectors), Embedder.load(EMBEDDER).embed(texts).numpy(), atol=1e-6)
+        listed = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5,
+                              headers={"Authorization": f"Bearer {env['INFERENCE_API_KEY']}"}).json()
+        assert [m["id"] for m in listed["data"]] == ["demo", "demo-embed"]
     finally:
         server.terminate()
         server.wait(30)

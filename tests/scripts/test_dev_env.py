@@ -45,3 +45,27 @@ def test_make_run_sets_the_ai_bot_up(tmp_path, monkeypatch):
     assert programs["aibot-connection"].argv[1:] == ["-m", "app.aibot_connection"]
     assert programs["aibot-connection"].restart
     assert "--aibot-callback-url" in programs["emulator"].argv
+
+
+def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
+    """The engine process serves models/demo-embed at /v1/embeddings; the knowledge base reaches
+    it there with the thresholds its training chose; a server the operator configured wins."""
+    from inference.embedder import read_config
+    from scripts import run_stack
+
+    for name in ("EMBEDDINGS_BASE_URL", "EMBEDDINGS_MODEL", "KB_MIN_SIMILARITY", "KB_MIN_SCORE",
+                 "INFERENCE_BACKEND", "MODEL_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    env = run_stack.stack_env()
+    chosen = read_config(run_stack.ROOT / "models" / "demo-embed")
+    assert env["EMBEDDINGS_BASE_URL"] == env["OPENAI_BASE_URL"] == f"http://127.0.0.1:{run_stack.ENGINE_PORT}/v1"
+    assert env["EMBEDDINGS_MODEL"] == "demo-embed"
+    assert float(env["KB_MIN_SIMILARITY"]) == chosen.min_similarity
+    assert float(env["KB_MIN_SCORE"]) == chosen.min_score
+    engine = {p.name: p for p in run_stack.programs(env)}["engine"].argv
+    assert engine[engine.index("--embeddings") + 1] == str(run_stack.ROOT / "models" / "demo-embed")
+
+    monkeypatch.setenv("EMBEDDINGS_BASE_URL", "http://embeddings.internal/v1")
+    env = run_stack.stack_env()
+    assert env["EMBEDDINGS_BASE_URL"] == "http://embeddings.internal/v1"
+    assert "--embeddings" not in {p.name: p for p in run_stack.programs(env)}["engine"].argv

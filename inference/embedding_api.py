@@ -1,0 +1,114 @@
+"""OpenAI's ``POST /v1/embeddings`` over an ``inference.embedder.Embedder``: what ``python -m
+inference serve --embeddings DIR`` adds to its routes, and what the knowledge base's
+``EMBEDDINGS_BASE_URL`` client (``app/knowledge/embeddings.py``) calls.
+
+The request: ``input`` (a string or a list of strings; token-id arrays are refused, this model
+reads text), ``model`` (optional; when given, the embedder's name), ``encoding_format``
+(``float``, or ``base64``: little-endian float32, as OpenAI sends it). ``usage`` counts n-grams
+as this model's tokens. Bad requests get OpenAI's error shape with a 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from flask import Flask, jsonify, request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from werkzeug.serving import make_server
+
+from inference.embedder import Embedder, ngrams
+
+MAX_INPUTS = 2048  # OpenAI's own limit per request
+MAX_INPUT_CHARS = 32_768
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str] = Field(min_length=1)
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+    def texts(self) -> list[str]:
+        texts = [self.input] if isinstance(self.input, str) else self.input
+        if len(texts) > MAX_INPUTS:
+            raise ValueError(f"input: at most {MAX_INPUTS} texts a request")
+        if any(len(t) > MAX_INPUT_CHARS for t in texts):
+            raise ValueError(f"input: a text is over {MAX_INPUT_CHARS} characters")
+        return texts
+
+
+def _error(status: int, message: str, code: str | None = None):
+    response = jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                  "code": code}})
+    response.status_code = status
+    return response
+
+
+def register(app: Flask, embedder: Embedder, name: str) -> None:
+    """Add ``POST /v1/embeddings`` for ``embedder``, served as ``name``."""
+
+    @app.post("/v1/embeddings")
+    def embeddings():
+        try:
+            body = json.loads(request.get_data(cache=False) or b"null")
+            parsed = EmbeddingsRequest.model_validate(body)
+            texts = parsed.texts()
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, ValidationError):
+                errors = exc.errors(include_url=False, include_input=False)
+                message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
+            else:
+                message = str(exc) if "input:" in str(exc) else "the body is not a valid embeddings request"
+            return _error(400, message or "the request is not valid")
+        if parsed.model not in (None, name):
+            return _error(404, f"the model {parsed.model!r} does not exist here (it embeds with {name!r})",
+                          "model_not_found")
+        vectors = embedder.embed(texts).numpy().astype(np.float32)
+        data = []
+        for index, vector in enumerate(vectors):
+            value = (base64.b64encode(vector.astype("<f4").tobytes()).decode()
+                     if parsed.encoding_format == "base64" else vector.tolist())
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = sum(len(ngrams(t, embedder.config)) for t in texts)
+        return jsonify({"object": "list", "data": data, "model": name,
+                        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def embeddings_app(embedder: Embedder, name: str) -> Flask:
+    """A server of embeddings alone (the evaluation's, and a test's)."""
+    app = Flask(__name__)
+    register(app, embedder, name)
+
+    @app.errorhandler(404)
+    def _not_found(_exc):
+        return _error(404, f"no route {request.path}", "not_found")
+
+    @app.errorhandler(405)
+    def _not_allowed(_exc):
+        return _error(405, f"{request.method} is not allowed on {request.path}")
+
+    return app
+
+
+@contextlib.contextmanager
+def serving(directory: str | Path) -> Iterator[tuple[str, Embedder]]:
+    """The embedder of ``directory`` served on a free local port in a thread, for as long as the
+    block runs: (its /v1 base URL, the embedder). What the evaluation's knowledge base calls, so
+    its vectors come over the same HTTP API the worker's do."""
+    embedder = Embedder.load(directory)
+    server = make_server("127.0.0.1", 0, embeddings_app(embedder, Path(directory).name), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="embeddings-server", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", embedder
+    finally:
+        server.shutdown()
+        thread.join()
