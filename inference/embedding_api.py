@@ -27,6 +27,7 @@ from inference.embedder import Embedder, ngrams
 
 MAX_INPUTS = 2048  # OpenAI's own limit per request
 MAX_INPUT_CHARS = 32_768
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 class EmbeddingsRequest(BaseModel):
@@ -85,7 +86,12 @@ def register(app: Flask, embedder: Embedder, name: str) -> None:
 def embeddings_app(embedder: Embedder, name: str) -> Flask:
     """A server of embeddings alone (the evaluation's, and a test's)."""
     app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     register(app, embedder, name)
+
+    @app.errorhandler(413)
+    def _too_large(_exc):
+        return _error(413, f"the request is over {MAX_BODY_BYTES} bytes")
 
     @app.errorhandler(404)
     def _not_found(_exc):

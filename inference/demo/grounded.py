@@ -195,8 +195,8 @@ def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
     for item in items:
         by_topic.setdefault(item["topic"], []).append(item["question"])
     samples: list[Sample] = []
-    with scratch_knowledge_base(HANDBOOKS, kb_chunk_tokens=DEMO_CHUNK_TOKENS,
-                                kb_top_k=DEMO_TOP_K) as services:
+    with scratch_knowledge_base(HANDBOOKS, kb_chunk_tokens=DEMO_CHUNK_TOKENS, kb_top_k=DEMO_TOP_K,
+                                embeddings=DEMO_EMBEDDER) as services:
         builder = Builder(services, system_prompt, rng)
         for item in items:
             others = [q for topic, qs in by_topic.items() if topic != item["topic"] for q in qs]

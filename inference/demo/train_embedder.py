@@ -1,20 +1,22 @@
 """Train the demo's embedder (``inference/embedder.py``) on its own questions and handbook:
-``python -m inference.demo.train_embedder [--out models/demo-embed]`` (about a minute on 2 cores).
+``python -m inference.demo.train_embedder [--out models/demo-embed]`` (about a minute and a half
+on 2 cores; deterministic).
 
 What it learns: which chunk of the handbook each training question (``qa.jsonl``'s questions
 and paraphrases, never the held-out ones or an evaluation set) is answered from, found as
 ``inference.demo.grounded`` finds it for the demo model (the answer searched as a question, the
 best chunk of each edition in the item's sections), as a softmax over every chunk of both
-editions (there are a few hundred: the whole handbook is each step's negatives). The questions
+editions (116 chunks: the whole handbook is each step's negatives). The questions
 the handbook does not answer (``unanswerable.jsonl``) are pushed below a margin against every
 chunk, so that a similarity means "this chunk answers it", not "this sounds like the handbook".
 
 ``KB_MIN_SIMILARITY`` and ``KB_MIN_SCORE`` (a passage is relevant when its cosine or its BM25
-coverage clears its threshold, ``app/knowledge/retrieval.py``): chosen on a validation split (one
-paraphrase of each item and a fifth of the unanswerable questions kept out of a first training
-run) as the pair that lets the most kept-out paraphrases through to a right chunk while keeping
-the most kept-out unanswerable questions out. The model is then trained again on everything and
-the pair is written into its config, which ``make run`` and the evaluation read.
+coverage clears its threshold, ``app/knowledge/retrieval.py``): chosen on ``FOLDS`` validation
+runs (each keeps one paraphrase of every item and a fifth of the unanswerable questions out of
+its training) as the pair with the best balanced accuracy over all the kept-out questions
+(paraphrases let through to a right chunk, unanswerable questions kept out). The model is then
+trained again on everything and the pair is written into its config, which ``make run`` and the
+evaluation read.
 """
 
 from __future__ import annotations

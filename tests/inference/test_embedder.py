@@ -87,6 +87,7 @@ def test_a_bad_request_gets_a_4xx_not_a_500(small, body, status, says):
     assert response.status_code == status and says in response.get_json()["error"]["message"]
     assert client.post("/v1/embeddings", data=b"{not json").status_code == 400
     assert client.post("/v1/embeddings", data=b"[" * 100_000).status_code == 400
+    assert client.post("/v1/embeddings", data=b"x" * (9 * 1024 * 1024)).status_code == 413
     assert client.get("/v1/embeddings").status_code == 405
 
 
