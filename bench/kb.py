@@ -1,7 +1,7 @@
 """Knowledge base: indexing speed, retrieval latency at 1k/10k/100k chunks, recall on the demo.
 
 ``python -m bench.kb [--sizes 1000,10000,100000] [--dbs sqlite,postgresql] [--queries 200]
-[--recall-only]``
+[--recall-only] [--embeddings models/demo-embed]``
 
 For each database and size, a fresh database (a SQLite file; a throwaway PostgreSQL database
 at ``BENCH_PG``, default the local server) is migrated and filled with synthetic documents of
@@ -17,12 +17,14 @@ small talk left out) the gold passage is the one the item's English answer retri
 handbook is written in English with Chinese names; the Chinese answers are translations), and a
 hit is gold among the five best. It also reports, at ``KB_MIN_SCORE``, how many of those
 questions are answered (not declined) and how many of a list of questions the handbook does not
-answer are declined.
+answer are declined. ``--embeddings DIR`` does the recall with dense retrieval too (the demo's
+embedder served as ``make run`` serves it; its thresholds), the sweep still over coverage.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
@@ -30,6 +32,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 from app import migrate
 from app.db import Database
@@ -39,6 +42,7 @@ from app.knowledge.store import KnowledgeStore
 from app.knowledge.terms import terms
 from app.services import Services
 from inference.demo.corpus import COMPANY_PATH, load_qa
+from inference.embedding_api import serving
 from tests.support.env import make_env, settings_from
 
 PG_SERVER = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -144,10 +148,22 @@ def bench_size(kind: str, size: int, queries: list[str], tmp: str) -> dict:
         drop()
 
 
-def recall(tmp: str) -> dict:
+def recall(tmp: str, embeddings: str | None = None) -> dict:
+    """``embeddings``: an embedder directory, served over HTTP for the run (dense retrieval fused
+    with BM25, with the thresholds its training chose)."""
     url, drop = fresh_database("sqlite", tmp)
+    with contextlib.ExitStack() as stack:
+        overrides = {}
+        if embeddings:
+            base, embedder = stack.enter_context(serving(embeddings))
+            overrides = {"EMBEDDINGS_BASE_URL": base, "EMBEDDINGS_MODEL": Path(embeddings).name,
+                         **{k.upper(): str(v) for k, v in embedder.config.chosen_settings().items()}}
+        return _recall(url, drop, overrides)
+
+
+def _recall(url: str, drop, overrides: dict) -> dict:
     try:
-        services = services_for(url)
+        services = services_for(url, **overrides)
         KnowledgeStore(services).add(COMPANY_PATH.read_bytes(), "Handbook", filename="company.md")
         retriever = Retriever(services)
         qa = load_qa()
@@ -177,6 +193,7 @@ def recall(tmp: str) -> dict:
         return {"recall_at_5": hits / total, "questions": total, "answered": answered / total,
                 "out_of_scope_declined": declined / len(OUT_OF_SCOPE),
                 "out_of_scope": len(OUT_OF_SCOPE), "min_score": services.settings.kb_min_score,
+                "min_similarity": services.settings.kb_min_similarity,
                 "sweep": sweep}
     finally:
         drop()
@@ -188,13 +205,17 @@ def main() -> None:
     parser.add_argument("--dbs", default="sqlite,postgresql")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--recall-only", action="store_true", help="skip the latency tables")
+    parser.add_argument("--embeddings", default=None,
+                        help="recall with dense retrieval too: this embedder (e.g. models/demo-embed) "
+                             "served over HTTP, with its thresholds")
     args = parser.parse_args()
     rng = random.Random(7)
     questions = [item["question"] for item in load_qa()]
     queries = rng.sample(questions, min(args.queries, len(questions)))
     with tempfile.TemporaryDirectory() as tmp:
-        r = recall(tmp)
-        print(f"recall@5 on the held-out paraphrases: {r['recall_at_5']:.1%} of {r['questions']}; "
+        r = recall(tmp, args.embeddings)
+        dense = f" with {args.embeddings} (KB_MIN_SIMILARITY {r['min_similarity']})" if args.embeddings else ""
+        print(f"recall@5 on the held-out paraphrases{dense}: {r['recall_at_5']:.1%} of {r['questions']}; "
               f"at KB_MIN_SCORE {r['min_score']}: {r['answered']:.1%} answered, "
               f"{r['out_of_scope_declined']:.1%} of {r['out_of_scope']} out-of-scope declined",
               flush=True)
