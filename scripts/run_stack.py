@@ -125,6 +125,8 @@ def stack_env() -> dict[str, str]:
             env["ENGINE_EMBEDDINGS"] = str(ROOT / DEMO_EMBEDDER)
             env["EMBEDDINGS_BASE_URL"] = env["OPENAI_BASE_URL"]
             env["EMBEDDINGS_MODEL"] = Path(DEMO_EMBEDDER).name
+            if env.get("OPENAI_API_KEY"):  # the same server: the key the worker sends it
+                env.setdefault("EMBEDDINGS_API_KEY", env["OPENAI_API_KEY"])
             for name, value in embedder.chosen_settings().items():
                 env.setdefault(name.upper(), str(value))
         env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))

@@ -53,10 +53,12 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     from inference.embedder import read_config
     from scripts import run_stack
 
-    for name in ("EMBEDDINGS_BASE_URL", "EMBEDDINGS_MODEL", "KB_MIN_SIMILARITY", "KB_MIN_SCORE",
-                 "INFERENCE_BACKEND", "MODEL_DIR"):
+    for name in ("EMBEDDINGS_BASE_URL", "EMBEDDINGS_MODEL", "EMBEDDINGS_API_KEY", "KB_MIN_SIMILARITY",
+                 "KB_MIN_SCORE", "INFERENCE_BACKEND", "MODEL_DIR"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "engine-key-" + "k" * 20)
     env = run_stack.stack_env()
+    assert env["EMBEDDINGS_API_KEY"] == env["OPENAI_API_KEY"]  # one server, one key
     chosen = read_config(run_stack.ROOT / "models" / "demo-embed")
     assert env["EMBEDDINGS_BASE_URL"] == env["OPENAI_BASE_URL"] == f"http://127.0.0.1:{run_stack.ENGINE_PORT}/v1"
     assert env["EMBEDDINGS_MODEL"] == "demo-embed"
