@@ -20,10 +20,11 @@ from typing import Literal
 
 import numpy as np
 from flask import Flask, jsonify, request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from werkzeug.serving import make_server
 
 from inference.embedder import Embedder, ngrams
+from inference.openai_errors import error, register_http_errors, validation_detail
 
 MAX_INPUTS = 2048  # OpenAI's own limit per request
 MAX_INPUT_CHARS = 32_768
@@ -46,13 +47,6 @@ class EmbeddingsRequest(BaseModel):
         return texts
 
 
-def _error(status: int, message: str, code: str | None = None):
-    response = jsonify({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                  "code": code}})
-    response.status_code = status
-    return response
-
-
 def register(app: Flask, embedder: Embedder, name: str) -> None:
     """Add ``POST /v1/embeddings`` for ``embedder``, served as ``name``."""
 
@@ -63,15 +57,11 @@ def register(app: Flask, embedder: Embedder, name: str) -> None:
             parsed = EmbeddingsRequest.model_validate(body)
             texts = parsed.texts()
         except (ValueError, RecursionError) as exc:
-            if isinstance(exc, ValidationError):
-                errors = exc.errors(include_url=False, include_input=False)
-                message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
-            else:
-                message = str(exc) if "input:" in str(exc) else "the body is not a valid embeddings request"
-            return _error(400, message or "the request is not valid")
+            message = validation_detail(exc) or (str(exc) if "input:" in str(exc) else "")
+            return error(400, message or "the body is not a valid embeddings request")
         if parsed.model not in (None, name):
-            return _error(404, f"the model {parsed.model!r} does not exist here (it embeds with {name!r})",
-                          "model_not_found")
+            return error(404, f"the model {parsed.model!r} does not exist here (it embeds with {name!r})",
+                         code="model_not_found")
         vectors = embedder.embed(texts).numpy().astype(np.float32)
         data = []
         for index, vector in enumerate(vectors):
@@ -86,21 +76,8 @@ def register(app: Flask, embedder: Embedder, name: str) -> None:
 def embeddings_app(embedder: Embedder, name: str) -> Flask:
     """A server of embeddings alone (the evaluation's, and a test's)."""
     app = Flask(__name__)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     register(app, embedder, name)
-
-    @app.errorhandler(413)
-    def _too_large(_exc):
-        return _error(413, f"the request is over {MAX_BODY_BYTES} bytes")
-
-    @app.errorhandler(404)
-    def _not_found(_exc):
-        return _error(404, f"no route {request.path}", "not_found")
-
-    @app.errorhandler(405)
-    def _not_allowed(_exc):
-        return _error(405, f"{request.method} is not allowed on {request.path}")
-
+    register_http_errors(app, MAX_BODY_BYTES)
     return app
 
 

@@ -63,6 +63,8 @@ from inference import embedding_api
 from inference.embedder import Embedder
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.engine.service import EngineService
+from inference.openai_errors import error as _error
+from inference.openai_errors import register_http_errors, validation_detail
 from inference.reasoning import ReasoningSplitter
 from inference.sampling_params import SamplingParams
 
@@ -170,18 +172,12 @@ class Metrics:
             self.latency.observe(time.perf_counter() - started)
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-    response = jsonify({"error": {"message": message, "type": kind, "param": None, "code": code}})
-    response.status_code = status
-    return response
-
-
 def create_app(service: EngineService, model_name: str, api_key: str = "", default_max_tokens: int = 1024,
                embedder=None, embedder_name: str = "") -> Flask:
     app = Flask(__name__)
     if embedder is not None:
         embedding_api.register(app, embedder, embedder_name)
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    register_http_errors(app, MAX_BODY_BYTES)
     metrics = Metrics(service)
     tokenizer = service.engine.tokenizer
 
@@ -194,18 +190,6 @@ def create_app(service: EngineService, model_name: str, api_key: str = "", defau
             return _error(401, "a valid API key is required (Authorization: Bearer KEY)",
                           "authentication_error", "invalid_api_key")
         return None
-
-    @app.errorhandler(413)
-    def _too_large(_exc):
-        return _error(413, f"the request is over {MAX_BODY_BYTES} bytes")
-
-    @app.errorhandler(404)
-    def _not_found(_exc):
-        return _error(404, f"no route {request.path}", code="not_found")
-
-    @app.errorhandler(405)
-    def _not_allowed(_exc):
-        return _error(405, f"{request.method} is not allowed on {request.path}")
 
     @app.get("/health")
     def health():
@@ -234,9 +218,7 @@ def create_app(service: EngineService, model_name: str, api_key: str = "", defau
         try:
             chat = ChatRequest.model_validate(body)
         except (ValidationError, RecursionError) as exc:
-            errors = exc.errors(include_url=False, include_input=False) if isinstance(exc, ValidationError) else []
-            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
-            return _error(400, detail or "the request is not valid")
+            return _error(400, validation_detail(exc) or "the request is not valid")
         if chat.model not in (None, model_name):
             return _error(404, f"the model {chat.model!r} does not exist here (it serves {model_name!r})",
                           code="model_not_found")
