@@ -43,6 +43,8 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from app import pg_liveness
+
 log = logging.getLogger(__name__)
 
 
@@ -185,11 +187,17 @@ def make_engine(url: str, **kwargs) -> Engine:
                 event.listen(engine.pool, name, lambda dbapi, *_rest: queue.release(dbapi))
             engine.writer_queue = queue  # for a diagnosis when a write waited in vain
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # psycopg connections are checked at checkout without a round trip (app/pg_liveness.py);
+    # another driver gets SQLAlchemy's SELECT 1 before every use.
+    liveness = parsed.get_driver_name() == "psycopg" and "pool_pre_ping" not in kwargs
+    kwargs.setdefault("pool_pre_ping", not liveness)
     kwargs.setdefault("pool_size", 5)
     kwargs.setdefault("max_overflow", 10)
     kwargs.setdefault("connect_args", {"connect_timeout": 3})
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if liveness:
+        pg_liveness.install(engine)
+    return engine
 
 
 BACKSTOP_CHECKPOINT_PAGES = 10_000
