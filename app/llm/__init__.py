@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import requests
+import urllib3
 
-from app.http_session import session_for
+from app.http_pool import HttpError, HttpPool, iter_lines
 from inference.reasoning import ReasoningSplitter
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class OpenAIBackend:
     """
 
     def __init__(self, base_url: str, model: str, api_key: str = "", timeout_s: float = 120.0,
-                 retries: int = 2, session: requests.Session | None = None,
+                 retries: int = 2,
                  reply_start: str = "auto"):
         if reply_start not in REPLY_STARTS:
             raise ValueError(f"reply_start must be one of {REPLY_STARTS}, got {reply_start!r}")
@@ -106,7 +106,7 @@ class OpenAIBackend:
         self.model_name = model
         self.timeout = (3.05, timeout_s)
         self.retries = retries
-        self.session = session or session_for(self.base_url)
+        self.http = HttpPool(self.base_url)  # app/http_pool.py
         self.reply_start = reply_start
         self.headers = {"Content-Type": "application/json"}
         if api_key:
@@ -137,25 +137,26 @@ class OpenAIBackend:
             start = "answer"  # the template pre-filled an empty think part instead
         return ReasoningSplitter("unknown" if start == "auto" else start)
 
-    def _post(self, body: dict, stream: bool) -> requests.Response:
+    def _post(self, body: dict, stream: bool) -> urllib3.BaseHTTPResponse:
         url = f"{self.base_url}/chat/completions"
         for attempt in range(self.retries + 1):
             try:
-                resp = self.session.post(url, json=body, headers=self.headers,
-                                         timeout=self.timeout, stream=stream)
-            except (requests.ConnectionError, requests.Timeout) as exc:
+                resp = self.http.post_json(url, body, headers=self.headers, timeout=self.timeout,
+                                           stream=stream)
+            except HttpError as exc:
                 if attempt == self.retries:
-                    raise LLMError(f"model server unreachable: {type(exc).__name__}") from exc
+                    raise LLMError(f"model server unreachable: {exc}") from exc
             else:
-                if resp.status_code < 500 and resp.status_code != 429:
+                if resp.status < 500 and resp.status != 429:
                     break
                 if attempt == self.retries:
-                    raise LLMError(f"model server answered {resp.status_code}")
+                    raise LLMError(f"model server answered {resp.status}")
                 resp.close()
             time.sleep(min(0.5 * 2**attempt, 4.0))
-        if resp.status_code != 200:
-            raise LLMError(f"model server refused the request ({resp.status_code})", transient=False,
-                           status=resp.status_code)
+        if resp.status != 200:
+            resp.close()
+            raise LLMError(f"model server refused the request ({resp.status})", transient=False,
+                           status=resp.status)
         return resp
 
     def generate(self, messages: list[dict], params: GenerationParams) -> Generation:
@@ -195,7 +196,7 @@ class OpenAIBackend:
         finish = "stop"
         model = self.model_name
         with resp:
-            for line in resp.iter_lines(decode_unicode=True):
+            for line in _lines(resp):
                 if not line or not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -226,6 +227,14 @@ class OpenAIBackend:
             completion_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=finish,
             latency_s=time.perf_counter() - started, reasoning="".join(apart) + splitter.reasoning))
+
+
+def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[str]:
+    """The stream's lines; a connection that breaks or stalls mid-answer is a transient error."""
+    try:
+        yield from iter_lines(resp)
+    except HttpError as exc:
+        raise LLMError(f"model server stream broke: {exc}") from exc
 
 
 def _reasoning_of(message: dict) -> str:

@@ -36,6 +36,7 @@ from urllib.parse import unquote
 import requests
 from redis.exceptions import RedisError
 
+from app.http_pool import HttpError, HttpPool, HttpTimeout
 from app.http_session import session_for
 from app.wecom.exceptions import (
     TOKEN_ERRCODES,
@@ -51,6 +52,7 @@ from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 logger = logging.getLogger(__name__)
 
 DEFAULT_API_BASE = "https://qyapi.weixin.qq.com"
+JSON_HEADERS = {"Content-Type": "application/json"}
 BYTE_LIMITS = {"text": TEXT_LIMIT, "markdown": MARKDOWN_LIMIT}
 #: WeCom accepts a duplicate-check window of up to 4 hours.
 MAX_DUPLICATE_CHECK_INTERVAL = 4 * 3600
@@ -131,7 +133,8 @@ class WeComClient:
         self.agent_id = int(agent_id)
         self.api_base = api_base.rstrip("/")
         self.redis = redis
-        self.session = session or session_for(self.api_base)
+        self.session = session or session_for(self.api_base)  # media downloads
+        self.http = HttpPool(self.api_base)  # the JSON API (app/http_pool.py)
         self.timeout = timeout
         self.token_refresh_margin = token_refresh_margin
         # One token per app: the key names the app (never the secret, which may rotate).
@@ -263,24 +266,23 @@ class WeComClient:
         return data
 
     def _request(self, method: str, path: str, *, params: dict, json: dict | None = None) -> dict:
-        url = self.api_base + path
+        body = None if json is None else json_module.dumps(json).encode()
         try:
-            response = self.session.request(method, url, params=params, json=json,
-                                            timeout=self.timeout)
-        except requests.Timeout as exc:
-            raise WeComTransientError(None, f"timeout calling {path}: {redact(str(exc))}") from None
-        except requests.RequestException as exc:
-            # ``from None``: the original message holds the full URL, token included.
-            raise WeComTransientError(
-                None, f"{type(exc).__name__} calling {path}: {redact(str(exc))}") from None
-        if response.status_code == 429:
+            response = self.http.request(method, self.api_base + path, params=params, body=body,
+                                         headers=JSON_HEADERS if body is not None else None,
+                                         timeout=self.timeout)
+        except HttpTimeout as exc:  # its message never holds the URL (the token is in it)
+            raise WeComTransientError(None, f"timeout calling {path}: {exc}") from None
+        except HttpError as exc:
+            raise WeComTransientError(None, f"{exc} calling {path}") from None
+        status = response.status
+        if status == 429:
             raise WeComTransientError(None, f"HTTP 429 from {path}", rate_limited=True,
                                       retry_after=_retry_after(response.headers.get("Retry-After")))
-        if response.status_code >= 500:
-            raise WeComTransientError(None, f"HTTP {response.status_code} from {path}")
-        if response.status_code != 200:
-            raise WeComAPIError(-response.status_code,
-                                f"HTTP {response.status_code} from {path}", {})
+        if status >= 500:
+            raise WeComTransientError(None, f"HTTP {status} from {path}")
+        if status != 200:
+            raise WeComAPIError(-status, f"HTTP {status} from {path}", {})
         try:
             data = response.json()
         except ValueError:
