@@ -34,6 +34,12 @@ class DriverStatements:
         cursor.execute(_for_driver(sql, self.sqlite), params)
         return cursor.fetchall() if cursor.description else []
 
+    def count(self, sql: str, params: tuple | list = ()) -> int:
+        """Run one statement; how many rows it changed."""
+        cursor = self._cursor
+        cursor.execute(_for_driver(sql, self.sqlite), params)
+        return cursor.rowcount
+
     def executemany(self, sql: str, rows: list[tuple]) -> None:
         if len(rows) == 1:  # psycopg's executemany enters pipeline mode: for one row, a cost alone
             self._cursor.execute(_for_driver(sql, self.sqlite), rows[0])

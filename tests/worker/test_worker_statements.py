@@ -3,6 +3,7 @@ reads the user's next queued message, the claim's "why not", and the one-stateme
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
 from app import create_app
@@ -126,3 +127,31 @@ def test_the_claim_says_whether_a_budget_is_enabled_and_only_then_the_worker_res
     assert processor.process(third).status == "done"
     assert len(reserves) == 2 and processor.llm.calls == 2
     assert "预算已用完" in processor.wecom.sent[-1][2]
+
+
+def test_the_leased_updates_write_what_the_orm_reads_back(services):
+    """The stored reply and the finish run as plain SQL on the driver's cursor: times, text,
+    numbers and NULLs come back through the ORM as written, and only with the lease."""
+    from datetime import timedelta
+
+    from app.db import utcnow
+
+    [message] = _messages(services, ["ivy"])
+    with services.db.single_statement() as session:
+        assert rows.claim(session, message, "me", 60).result == ClaimResult.CLAIMED
+    later = utcnow() + timedelta(minutes=3)
+    with services.db.single_statement() as session:
+        assert not rows.save_progress(session, message, "not-me", reply_enc="x")
+        assert rows.save_progress(session, message, "me", reply_enc="密文", reply_kind="markdown",
+                                  chunks_total=2, model="glm-4", prompt_tokens=None)
+        assert rows.finish(session, message, "me", MessageStatus.ANSWERED, answered_at=later,
+                           chunks_sent=2)
+    with services.db.session() as session:
+        row = session.get(InboundMessage, message)
+        assert (row.status, row.reply_enc, row.reply_kind, row.chunks_total, row.chunks_sent, row.model,
+                row.prompt_tokens, row.lease_owner, row.lease_until) == (
+            MessageStatus.ANSWERED, "密文", "markdown", 2, 2, "glm-4", None, None, None)
+        assert row.answered_at == later and row.answered_at.tzinfo is not None
+        assert abs(row.updated_at - utcnow()) < timedelta(minutes=1)
+    with services.db.single_statement() as session, pytest.raises(ValueError, match="not columns"):
+        rows.save_progress(session, message, "me", **{"reply_enc = 'x', status": "queued"})
