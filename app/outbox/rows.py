@@ -12,14 +12,14 @@ import dataclasses
 import functools
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
-from sqlalchemy import and_, bindparam, exists, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from app.db import utcnow
+from app.db import UTCDateTime, utcnow
 from app.models import Budget, InboundMessage, MessageStatus
 from app.outbox.statements import DriverStatements, values_rows
 from app.security import BlindIndex, FieldCipher
@@ -209,39 +209,44 @@ class Claim:
     retry_after_s: float = 0.0
 
 
-@functools.cache
-def _claim_statement():
-    """The claim's UPDATE, built once: the row is queued (or its lease ran out) and no earlier
-    message of the same user is still pending. Made per call, its aliased subquery and
-    expressions cost the worker more CPU than the database spent running it. A Core statement
-    returning the columns: loading an ORM object from it cost about as much again.
+_COLUMNS = tuple(InboundMessage.__table__.c.keys())
+_TIMES = frozenset(c.name for c in InboundMessage.__table__.c if isinstance(c.type, UTCDateTime))
 
-    It also returns ``budgeted``: whether any budget is enabled at all. Without one the worker
+
+@functools.cache
+def _claim_sql() -> str:
+    """The claim's UPDATE as plain SQL on the driver's cursor (``DriverStatements``; through
+    Core, its compiled-cache lookup, parameters and the result's type processing for every
+    column cost the worker more CPU than the database spent running it): the row is queued (or
+    its lease ran out) and no earlier message of the same user is still pending. It returns the
+    row's columns, and ``budgeted``: whether any budget is enabled at all. Without one the worker
     admits the call without a reservation, as ``Accounting.reserve`` would, instead of a group
     commit that reads the budgets to find none, and its settle reads none either (a budget
     enabled after the claim applies from the next message claimed)."""
-    table = InboundMessage.__table__
-    budgeted = exists().where(Budget.__table__.c.enabled.is_(True)).label("budgeted")
-    earlier = table.alias("earlier")
-    pending_before = exists().where(
-        earlier.c.user_hash == table.c.user_hash,
-        earlier.c.id < table.c.id,
-        earlier.c.status.in_(MessageStatus.PENDING),
-    )
-    now = bindparam("now", type_=table.c.updated_at.type)
-    claimable = or_(
-        table.c.status == MessageStatus.QUEUED,
-        and_(table.c.status == MessageStatus.PROCESSING,
-             or_(table.c.lease_until.is_(None), table.c.lease_until < now)),
-    )
+    queued, processing = MessageStatus.QUEUED, MessageStatus.PROCESSING
     return (
-        update(table)
-        .where(table.c.id == bindparam("message_id"), claimable, ~pending_before)
-        .values(status=MessageStatus.PROCESSING, lease_owner=bindparam("owner"),
-                lease_until=bindparam("until", type_=table.c.lease_until.type),
-                attempts=table.c.attempts + 1, updated_at=now)
-        .returning(*table.c, budgeted)
-    )
+        f"UPDATE {TABLE} SET status = '{processing}', lease_owner = ?, lease_until = ?, "  # noqa: S608
+        f"attempts = attempts + 1, updated_at = ? "
+        f"WHERE id = ? AND (status = '{queued}' OR (status = '{processing}' "
+        f"AND (lease_until IS NULL OR lease_until < ?))) "
+        f"AND NOT EXISTS (SELECT 1 FROM {TABLE} AS earlier WHERE earlier.user_hash = {TABLE}.user_hash "
+        f"AND earlier.id < {TABLE}.id AND earlier.status IN ('{queued}', '{processing}')) "
+        f"RETURNING {', '.join(_COLUMNS)}, "
+        f"EXISTS (SELECT 1 FROM {Budget.__tablename__} WHERE enabled = TRUE)")
+
+
+def _claimed_row(values: tuple) -> ClaimedRow:
+    """The claim's returned row as ``UTCDateTime`` and the ORM would read it (SQLite's cursor
+    gives the stored text of a time, PostgreSQL's an aware value)."""
+    row = dict(zip(_COLUMNS, values, strict=False))
+    for name in _TIMES:
+        value = row[name]
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value is not None:
+            row[name] = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    row["budgeted"] = bool(values[len(_COLUMNS)])
+    return ClaimedRow(**row)
 
 
 class ClaimedRow(SimpleNamespace):
@@ -252,17 +257,17 @@ class ClaimedRow(SimpleNamespace):
 def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
     """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
     now = utcnow()
-    connection = session.connection()  # Core: the statement's result needs no ORM loading
+    sql = DriverStatements(session)
     # RETURNING hands back the claimed row with the UPDATE: no second statement, and on SQLite
     # no second write transaction (a read after the commit began one, with its writer turn).
-    claimed = connection.execute(_claim_statement(), {"message_id": message_id, "owner": owner, "now": now,
-                                                      "until": now + timedelta(seconds=lease_s)}).mappings().first()
-    if claimed is not None:
+    claimed = sql.execute(_claim_sql(), [owner, sql.time(now + timedelta(seconds=lease_s)), sql.time(now),
+                                         message_id, sql.time(now)])
+    if claimed:
         session.commit()
-        return Claim(ClaimResult.CLAIMED, ClaimedRow(**claimed))
+        return Claim(ClaimResult.CLAIMED, _claimed_row(claimed[0]))
     # Why not: the two columns that say, not the whole row as an ORM object (a drained message's
     # own task lands here, so this is about every other claim after a burst).
-    row = connection.execute(_why_not_statement(), {"message_id": message_id}).first()
+    row = session.connection().execute(_why_not_statement(), {"message_id": message_id}).first()
     session.commit()
     if row is None:
         return Claim(ClaimResult.MISSING)
@@ -294,9 +299,6 @@ def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -
     return result.rowcount == 1
 
 
-_COLUMNS = frozenset(InboundMessage.__table__.c.keys())
-
-
 @functools.lru_cache(maxsize=64)
 def _leased_update_sql(columns: tuple[str, ...], with_next: bool = False) -> str:
     """``UPDATE`` of our leased row (id, owner, still processing) setting ``columns``, as plain
@@ -305,7 +307,7 @@ def _leased_update_sql(columns: tuple[str, ...], with_next: bool = False) -> str
     statement's compiled-cache lookup, parameter processing and result wrapping. ``with_next``:
     it also returns the id of the user's next queued message (``next_pending_of_user``'s query,
     as a subquery; its parameters follow the row's)."""
-    unknown = set(columns) - _COLUMNS
+    unknown = set(columns) - set(_COLUMNS)
     if unknown:
         raise ValueError(f"not columns of {TABLE}: {sorted(unknown)}")
     sql = (f"UPDATE {TABLE} SET {', '.join(f'{name} = ?' for name in columns)} "  # noqa: S608 - column names checked

@@ -155,3 +155,22 @@ def test_the_leased_updates_write_what_the_orm_reads_back(services):
         assert abs(row.updated_at - utcnow()) < timedelta(minutes=1)
     with services.db.single_statement() as session, pytest.raises(ValueError, match="not columns"):
         rows.save_progress(session, message, "me", **{"reply_enc = 'x', status": "queued"})
+
+
+def test_the_claimed_row_is_the_row_as_the_orm_reads_it(services):
+    """The claim runs as plain SQL on the driver's cursor: every column comes back as the ORM
+    reads it (times aware and in UTC on both databases), with whether a budget is enabled."""
+    from datetime import UTC
+
+    [message] = _messages(services, ["jay"])
+    with services.db.single_statement() as session:
+        claimed = rows.claim(session, message, "me", 60)
+    assert claimed.result == ClaimResult.CLAIMED and claimed.row.budgeted is False
+    with services.db.session() as session:
+        row = session.get(InboundMessage, message)
+        expected = {c: getattr(row, c) for c in InboundMessage.__table__.c.keys()}
+    got = {c: getattr(claimed.row, c) for c in expected}
+    assert got == expected
+    assert (got["status"], got["lease_owner"], got["attempts"]) == (MessageStatus.PROCESSING, "me", 1)
+    for name in ("created_at", "updated_at", "lease_until"):
+        assert got[name].tzinfo == UTC
