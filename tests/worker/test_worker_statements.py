@@ -168,7 +168,7 @@ def test_the_claimed_row_is_the_row_as_the_orm_reads_it(services):
     assert claimed.result == ClaimResult.CLAIMED and claimed.row.budgeted is False
     with services.db.session() as session:
         row = session.get(InboundMessage, message)
-        expected = {c: getattr(row, c) for c in InboundMessage.__table__.c.keys()}
+        expected = {column.key: getattr(row, column.key) for column in InboundMessage.__table__.c}
     got = {c: getattr(claimed.row, c) for c in expected}
     assert got == expected
     assert (got["status"], got["lease_owner"], got["attempts"]) == (MessageStatus.PROCESSING, "me", 1)
