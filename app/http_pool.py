@@ -26,6 +26,7 @@ from requests.utils import get_environ_proxies, get_netrc_auth
 
 from app.http_session import POOL_CONNECTIONS
 
+JSON_HEADERS = {"Content-Type": "application/json"}
 STREAM_READ = 512  # bytes per read of a streamed body that is not chunked (requests' iter_lines)
 
 
@@ -55,11 +56,14 @@ class HttpPool:
         self._headers = urllib3.make_headers(basic_auth=":".join(auth)) if auth else {}
 
     def request(self, method: str, url: str, *, params: dict | None = None, body: bytes | None = None,
-                headers: dict | None = None, timeout: float | tuple[float, float],
-                stream: bool = False) -> urllib3.BaseHTTPResponse:
-        """The answer to one call, read whole unless ``stream`` (then close it when done)."""
+                json_body: dict | None = None, headers: dict | None = None,
+                timeout: float | tuple[float, float], stream: bool = False) -> urllib3.BaseHTTPResponse:
+        """The answer to one call, read whole unless ``stream`` (then close it when done);
+        ``json_body`` is sent as JSON."""
         if params:
             url = f"{url}{'&' if '?' in url else '?'}{urlencode(params)}"
+        if json_body is not None:
+            body, headers = json.dumps(json_body).encode(), {**JSON_HEADERS, **(headers or {})}
         connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         try:
             return self._pool.request(method, url, body=body, headers={**self._headers, **(headers or {})},
@@ -70,8 +74,7 @@ class HttpPool:
 
     def post_json(self, url: str, payload: dict, *, headers: dict | None = None,
                   timeout: float | tuple[float, float], stream: bool = False) -> urllib3.BaseHTTPResponse:
-        return self.request("POST", url, body=json.dumps(payload).encode(), timeout=timeout, stream=stream,
-                            headers={"Content-Type": "application/json", **(headers or {})})
+        return self.request("POST", url, json_body=payload, headers=headers, timeout=timeout, stream=stream)
 
 
 def iter_lines(response: urllib3.BaseHTTPResponse) -> Iterator[str]:

@@ -32,7 +32,6 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 from app import migrate
 from app.db import Database
@@ -42,7 +41,7 @@ from app.knowledge.store import KnowledgeStore
 from app.knowledge.terms import terms
 from app.services import Services
 from inference.demo.corpus import COMPANY_PATH, load_qa
-from inference.embedding_api import serving
+from inference.embedding_api import served_settings
 from tests.support.env import make_env, settings_from
 
 PG_SERVER = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -155,9 +154,8 @@ def recall(tmp: str, embeddings: str | None = None) -> dict:
     with contextlib.ExitStack() as stack:
         overrides = {}
         if embeddings:
-            base, embedder = stack.enter_context(serving(embeddings))
-            overrides = {"EMBEDDINGS_BASE_URL": base, "EMBEDDINGS_MODEL": Path(embeddings).name,
-                         **{k.upper(): str(v) for k, v in embedder.config.chosen_settings().items()}}
+            served = stack.enter_context(served_settings(embeddings))
+            overrides = {name.upper(): str(value) for name, value in served.items()}
         return _recall(url, drop, overrides)
 
 

@@ -95,3 +95,13 @@ def serving(directory: str | Path) -> Iterator[tuple[str, Embedder]]:
     finally:
         server.shutdown()
         thread.join()
+
+
+@contextlib.contextmanager
+def served_settings(directory: str | Path) -> Iterator[dict]:
+    """``serving(directory)``, as the settings that point the knowledge base at it (lower-case
+    ``Settings`` fields): its URL and name, and the thresholds its training chose."""
+    with serving(directory) as (url, embedder):
+        yield {"embeddings_base_url": url, "embeddings_model": Path(directory).name,
+               **embedder.config.chosen_settings()}
+

@@ -119,11 +119,9 @@ def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str
     thresholds its training chose unless ``overrides`` gives them."""
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         if embeddings:
-            from inference.embedding_api import serving  # noqa: PLC0415 - only with embeddings
+            from inference.embedding_api import served_settings  # noqa: PLC0415 - only with embeddings
 
-            url, embedder = stack.enter_context(serving(embeddings))
-            overrides = {"embeddings_base_url": url, "embeddings_model": Path(embeddings).name,
-                         **embedder.config.chosen_settings(), **overrides}
+            overrides = {**stack.enter_context(served_settings(embeddings)), **overrides}
         url = f"sqlite:///{Path(scratch) / 'kb.sqlite3'}"
         migrate.upgrade(url)
         db = Database(url)

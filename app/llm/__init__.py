@@ -108,9 +108,7 @@ class OpenAIBackend:
         self.retries = retries
         self.http = HttpPool(self.base_url)  # app/http_pool.py
         self.reply_start = reply_start
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def _body(self, messages: list[dict], params: GenerationParams, stream: bool) -> dict:
         body = {"model": self.model_name, "messages": messages, "max_tokens": params.max_tokens,

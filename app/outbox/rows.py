@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 from sqlalchemy import and_, bindparam, or_, select, update
@@ -211,6 +211,7 @@ class Claim:
 
 _COLUMNS = tuple(InboundMessage.__table__.c.keys())
 _TIMES = frozenset(c.name for c in InboundMessage.__table__.c if isinstance(c.type, UTCDateTime))
+_TIME = UTCDateTime()
 
 
 @functools.cache
@@ -241,10 +242,8 @@ def _claimed_row(values: tuple) -> ClaimedRow:
     row = dict(zip(_COLUMNS, values, strict=False))
     for name in _TIMES:
         value = row[name]
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        if value is not None:
-            row[name] = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        row[name] = _TIME.process_result_value(
+            datetime.fromisoformat(value) if isinstance(value, str) else value, None)
     row["budgeted"] = bool(values[len(_COLUMNS)])
     return ClaimedRow(**row)
 

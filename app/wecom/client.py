@@ -52,7 +52,6 @@ from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 logger = logging.getLogger(__name__)
 
 DEFAULT_API_BASE = "https://qyapi.weixin.qq.com"
-JSON_HEADERS = {"Content-Type": "application/json"}
 BYTE_LIMITS = {"text": TEXT_LIMIT, "markdown": MARKDOWN_LIMIT}
 #: WeCom accepts a duplicate-check window of up to 4 hours.
 MAX_DUPLICATE_CHECK_INTERVAL = 4 * 3600
@@ -266,10 +265,8 @@ class WeComClient:
         return data
 
     def _request(self, method: str, path: str, *, params: dict, json: dict | None = None) -> dict:
-        body = None if json is None else json_module.dumps(json).encode()
         try:
-            response = self.http.request(method, self.api_base + path, params=params, body=body,
-                                         headers=JSON_HEADERS if body is not None else None,
+            response = self.http.request(method, self.api_base + path, params=params, json_body=json,
                                          timeout=self.timeout)
         except HttpTimeout as exc:  # its message never holds the URL (the token is in it)
             raise WeComTransientError(None, f"timeout calling {path}: {exc}") from None
