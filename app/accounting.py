@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from typing import NamedTuple
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
@@ -50,8 +51,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from app import pg_liveness
 from app.audit import Event, EventType
-from app.db import to_money, utcnow
+from app.db import Money, to_money, utcnow
 from app.models import (
     Budget,
     BudgetAlert,
@@ -62,6 +64,7 @@ from app.models import (
     UsageDaily,
     UsageRecord,
 )
+from app.outbox.statements import DriverStatements, read_time, values_rows
 
 log = logging.getLogger(__name__)
 PERIODS = ("day", "week", "month")
@@ -217,7 +220,6 @@ class RaisedAlert:
 
 @dataclass
 class Settled:
-    usage_id: int
     cost: Decimal
     alerts: list[RaisedAlert] = field(default_factory=list)
 
@@ -319,22 +321,35 @@ def _insert(session: Session, table):
 ROLLED_UP = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")
 
 
-@functools.cache
-def _usage_insert():
-    table = UsageRecord.__table__
-    return insert(table).returning(table.c.id, sort_by_parameter_order=True)
+_USAGE_COLUMNS = ("created_at", "day", "user_hash", "department", "api_key_id", "model",
+                  "prompt_tokens", "cached_tokens", "completion_tokens", "cost", "currency",
+                  "price_id", "latency_ms", "message_id")
+_ROLL_UP_KEYS = ("day", "department", "user_hash", "model")
+_MONEY = Money()
+
+
+def _insert_usage(sql: DriverStatements, records: list[dict]) -> None:
+    """The batch's ``usage_records`` rows in one statement, on the driver's cursor (through Core,
+    its parameter and type machinery cost the accounting writer more CPU than the insert)."""
+    params = []
+    for r in records:
+        params += [sql.time(r["created_at"]), sql.day(r["day"]), r["user_hash"], r["department"],
+                   r["api_key_id"], r["model"], r["prompt_tokens"], r["cached_tokens"],
+                   r["completion_tokens"], _MONEY.process_bind_param(r["cost"], None), r["currency"],
+                   r["price_id"], r["latency_ms"], r["message_id"]]
+    sql.execute(f"INSERT INTO {UsageRecord.__tablename__} ({', '.join(_USAGE_COLUMNS)}) "  # noqa: S608
+                f"VALUES {values_rows(len(records), len(_USAGE_COLUMNS))}", params)
 
 
 @functools.cache
-def _roll_up_statement(dialect: str):
-    """The ``usage_daily`` upsert, built once per dialect with every value a parameter."""
-    table = UsageDaily.__table__
-    keys = ("day", "department", "user_hash", "model")
-    stmt = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table).values(
-        {name: bindparam(name, type_=table.c[name].type) for name in (*keys, *ROLLED_UP)})
-    return stmt.on_conflict_do_update(
-        index_elements=list(keys),
-        set_={name: table.c[name] + stmt.excluded[name] for name in ROLLED_UP})
+def _roll_up_sql(rows: int) -> str:
+    """The ``usage_daily`` upsert of ``rows`` keys (the same SQL on PostgreSQL and SQLite)."""
+    table = UsageDaily.__tablename__
+    columns = (*_ROLL_UP_KEYS, *ROLLED_UP)
+    added = ", ".join(f"{name} = {table}.{name} + excluded.{name}" for name in ROLLED_UP)
+    return (f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+            f"VALUES {values_rows(rows, len(columns))} "
+            f"ON CONFLICT ({', '.join(_ROLL_UP_KEYS)}) DO UPDATE SET {added}")
 
 
 class _PeriodRow:
@@ -449,13 +464,23 @@ def _applies(budget: Budget, hashes: Sequence[str], department: str, api_key_id:
     return False
 
 
+class _Price(NamedTuple):
+    """A ``model_prices`` row (the attributes ``cost_of`` and ``worst_case`` read)."""
+
+    id: int
+    model: str
+    input_per_m: Decimal
+    cached_input_per_m: Decimal
+    output_per_m: Decimal
+    currency: str
+    valid_from: datetime
+
+
 @functools.cache
-def _prices_statement():
-    """The price rows as plain Core rows (attributes as on ``ModelPrice``): loading them as ORM
-    objects, once per group commit, was about a quarter of the accounting thread's CPU."""
-    table = ModelPrice.__table__
-    return (select(*table.c).where(table.c.model.in_(bindparam("models", expanding=True)))
-            .order_by(table.c.valid_from.desc(), table.c.id.desc()))
+def _prices_sql(models: int) -> str:
+    return ("SELECT id, model, input_per_m, cached_input_per_m, output_per_m, currency, valid_from "  # noqa: S608
+            f"FROM {ModelPrice.__tablename__} WHERE model IN ({', '.join('?' * models)}) "
+            "ORDER BY valid_from DESC, id DESC")
 
 
 def _alert_event(alert: RaisedAlert) -> Event:
@@ -467,12 +492,16 @@ class _Prices:
     """Every price version of a batch's models and of the fallback (``*``), read once; ``at``
     is the price in effect for one call: the model's latest version by then, else the fallback's."""
 
-    def __init__(self, session: Session, models: set[str]):
-        self.versions: dict[str, list] = {}  # Core rows of model_prices
+    def __init__(self, sql: DriverStatements, models: set[str]):
+        self.versions: dict[str, list[_Price]] = {}
         if models:
-            for price in session.connection().execute(_prices_statement(),
-                                                      {"models": sorted(models | {FALLBACK_MODEL})}):
-                self.versions.setdefault(price.model, []).append(price)
+            names = sorted(models | {FALLBACK_MODEL})
+            money = _MONEY.process_result_value
+            for id_, model, input_m, cached_m, output_m, currency, valid_from in sql.execute(
+                    _prices_sql(len(names)), names):
+                self.versions.setdefault(model, []).append(_Price(
+                    id_, model, money(input_m, None), money(cached_m, None), money(output_m, None),
+                    currency, read_time(valid_from)))
 
     def at(self, model: str, at: datetime):
         for name in (model, FALLBACK_MODEL):
@@ -567,7 +596,7 @@ class _GroupCommit:
 
     def __init__(self, commit: Callable[[list[_Job]], None], idle: Callable[[], None]):
         self._commit = commit
-        self._idle = idle  # called when no call waits after a batch
+        self._idle = idle  # called by the thread as it ends
         self._pid = 0
         self._reset()
 
@@ -602,6 +631,12 @@ class _GroupCommit:
                 while not self._jobs:
                     self._cond.wait(self.IDLE_S)
                     if not self._jobs:
+                        # Idle: the connection goes back to the pool, under the lock, so the
+                        # thread that the next call starts never finds it half given back.
+                        try:
+                            self._idle()
+                        except Exception:  # noqa: BLE001 - the next thread connects afresh
+                            log.exception("accounting writer: could not give its connection back")
                         self._running = False
                         return
                 while ((left := until - time.monotonic()) > 0 and len(self._jobs) < self.MAX_BATCH
@@ -616,13 +651,6 @@ class _GroupCommit:
                         job.finish(error=exc)
             answered = {job.thread for job in batch}
             until = time.monotonic() + self.LINGER_S
-            with self._cond:
-                waiting = bool(self._jobs)
-            if not waiting:
-                try:
-                    self._idle()
-                except Exception:  # noqa: BLE001 - the next batch takes a fresh connection
-                    log.exception("accounting writer: could not give its connection back")
 
 
 class Accounting:
@@ -644,8 +672,9 @@ class Accounting:
         self.audit = audit
         self.on_alerts = on_alerts
         self._writer = _GroupCommit(self._commit, self._give_back)
-        # The writer's connection, held while calls keep coming (no checkout and pre-ping per
-        # batch) and given back to the pool whenever none waits. The writer thread's only.
+        # The writer's connection, held while calls keep coming (no checkout per batch; checked
+        # as a checkout would before each) and given back to the pool when the writer thread
+        # ends after ``IDLE_S`` without calls. The writer thread's only.
         self._connection = None
         self._connection_pid = 0
         self._alerts_raised: set[tuple] = set()  # (budget, period start, threshold) committed
@@ -729,6 +758,9 @@ class Accounting:
         connection was lost: then whether it committed is unknown, and all of them fail)."""
         seen: set[tuple] = set()
         try:
+            if (self._connection is not None and self._connection_pid == os.getpid()
+                    and not pg_liveness.still_open(self._connection)):
+                self._give_back()  # closed while held (a server restart): as the pool would
             if self._connection is None or self._connection_pid != os.getpid():
                 # (a forked child never touches its parent's connection: it takes its own)
                 self._connection, self._connection_pid = self.db.engine.connect(), os.getpid()
@@ -775,7 +807,8 @@ class Accounting:
                                       | {s.usage.department for s in settles if s.usage.department}),
                 "api_keys": sorted({r.api_key_id for r in reserves if r.api_key_id}
                                    | {s.usage.api_key_id for s in settles if s.usage.api_key_id})}))
-        prices = _Prices(session, {a.model for a in (*reserves, *settles)})
+        sql = DriverStatements(session)
+        prices = _Prices(sql, {a.model for a in (*reserves, *settles)})
 
         # Each call's own figures, from those reads alone.
         records, plans = [], []
@@ -813,10 +846,9 @@ class Accounting:
         # concurrent release or expiry took first is gone: its call is charged as if it had
         # none); then the period rows, locked once.
         conn = session.connection()
-        usage_ids = []
         if records:
-            usage_ids = list(conn.execute(_usage_insert(), records).scalars())
-            self._roll_up(session, records)
+            _insert_usage(sql, records)
+            self._roll_up(sql, records)
         ids = sorted({s.reservation_id for s in settles if s.reservation_id is not None})
         dropped = {}
         if ids:
@@ -839,7 +871,7 @@ class Accounting:
             by_id.update((b.id, b) for b in session.scalars(_budgets_by_id(), {"ids": sorted(unknown)}))
 
         # Each call in turn, as if alone.
-        results, new_reservations, usage_index = [], [], 0
+        results, new_reservations = [], []
         for job, plan in zip(jobs, plans, strict=True):
             a = job.args
             if job.kind == "audit":
@@ -857,8 +889,7 @@ class Accounting:
                     charged = fallback
                 alerts = self._charge_rows(session, rows, by_id, charged, cost, seen)
                 events.extend(_alert_event(alert) for alert in alerts)
-                results.append(Settled(usage_ids[usage_index], cost, alerts))
-                usage_index += 1
+                results.append(Settled(cost, alerts))
                 continue
             mine, worst, their_keys = plan
             if not mine:
@@ -888,23 +919,24 @@ class Accounting:
             self.audit.append_many(conn, events)
         return results
 
-    def _roll_up(self, session: Session, records: list[dict]) -> None:
+    def _roll_up(self, sql: DriverStatements, records: list[dict]) -> None:
         """The batch's ``usage_daily`` upsert: one row per key (a statement may not change a row
         twice), in key order (two batches lock the rows they share in the same order)."""
-        totals: dict[tuple, dict] = {}
+        totals: dict[tuple, list] = {}
         for r in records:
             key = (r["day"], r["department"], r["user_hash"], r["model"])
             total = totals.get(key)
             if total is None:
-                totals[key] = {"day": key[0], "department": key[1], "user_hash": key[2],
-                               "model": key[3], "calls": 1,
-                               **{name: r[name] for name in ROLLED_UP[1:]}}
+                totals[key] = [1, *(r[name] for name in ROLLED_UP[1:])]
             else:
-                total["calls"] += 1
-                for name in ROLLED_UP[1:]:
-                    total[name] += r[name]
-        session.connection().execute(_roll_up_statement(session.get_bind().dialect.name),
-                                     [totals[key] for key in sorted(totals)])
+                total[0] += 1
+                for i, name in enumerate(ROLLED_UP[1:], start=1):
+                    total[i] += r[name]
+        params = []
+        for key in sorted(totals):
+            *counts, cost = totals[key]
+            params += [sql.day(key[0]), *key[1:], *counts, _MONEY.process_bind_param(cost, None)]
+        sql.execute(_roll_up_sql(len(totals)), params)
 
     def _charge_rows(self, session: Session, periods: dict, budgets: dict, keys, cost: Decimal,
                      seen: set[tuple]) -> list[RaisedAlert]:

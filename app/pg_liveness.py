@@ -20,7 +20,7 @@ from __future__ import annotations
 import select
 
 from sqlalchemy import event, exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 _EVENTS = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 
@@ -31,15 +31,33 @@ def install(engine: Engine) -> None:
 
     @event.listens_for(engine, "checkout")
     def _check(dbapi_connection, _record, _proxy):
-        if dbapi_connection.closed or dbapi_connection.broken:
-            raise exc.DisconnectionError("the connection was closed")
-        if not has_input(dbapi_connection.fileno()):
-            return
-        try:
-            dialect.do_ping(dbapi_connection)
-        except dialect.loaded_dbapi.Error as error:
-            raise exc.DisconnectionError(f"the server closed the connection: {type(error).__name__}") \
-                from error
+        problem = _problem(dialect, dbapi_connection)
+        if problem is not None:
+            raise exc.DisconnectionError(problem)
+
+
+def still_open(connection: Connection) -> bool:
+    """The checkout's check for a connection held between uses (the accounting writer keeps
+    its own while calls keep coming): False when it is closed or the server closed it."""
+    if connection.closed or connection.invalidated:
+        return False
+    if connection.dialect.name != "postgresql":
+        return True
+    return _problem(connection.dialect, connection.connection.dbapi_connection) is None
+
+
+def _problem(dialect, dbapi_connection) -> str | None:
+    """Why a psycopg connection cannot be used, or None (a round trip only when its socket has
+    something to report)."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        return "the connection was closed"
+    if not has_input(dbapi_connection.fileno()):
+        return None
+    try:
+        dialect.do_ping(dbapi_connection)
+    except dialect.loaded_dbapi.Error as error:
+        return f"the server closed the connection: {type(error).__name__}"
+    return None
 
 
 def has_input(fd: int) -> bool:

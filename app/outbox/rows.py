@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.db import UTCDateTime, utcnow
 from app.models import Budget, InboundMessage, MessageStatus
-from app.outbox.statements import DriverStatements, values_rows
+from app.outbox.statements import DriverStatements, read_time, values_rows
 from app.security import BlindIndex, FieldCipher
 
 TABLE = InboundMessage.__tablename__
@@ -211,7 +211,6 @@ class Claim:
 
 _COLUMNS = tuple(InboundMessage.__table__.c.keys())
 _TIMES = frozenset(c.name for c in InboundMessage.__table__.c if isinstance(c.type, UTCDateTime))
-_TIME = UTCDateTime()
 
 
 @functools.cache
@@ -241,9 +240,7 @@ def _claimed_row(values: tuple) -> ClaimedRow:
     gives the stored text of a time, PostgreSQL's an aware value)."""
     row = dict(zip(_COLUMNS, values, strict=False))
     for name in _TIMES:
-        value = row[name]
-        row[name] = _TIME.process_result_value(
-            datetime.fromisoformat(value) if isinstance(value, str) else value, None)
+        row[name] = read_time(row[name])
     row["budgeted"] = bool(values[len(_COLUMNS)])
     return ClaimedRow(**row)
 

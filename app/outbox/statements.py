@@ -13,7 +13,7 @@ psycopg ``%s``) and how a UTC time is bound (SQLite stores the text SQLAlchemy w
 from __future__ import annotations
 
 import functools
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -53,6 +53,20 @@ class DriverStatements:
         if self.sqlite:
             return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
         return value
+
+    def day(self, value: date) -> date | str:
+        """``value`` as a ``Date`` column binds it (SQLite stores its ISO text)."""
+        return value.isoformat() if self.sqlite else value
+
+
+def read_time(value: datetime | str | None) -> datetime | None:
+    """A time column as ``UTCDateTime`` reads it: SQLite's cursor gives the stored text,
+    PostgreSQL's an aware value."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 @functools.lru_cache(maxsize=256)

@@ -367,3 +367,49 @@ def test_the_writer_copies_the_audit_head_out_after_a_batch_of_audit_events(serv
         time.sleep(0.02)
     with services.db.session() as session:
         assert services.audit.verify(session).ok
+
+
+def test_the_writers_connection_closed_by_the_server_while_held_is_replaced(services, accounting):
+    """The writer keeps its connection between batches (given back after ``IDLE_S`` without
+    calls); one the server closed meanwhile (a restart, an idle timeout) is checked and replaced
+    before the next batch, so no call fails for it."""
+    if services.db.engine.dialect.name != "postgresql":
+        pytest.skip("a server that closes connections: PostgreSQL's (SQLite has none)")
+    import sqlalchemy as sa
+
+    from tests.app.test_pg_liveness import _terminate
+
+    accounting.settle(None, usage())
+    held = accounting._connection
+    assert held is not None and not held.closed  # kept after the batch, not given back
+    _terminate(held.connection.dbapi_connection.info.backend_pid)
+    accounting.settle(None, usage(user="u2"))  # raised "connection lost" before the check
+    assert accounting._connection is not held
+    with services.db.session() as session:
+        assert session.scalar(select(func.count()).select_from(UsageRecord)) == 2
+        assert session.scalar(sa.text("SELECT count(*) FROM usage_daily")) == 2
+
+
+def test_one_batch_writes_its_usage_rows_and_sums_its_rollups_per_key(services, accounting):
+    """A batch's usage rows go in as one statement and its rollups as one upsert, one row per
+    key: two calls of one user are summed, a second user's is its own row, a later batch adds."""
+    from app.accounting import _Job, _SettleArgs
+
+    now = datetime.now(TZ)
+
+    def batch(*users):
+        jobs = [_Job("settle", _SettleArgs(None, usage(user=u), "glm-4", 1000, 0, 500, now, False))
+                for u in users]
+        accounting._commit(jobs)
+        assert [job.error for job in jobs] == [None] * len(users)
+
+    batch("u1", "u2", "u1")
+    batch("u1")
+    with services.db.session() as session:
+        records = session.scalars(select(UsageRecord).order_by(UsageRecord.id)).all()
+        daily = {d.user_hash: d for d in session.scalars(select(UsageDaily))}
+    assert [r.user_hash for r in records] == ["u1", "u2", "u1", "u1"]
+    assert {r.cost for r in records} == {Decimal("0.025000")}
+    assert records[0].created_at == now and records[0].day == now.date()
+    assert (daily["u1"].calls, daily["u1"].prompt_tokens, daily["u1"].cost) == (3, 3000, Decimal("0.075000"))
+    assert (daily["u2"].calls, daily["u2"].completion_tokens) == (1, 500)
