@@ -376,13 +376,6 @@ class Database:
         self.url = url
         self.engine = make_engine(url, **engine_kwargs)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        # PostgreSQL: a unit of work of one statement runs in autocommit, the statement its own
-        # transaction, without the BEGIN and COMMIT round trips (at READ COMMITTED, the default,
-        # each statement of a transaction has its own snapshot anyway). SQLite keeps the
-        # session's BEGIN IMMEDIATE and its writer queue.
-        self._single_statements = (
-            sessionmaker(self.engine.execution_options(isolation_level="AUTOCOMMIT"), expire_on_commit=False)
-            if self.engine.dialect.name == "postgresql" else self.sessions)
         self._readers = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}),
                                      expire_on_commit=False)
         self.replica_url = replica_url or None
@@ -407,13 +400,6 @@ class Database:
 
     def session(self) -> Session:
         return self.sessions()
-
-    def single_statement(self) -> Session:
-        """A session for a unit of work that is a single statement (an ``UPDATE .. RETURNING``,
-        one read), or statements each of which stands alone: on PostgreSQL each commits by
-        itself (autocommit: no ``BEGIN``/``COMMIT`` round trips, ``commit()`` a no-op); on
-        SQLite it is ``session()``. The worker's claims, leased-row updates and reads use it."""
-        return self._single_statements()
 
     def reader(self) -> Session:
         """A session for reading only, for reads that may last (exports, reports, dashboards).

@@ -18,6 +18,7 @@ from typing import Protocol
 from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
 from app.llm import Generation, GenerationParams, LLMBackend
 from app.outbox import rows
+from app.outbox.statements import standalone
 from app.wecom.exceptions import (
     InvalidUserError,
     NoValidReceiverError,
@@ -106,8 +107,8 @@ class MessageSend:
             except WeComAPIError as exc:
                 raise PermanentFailure(f"wecom: errcode {exc.errcode}", notify=False) from exc
             if index + 1 < len(chunks):
-                with processor.services.db.single_statement() as session:
-                    if not rows.save_progress(session, row.id, owner, chunks_sent=index + 1):
+                with standalone(processor.services.db) as sql:
+                    if not rows.save_progress(sql, row.id, owner, chunks_sent=index + 1):
                         raise LeaseLost()
             row.chunks_sent = index + 1
         return {"chunks_sent": row.chunks_sent}  # the last chunk's, recorded by the finish

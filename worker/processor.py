@@ -38,6 +38,7 @@ from app.logging_setup import request_context, sensitive
 from app.models import MessageStatus
 from app.outbox import rows
 from app.outbox.rows import ClaimResult
+from app.outbox.statements import standalone
 from app.services import Services
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands, delivery, feedback, media, retry_policy
@@ -196,8 +197,8 @@ class LeaseKeeper:
 
     def renew(self):
         try:
-            with self.services.db.single_statement() as session:
-                if not rows.renew_lease(session, self.message_id, self.owner, self.lease_s):
+            with standalone(self.services.db) as sql:
+                if not rows.renew_lease(sql, self.message_id, self.owner, self.lease_s):
                     self.lost.set()
         except Exception:  # noqa: BLE001 - a failed renewal is retried next period
             log.warning("lease renewal failed message_id=%s", self.message_id)
@@ -264,8 +265,8 @@ class MessageProcessor:
         """``claimed``: gets the claimed row (its user's next messages follow without a read)."""
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         lease_s = self.settings.claim_lease_s
-        with self.services.db.single_statement() as session:
-            claim = rows.claim(session, message_id, owner, lease_s)
+        with standalone(self.services.db) as sql:
+            claim = rows.claim(sql, message_id, owner, lease_s)
             if claim.result != ClaimResult.CLAIMED:
                 return self._not_claimed(message_id, claim)
             row = claim.row  # a plain record of its columns (rows.ClaimedRow), no session's
@@ -316,9 +317,9 @@ class MessageProcessor:
                 return self._finish(row, owner, reply.status, then_next=True, **values)
             chunks = self._chunks(row, reply.kind, reply.text)
             lease.check()
-            with self.services.db.single_statement() as session:
+            with standalone(self.services.db) as sql:
                 stored = rows.save_progress(
-                    session, row.id, owner,
+                    sql, row.id, owner,
                     reply_enc=cipher.encrypt(reply.text, TABLE, "reply_enc", row.id),
                     reply_kind=reply.kind, chunks_total=len(chunks), **reply.usage)
             if not stored:
@@ -482,12 +483,12 @@ class MessageProcessor:
     def _finish(self, row, owner: str, status: str, then_next: bool = False, **values):
         """``then_next``: the same statement reads the user's next queued message; its id (or
         None) is returned, else ``_UNREAD``."""
-        with self.services.db.single_statement() as session:
+        with standalone(self.services.db) as sql:
             if then_next:
-                finished, after = rows.finish_then_next(session, row.id, owner, status, row.user_hash,
+                finished, after = rows.finish_then_next(sql, row.id, owner, status, row.user_hash,
                                                         **values)
             else:
-                finished, after = rows.finish(session, row.id, owner, status, **values), _UNREAD
+                finished, after = rows.finish(sql, row.id, owner, status, **values), _UNREAD
             if not finished:
                 raise LeaseLost()
         _observe_finished(row, status)
@@ -505,8 +506,8 @@ class MessageProcessor:
         # rows older than SWEEP_QUEUED_AFTER_S, must not bring it back before that (a rate
         # limit's wait is longer than its 60 s); it stays the backstop if the retry is lost.
         due = rows.utcnow() + timedelta(seconds=countdown)
-        with self.services.db.single_statement() as session:
-            rows.finish(session, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
+        with standalone(self.services.db) as sql:
+            rows.finish(sql, row.id, owner, MessageStatus.QUEUED, failure_reason=reason[:120],
                           enqueued_at=due)
         log.info("transient failure%s, retry in %.1fs message_id=%s attempt=%s",
                  " (WeCom rate limit)" if failure.rate_limited else "", countdown, row.id,
@@ -516,8 +517,8 @@ class MessageProcessor:
     def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
         log.warning("message failed message_id=%s reason=%s", row.id, reason)
         delivery.for_row(self, row).failed(row, FAILURE_NOTICE if notify else None)
-        with self.services.db.single_statement() as session:
-            rows.finish(session, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
+        with standalone(self.services.db) as sql:
+            rows.finish(sql, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)
         self.meter.audit_reply(row, EventType.REPLY_FAILED, "failed", reason=reason[:120])
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.db import UTCDateTime, utcnow
 from app.models import Budget, InboundMessage, MessageStatus
-from app.outbox.statements import DriverStatements, read_time, values_rows
+from app.outbox.statements import DriverStatements, read_time, statements_of, values_rows
 from app.security import BlindIndex, FieldCipher
 
 TABLE = InboundMessage.__tablename__
@@ -250,24 +250,24 @@ class ClaimedRow(SimpleNamespace):
     the worker (its writes go through ``save_progress``/``finish``), never an ORM object."""
 
 
-def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Claim:
+def claim(bind: Session | DriverStatements, message_id: int, owner: str, lease_s: float) -> Claim:
     """Take the row for ``owner`` until ``now + lease_s``, or say why not."""
     now = utcnow()
-    sql = DriverStatements(session)
+    sql = statements_of(bind)
     # RETURNING hands back the claimed row with the UPDATE: no second statement, and on SQLite
     # no second write transaction (a read after the commit began one, with its writer turn).
     claimed = sql.execute(_claim_sql(), [owner, sql.time(now + timedelta(seconds=lease_s)), sql.time(now),
                                          message_id, sql.time(now)])
     if claimed:
-        session.commit()
+        sql.commit()
         return Claim(ClaimResult.CLAIMED, _claimed_row(claimed[0]))
     # Why not: the two columns that say, not the whole row as an ORM object (a drained message's
     # own task lands here, so this is about every other claim after a burst).
-    row = session.connection().execute(_why_not_statement(), {"message_id": message_id}).first()
-    session.commit()
-    if row is None:
+    found = sql.execute(f"SELECT status, lease_until FROM {TABLE} WHERE id = ?", [message_id])  # noqa: S608
+    sql.commit()
+    if not found:
         return Claim(ClaimResult.MISSING)
-    status, lease_until = row
+    status, lease_until = found[0][0], read_time(found[0][1])
     if status in MessageStatus.FINAL:
         return Claim(ClaimResult.DONE)
     if status == MessageStatus.PROCESSING and lease_until and lease_until >= now:
@@ -275,24 +275,14 @@ def claim(session: Session, message_id: int, owner: str, lease_s: float) -> Clai
     return Claim(ClaimResult.WAIT_EARLIER, retry_after_s=0.5)
 
 
-@functools.cache
-def _why_not_statement():
-    table = InboundMessage.__table__
-    return select(table.c.status, table.c.lease_until).where(table.c.id == bindparam("message_id"))
-
-
-def renew_lease(session: Session, message_id: int, owner: str, lease_s: float) -> bool:
+def renew_lease(bind: Session | DriverStatements, message_id: int, owner: str, lease_s: float) -> bool:
     """Extend our lease; False means we lost it (another worker took the row)."""
-    now = utcnow()
-    result = session.execute(
-        update(InboundMessage)
-        .where(InboundMessage.id == message_id, InboundMessage.lease_owner == owner,
-               InboundMessage.status == MessageStatus.PROCESSING)
-        .values(lease_until=now + timedelta(seconds=lease_s))
-        .execution_options(synchronize_session=False)
-    )
-    session.commit()
-    return result.rowcount == 1
+    sql = statements_of(bind)
+    renewed = sql.count(f"UPDATE {TABLE} SET lease_until = ? WHERE id = ? AND lease_owner = ? "  # noqa: S608
+                        f"AND status = '{MessageStatus.PROCESSING}'",
+                        [sql.time(utcnow() + timedelta(seconds=lease_s)), message_id, owner])
+    sql.commit()
+    return renewed == 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -321,11 +311,11 @@ def _leased_params(sql: DriverStatements, message_id: int, owner: str, values: d
     return columns, [*bound, message_id, owner]
 
 
-def _update_leased(session: Session, message_id: int, owner: str, values: dict) -> bool:
-    sql = DriverStatements(session)
+def _update_leased(bind: Session | DriverStatements, message_id: int, owner: str, values: dict) -> bool:
+    sql = statements_of(bind)
     columns, params = _leased_params(sql, message_id, owner, values)
     updated = sql.count(_leased_update_sql(columns), params)
-    session.commit()
+    sql.commit()
     return updated == 1
 
 
@@ -336,28 +326,28 @@ def _finish_values(status: str, values: dict) -> dict:
     return {"status": status, "lease_owner": None, "lease_until": None, "updated_at": now, **values}
 
 
-def finish(session: Session, message_id: int, owner: str, status: str, **values) -> bool:
+def finish(bind: Session | DriverStatements, message_id: int, owner: str, status: str, **values) -> bool:
     """Move our claimed row to a final status (or back to ``queued``) and drop the lease."""
-    return _update_leased(session, message_id, owner, _finish_values(status, values))
+    return _update_leased(bind, message_id, owner, _finish_values(status, values))
 
 
-def finish_then_next(session: Session, message_id: int, owner: str, status: str, user_hash_value: str,
-                     **values) -> tuple[bool, int | None]:
+def finish_then_next(bind: Session | DriverStatements, message_id: int, owner: str, status: str,
+                     user_hash_value: str, **values) -> tuple[bool, int | None]:
     """``finish``, and in the same statement the user's next queued message after this one (what
     ``next_pending_of_user`` reads): (finished, its id or None). One round trip and one
     transaction fewer for the worker's drain (``worker.processor``) than reading it after."""
-    sql = DriverStatements(session)
+    sql = statements_of(bind)
     columns, params = _leased_params(sql, message_id, owner, _finish_values(status, values))
     returned = sql.execute(_leased_update_sql(columns, with_next=True), [*params, user_hash_value, message_id])
-    session.commit()
+    sql.commit()
     if not returned:
         return False, None
     return True, returned[0][0]
 
 
-def save_progress(session: Session, message_id: int, owner: str, **values) -> bool:
+def save_progress(bind: Session | DriverStatements, message_id: int, owner: str, **values) -> bool:
     """Record part of the work (the reply, a sent chunk) while we hold the lease."""
-    return _update_leased(session, message_id, owner, {"updated_at": utcnow(), **values})
+    return _update_leased(bind, message_id, owner, {"updated_at": utcnow(), **values})
 
 
 def by_stream_id(session: Session, stream_id: str) -> InboundMessage | None:

@@ -12,7 +12,9 @@ psycopg ``%s``) and how a UTC time is bound (SQLite stores the text SQLAlchemy w
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 
 from sqlalchemy.engine import Connection
@@ -20,13 +22,22 @@ from sqlalchemy.orm import Session
 
 
 class DriverStatements:
-    """A cursor on the connection of a session or Core connection (whose transaction it joins);
-    SQL is written with ``?`` placeholders."""
+    """A cursor on the connection of a session or Core connection (whose transaction it joins),
+    or on a pooled connection of its own (``standalone``); SQL is written with ``?``
+    placeholders. ``commit`` commits the session's transaction (a no-op in autocommit)."""
 
-    def __init__(self, bind: Session | Connection):
-        connection = bind.connection() if isinstance(bind, Session) else bind
-        self.sqlite = connection.dialect.name == "sqlite"
-        self._cursor = connection.connection.dbapi_connection.cursor()
+    def __init__(self, bind: Session | Connection | None, dbapi_connection=None, sqlite: bool = False):
+        if bind is not None:
+            connection = bind.connection() if isinstance(bind, Session) else bind
+            sqlite, dbapi_connection = (connection.dialect.name == "sqlite",
+                                        connection.connection.dbapi_connection)
+        self.sqlite = sqlite
+        self._session = bind if isinstance(bind, Session) else None
+        self._cursor = dbapi_connection.cursor()
+
+    def commit(self) -> None:
+        if self._session is not None:
+            self._session.commit()
 
     def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         """Run one statement; the rows it returns (``RETURNING``), if any."""
@@ -57,6 +68,36 @@ class DriverStatements:
     def day(self, value: date) -> date | str:
         """``value`` as a ``Date`` column binds it (SQLite stores its ISO text)."""
         return value.isoformat() if self.sqlite else value
+
+
+def statements_of(bind: Session | DriverStatements) -> DriverStatements:
+    """What the outbox's statements run on: a session's cursor, or ``standalone``'s."""
+    return bind if isinstance(bind, DriverStatements) else DriverStatements(bind)
+
+
+@contextlib.contextmanager
+def standalone(db) -> Iterator[DriverStatements]:
+    """Statements each of which commits by itself: the worker's claim, leased-row updates and
+    lease renewals. On PostgreSQL a pooled connection in autocommit, straight from the pool (its
+    checkout check, ``app.pg_liveness``, included): no ``BEGIN``/``COMMIT`` round trips, and
+    none of a Session's or Core connection's bookkeeping, which cost the worker more CPU than
+    the three statements a message it ran through them. On SQLite a session (its writer queue
+    and ``BEGIN IMMEDIATE``), committed by ``commit()``."""
+    if db.engine.dialect.name != "postgresql":
+        with db.session() as session:
+            yield DriverStatements(session)
+        return
+    pooled = db.engine.raw_connection()
+    connection = pooled.dbapi_connection
+    try:
+        connection.autocommit = True
+        yield DriverStatements(None, connection)
+    finally:
+        try:  # back to the pool as it came: the next user expects transactions
+            connection.autocommit = False
+        except Exception:  # noqa: BLE001 - broken (a statement lost the server): not reused
+            pooled.invalidate()
+        pooled.close()
 
 
 def read_time(value: datetime | str | None) -> datetime | None:

@@ -30,12 +30,9 @@ class _Lease:
         pass
 
 
-class _Db:
-    @contextlib.contextmanager
-    def session(self):
-        yield None
-
-    single_statement = session  # the worker's one-statement units of work (app.db)
+@contextlib.contextmanager
+def _no_statements(db):
+    yield None  # the worker's one-statement units of work (app.outbox.statements.standalone)
 
 
 class _WeCom:
@@ -56,12 +53,13 @@ class _RedisDown:
 def _processor(wecom):
     settings = SimpleNamespace(wecom_duplicate_check_s=1800)
     return SimpleNamespace(wecom=wecom, settings=settings,
-                           services=SimpleNamespace(db=_Db(), redis=_RedisDown(), settings=settings,
+                           services=SimpleNamespace(db=None, redis=_RedisDown(), settings=settings,
                                                     blind_index=BlindIndex("k" * 32)))
 
 
 def test_message_send_resumes_at_the_first_unsent_chunk_and_leaves_the_last_count_to_the_finish(monkeypatch):
     recorded = []
+    monkeypatch.setattr(delivery, "standalone", _no_statements)
     monkeypatch.setattr(delivery.rows, "save_progress",
                         lambda session, message_id, owner, chunks_sent: recorded.append(chunks_sent) or True)
     wecom = _WeCom(fail_at=1)

@@ -7,20 +7,18 @@ import time
 from worker import processor
 
 
-class _Db:
-    @contextlib.contextmanager
-    def session(self):
-        yield None
-
-    single_statement = session  # the worker's one-statement units of work (app.db)
-
-
 class _Services:
-    db = _Db()
+    db = None
+
+
+@contextlib.contextmanager
+def _no_statements(db):
+    yield None
 
 
 def test_renews_each_lease_until_exit_and_marks_a_lost_one(monkeypatch):
     renewed = []
+    monkeypatch.setattr(processor, "standalone", _no_statements)
     monkeypatch.setattr(processor.rows, "renew_lease",
                         lambda session, message_id, owner, lease_s: renewed.append(message_id) or message_id != 2)
     with processor.LeaseKeeper(_Services(), 1, "a", 0.06) as kept, \

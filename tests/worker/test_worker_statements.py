@@ -4,12 +4,13 @@ reads the user's next queued message, the claim's "why not", and the one-stateme
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app import create_app
 from app.models import InboundMessage, MessageStatus
 from app.outbox import rows
 from app.outbox.rows import ClaimResult
+from app.outbox.statements import standalone
 from tests.worker.test_processor_data import ids_of, post_message
 
 
@@ -28,42 +29,42 @@ def _status(services, message_id: int) -> str:
 def test_the_finish_returns_the_users_next_queued_message_and_only_with_the_lease(services):
     first, other_user, second, third = _messages(services, ["alice", "bob", "alice", "alice"])
     db = services.db
-    with db.single_statement() as session:
-        claimed = rows.claim(session, first, "me", 60)
+    with standalone(db) as sql:
+        claimed = rows.claim(sql, first, "me", 60)
     assert claimed.result == ClaimResult.CLAIMED
     user_hash = claimed.row.user_hash
-    with db.single_statement() as session:  # not the lease holder: nothing changes
-        assert rows.finish_then_next(session, first, "not-me", MessageStatus.ANSWERED, user_hash) == (False, None)
+    with standalone(db) as sql:  # not the lease holder: nothing changes
+        assert rows.finish_then_next(sql, first, "not-me", MessageStatus.ANSWERED, user_hash) == (False, None)
     assert _status(services, first) == MessageStatus.PROCESSING
-    with db.single_statement() as session:
+    with standalone(db) as sql:
         # the second is alice's next queued message; bob's is someone else's
-        assert rows.finish_then_next(session, first, "me", MessageStatus.ANSWERED, user_hash) == (True, second)
+        assert rows.finish_then_next(sql, first, "me", MessageStatus.ANSWERED, user_hash) == (True, second)
     assert _status(services, first) == MessageStatus.ANSWERED  # committed: another session sees it
-    with db.single_statement() as session:
-        assert rows.claim(session, second, "me", 60).result == ClaimResult.CLAIMED
-    with db.single_statement() as session:  # the third is queued after the second
-        assert rows.finish_then_next(session, second, "me", MessageStatus.ANSWERED, user_hash) == (True, third)
-    with db.single_statement() as session:
-        assert rows.claim(session, third, "me", 60).result == ClaimResult.CLAIMED
-    with db.single_statement() as session:  # the last: nothing after it
-        assert rows.finish_then_next(session, third, "me", MessageStatus.ANSWERED, user_hash) == (True, None)
+    with standalone(db) as sql:
+        assert rows.claim(sql, second, "me", 60).result == ClaimResult.CLAIMED
+    with standalone(db) as sql:  # the third is queued after the second
+        assert rows.finish_then_next(sql, second, "me", MessageStatus.ANSWERED, user_hash) == (True, third)
+    with standalone(db) as sql:
+        assert rows.claim(sql, third, "me", 60).result == ClaimResult.CLAIMED
+    with standalone(db) as sql:  # the last: nothing after it
+        assert rows.finish_then_next(sql, third, "me", MessageStatus.ANSWERED, user_hash) == (True, None)
     assert _status(services, other_user) == MessageStatus.QUEUED
 
 
 def test_a_claim_that_fails_says_why(services):
     first, second = _messages(services, ["carol", "carol"])
-    with services.db.single_statement() as session:
-        assert rows.claim(session, first, "me", 60).result == ClaimResult.CLAIMED
-    with services.db.single_statement() as session:
-        behind = rows.claim(session, second, "other", 60)
+    with standalone(services.db) as sql:
+        assert rows.claim(sql, first, "me", 60).result == ClaimResult.CLAIMED
+    with standalone(services.db) as sql:
+        behind = rows.claim(sql, second, "other", 60)
         assert (behind.result, behind.retry_after_s) == (ClaimResult.WAIT_EARLIER, 0.5)
-        leased = rows.claim(session, first, "other", 60)
+        leased = rows.claim(sql, first, "other", 60)
         assert leased.result == ClaimResult.LEASED and 59 < leased.retry_after_s <= 60.2
-        assert rows.claim(session, 10**9, "other", 60).result == ClaimResult.MISSING
-    with services.db.single_statement() as session:
-        assert rows.finish(session, first, "me", MessageStatus.ANSWERED)
-    with services.db.single_statement() as session:
-        assert rows.claim(session, first, "other", 60).result == ClaimResult.DONE
+        assert rows.claim(sql, 10**9, "other", 60).result == ClaimResult.MISSING
+    with standalone(services.db) as sql:
+        assert rows.finish(sql, first, "me", MessageStatus.ANSWERED)
+    with standalone(services.db) as sql:
+        assert rows.claim(sql, first, "other", 60).result == ClaimResult.DONE
 
 
 def test_a_message_answered_in_a_drain_needs_no_claim_of_its_own_task(services, monkeypatch):
@@ -115,10 +116,10 @@ def test_the_claim_says_whether_a_budget_is_enabled_and_only_then_the_worker_res
 
     with services.db.transaction() as session:
         set_budget(session, "global", "", "day", "1000")
-    with services.db.single_statement() as session:
-        claimed = rows.claim(session, second, "me", 60)
+    with standalone(services.db) as sql:
+        claimed = rows.claim(sql, second, "me", 60)
         assert claimed.row.budgeted
-        assert rows.finish(session, second, "me", MessageStatus.QUEUED)
+        assert rows.finish(sql, second, "me", MessageStatus.QUEUED)
     assert processor.process(second).status == "done"
     assert len(reserves) == 1 and _status(services, second) == MessageStatus.ANSWERED
 
@@ -137,14 +138,14 @@ def test_the_leased_updates_write_what_the_orm_reads_back(services):
     from app.db import utcnow
 
     [message] = _messages(services, ["ivy"])
-    with services.db.single_statement() as session:
-        assert rows.claim(session, message, "me", 60).result == ClaimResult.CLAIMED
+    with standalone(services.db) as sql:
+        assert rows.claim(sql, message, "me", 60).result == ClaimResult.CLAIMED
     later = utcnow() + timedelta(minutes=3)
-    with services.db.single_statement() as session:
-        assert not rows.save_progress(session, message, "not-me", reply_enc="x")
-        assert rows.save_progress(session, message, "me", reply_enc="密文", reply_kind="markdown",
+    with standalone(services.db) as sql:
+        assert not rows.save_progress(sql, message, "not-me", reply_enc="x")
+        assert rows.save_progress(sql, message, "me", reply_enc="密文", reply_kind="markdown",
                                   chunks_total=2, model="glm-4", prompt_tokens=None)
-        assert rows.finish(session, message, "me", MessageStatus.ANSWERED, answered_at=later,
+        assert rows.finish(sql, message, "me", MessageStatus.ANSWERED, answered_at=later,
                            chunks_sent=2)
     with services.db.session() as session:
         row = session.get(InboundMessage, message)
@@ -153,8 +154,8 @@ def test_the_leased_updates_write_what_the_orm_reads_back(services):
             MessageStatus.ANSWERED, "密文", "markdown", 2, 2, "glm-4", None, None, None)
         assert row.answered_at == later and row.answered_at.tzinfo is not None
         assert abs(row.updated_at - utcnow()) < timedelta(minutes=1)
-    with services.db.single_statement() as session, pytest.raises(ValueError, match="not columns"):
-        rows.save_progress(session, message, "me", **{"reply_enc = 'x', status": "queued"})
+    with standalone(services.db) as sql, pytest.raises(ValueError, match="not columns"):
+        rows.save_progress(sql, message, "me", **{"reply_enc = 'x', status": "queued"})
 
 
 def test_the_claimed_row_is_the_row_as_the_orm_reads_it(services):
@@ -163,8 +164,8 @@ def test_the_claimed_row_is_the_row_as_the_orm_reads_it(services):
     from datetime import UTC
 
     [message] = _messages(services, ["jay"])
-    with services.db.single_statement() as session:
-        claimed = rows.claim(session, message, "me", 60)
+    with standalone(services.db) as sql:
+        claimed = rows.claim(sql, message, "me", 60)
     assert claimed.result == ClaimResult.CLAIMED and claimed.row.budgeted is False
     with services.db.session() as session:
         row = session.get(InboundMessage, message)
@@ -174,3 +175,18 @@ def test_the_claimed_row_is_the_row_as_the_orm_reads_it(services):
     assert (got["status"], got["lease_owner"], got["attempts"]) == (MessageStatus.PROCESSING, "me", 1)
     for name in ("created_at", "updated_at", "lease_until"):
         assert got[name].tzinfo == UTC
+
+
+def test_standalone_statements_give_their_connection_back_transactional(services):
+    """On PostgreSQL the worker's standalone statements run on a pooled connection in autocommit;
+    it goes back to the pool as it came, so a later transaction that fails is still rolled
+    back, whichever pooled connection it gets."""
+    [message] = _messages(services, ["kim"])
+    with standalone(services.db) as sql:
+        assert rows.claim(sql, message, "me", 60).result == ClaimResult.CLAIMED
+    for _ in range(3):
+        with pytest.raises(RuntimeError), services.db.transaction() as session:
+            session.execute(update(InboundMessage).where(InboundMessage.id == message)
+                            .values(status=MessageStatus.FAILED))
+            raise RuntimeError("rolled back")
+        assert _status(services, message) == MessageStatus.PROCESSING
