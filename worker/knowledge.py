@@ -4,8 +4,8 @@
 
 - no documents in the knowledge base (or ``KB_ENABLED=false``), or a greeting/thanks: None, and
   the model answers as it always did;
-- otherwise the employee's departments (WeCom ``user/get``'s ``department`` list, cached in
-  Redis for ``DEPARTMENT_CACHE_S``) decide which documents are searched, a follow-up is searched
+- otherwise the employee's departments (WeCom ``user/get``'s ``department`` list, through
+  ``worker.directory``) decide which documents are searched, a follow-up is searched
   with the previous question, and the result is a ``Grounding``: the passages to put in the
   prompt, or, when none is relevant, the "not found" reply that names the team to ask, sent
   without calling the model (a small model asked anyway would guess).
@@ -16,8 +16,6 @@ visible to everyone are searched, never more.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from sqlalchemy import select
 from app.knowledge import prompt
 from app.knowledge.retrieval import Passage, Retriever
 from app.models import KnowledgeDocument
+from worker.directory import Directory
 
 log = logging.getLogger(__name__)
 PRESENCE_TTL_S = 10.0
@@ -62,10 +61,11 @@ class Grounding:
 
 
 class Grounder:
-    def __init__(self, services, wecom):
+    def __init__(self, services, wecom, directory: Directory):
         self.services = services
         self.settings = services.settings
         self.wecom = wecom
+        self.directory = directory
         self.retriever = Retriever(services)
         self._present: tuple[float, bool] | None = None
 
@@ -84,22 +84,8 @@ class Grounder:
         return present
 
     def departments_of(self, user_hash: str, user_id: str) -> list[int]:
-        key = f"kbdept:{user_hash}"
-        try:
-            cached = self.services.redis.get(key)
-            if cached is not None:
-                return json.loads(cached)
-        except Exception:  # noqa: BLE001 - without Redis, ask WeCom every time
-            log.debug("department cache unavailable")
-        try:
-            member = self.wecom.get_user(user_id)
-            departments = sorted({int(d) for d in member.get("department") or []})
-        except Exception:  # noqa: BLE001 - unknown departments: documents for everyone only
-            log.warning("user/get failed; searching documents visible to everyone only")
-            return []
-        with contextlib.suppress(Exception):
-            self.services.redis.set(key, json.dumps(departments), ex=self.settings.department_cache_s)
-        return departments
+        """The departments whose documents the employee may see (``worker.directory``)."""
+        return list(self.directory.member(user_hash, user_id).departments)
 
     def ground(self, user_hash: str, user_id: str, question: str,
                history: list[dict]) -> Grounding | None:

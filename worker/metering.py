@@ -6,12 +6,11 @@ event), then ``settle`` with the token counts (the larger of the model server's 
 upper-bound estimates, priced by the configured model), or ``release`` when the generation
 failed. A charge that fails leaves the reservation, charged its worst case when it expires.
 The user's department comes from WeCom ``user/get`` (``main_department``, else the first of
-``department``), cached in Redis for ``DEPARTMENT_CACHE_S``.
+``department``), through ``worker.directory``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from app.accounting import (
     estimate_prompt_tokens,
 )
 from app.audit import Event, EventType
+from worker.directory import Directory
 
 log = logging.getLogger(__name__)
 BLOCK_NOTICE = ("抱歉，本期 AI 助手的{scope}预算已用完，暂时无法回答。如需继续使用，请联系管理员。\n"
@@ -44,10 +44,11 @@ class Charge:
 
 
 class Meter:
-    def __init__(self, services, wecom):
+    def __init__(self, services, wecom, directory: Directory):
         self.services = services
         self.settings = services.settings
         self.wecom = wecom
+        self.directory = directory
         self._accounting: Accounting | None = None
 
     @property
@@ -61,23 +62,8 @@ class Meter:
         return self._accounting
 
     def department_of(self, user_hash: str, user_id: str) -> str:
-        key = f"dept:{user_hash}"
-        try:
-            cached = self.services.redis.get(key)
-            if cached is not None:
-                return cached.decode()
-        except Exception:  # noqa: BLE001 - without Redis, ask WeCom every time
-            log.debug("department cache unavailable")
-        try:
-            member = self.wecom.get_user(user_id)
-        except Exception:  # noqa: BLE001 - unknown department: only global/user budgets apply
-            log.warning("user/get failed; department unknown for this call")
-            return ""
-        departments = member.get("department") or []
-        department = str(member.get("main_department") or (departments[0] if departments else ""))
-        with contextlib.suppress(Exception):  # uncached: asked again next time
-            self.services.redis.set(key, department, ex=self.settings.department_cache_s)
-        return department
+        """The department a department budget charges (``worker.directory``)."""
+        return self.directory.member(user_hash, user_id).main_department
 
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
                 model: str) -> Charge:

@@ -44,6 +44,7 @@ from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands, delivery, feedback, media, retry_policy
 from worker.conversation import ConversationStore
 from worker.delivery import AIBOT, DEADLINE, Delivery
+from worker.directory import Directory
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
 from worker.metering import Meter
@@ -218,8 +219,9 @@ class MessageProcessor:
         self.wecom = wecom
         self.conversations = conversations
         self._llm_lock = threading.Lock()
-        self.meter = Meter(services, wecom)
-        self.grounder = Grounder(services, wecom)
+        directory = Directory(services, wecom)  # departments: budgets and the documents' scope
+        self.meter = Meter(services, wecom, directory)
+        self.grounder = Grounder(services, wecom, directory)
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
         self.media = media.MediaHandler(self)  # voice, images, files (worker/media.py)
         self.drained = _Drained()

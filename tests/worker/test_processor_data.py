@@ -8,6 +8,7 @@ message texts, the replies or the user ids.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -121,7 +122,7 @@ def test_callback_audits_in_its_transaction_and_worker_audits_the_reply(app, ser
     with services.db.session() as session:
         usage = session.scalars(select(UsageRecord)).one()
     assert (usage.department, usage.prompt_tokens, usage.cached_tokens) == ("9", 1200, 200)
-    assert services.redis.get(f"dept:{usage.user_hash}") == b"9"
+    assert json.loads(services.redis.get(f"member:{usage.user_hash}")) == ["9", [7, 9]]
 
 
 def test_audit_failure_fails_the_callback_closed(app, services, monkeypatch):
