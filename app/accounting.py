@@ -43,11 +43,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, inspect, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
@@ -166,7 +167,7 @@ class Admission:
     allowed: bool
     reservation_id: int | None = None
     amount: Decimal = Decimal(0)
-    blocked_by: Budget | None = None
+    blocked_by: Any = None  # the budget that refused: a Budget, or a row with its attributes
     spent: Decimal = Decimal(0)
     user_hash: str = ""
     department: str = ""
@@ -313,9 +314,8 @@ def applicable_budgets(session: Session, user_hash: str | Sequence[str], departm
     return list(session.scalars(_budgets_statement(bool(department), bool(api_key_id)), params))
 
 
-def _insert(session: Session, table):
-    return (postgresql.insert(table) if session.get_bind().dialect.name == "postgresql"
-            else sqlite.insert(table))
+def _insert(conn: Connection, table):
+    return postgresql.insert(table) if conn.dialect.name == "postgresql" else sqlite.insert(table)
 
 
 ROLLED_UP = ("calls", "prompt_tokens", "cached_tokens", "completion_tokens", "cost")
@@ -385,7 +385,7 @@ def _lock_periods_statement(dialect: str, count: int):
     ).returning(table.c.budget_id, table.c.period_start, table.c.spent, table.c.reserved)
 
 
-def _lock_periods(session: Session, keys) -> dict[tuple[int, datetime], _PeriodRow]:
+def _lock_periods(conn: Connection, keys) -> dict[tuple[int, datetime], _PeriodRow]:
     """Make sure the period rows of ``keys`` exist and lock them, in key order (budget id,
     then start: every transaction locks them in the same order, so none deadlock)."""
     keys = sorted(set(keys))
@@ -394,9 +394,8 @@ def _lock_periods(session: Session, keys) -> dict[tuple[int, datetime], _PeriodR
     params = {}
     for i, (b, s) in enumerate(keys):
         params[f"b{i}"], params[f"s{i}"] = b, s
-    stmt = _lock_periods_statement(session.get_bind().dialect.name, len(keys))
-    return {(r.budget_id, r.period_start): _PeriodRow(*r)
-            for r in session.connection().execute(stmt, params)}
+    stmt = _lock_periods_statement(conn.dialect.name, len(keys))
+    return {(r.budget_id, r.period_start): _PeriodRow(*r) for r in conn.execute(stmt, params)}
 
 
 @functools.cache
@@ -409,16 +408,23 @@ def _write_periods_statement():
                     reserved=bindparam("new_reserved", type_=table.c.reserved.type)))
 
 
-def _write_periods(session: Session, rows: dict) -> None:
+def _write_periods(conn: Connection, rows: dict) -> None:
     changed = [{"b": r.budget_id, "s": r.period_start, "new_spent": r.spent,
                 "new_reserved": r.reserved} for _, r in sorted(rows.items()) if r.changed]
     if changed:
-        session.connection().execute(_write_periods_statement(), changed)
+        conn.execute(_write_periods_statement(), changed)
+
+
+def _budget_rows():
+    """``budgets`` read on a Core connection, each column under its attribute's name (``limit``
+    is the column ``limit_amount``): the rows answer as ``Budget`` objects do, without the ORM's
+    session and identity map in the accounting writer."""
+    return select(*(column.label(name) for name, column in inspect(Budget).columns.items()))
 
 
 @functools.cache
 def _budgets_by_id():
-    return select(Budget).where(Budget.id.in_(bindparam("ids", expanding=True)))
+    return _budget_rows().where(Budget.id.in_(bindparam("ids", expanding=True)))
 
 
 @functools.cache
@@ -441,7 +447,7 @@ def _reservation_insert():
 def _batch_budgets_statement():
     """The enabled budgets of any of a batch's users, departments and API keys, and the global
     ones: one query per batch (``_applies`` sorts them out per call)."""
-    return select(Budget).where(Budget.enabled.is_(True), or_(
+    return _budget_rows().where(Budget.enabled.is_(True), or_(
         Budget.scope == BudgetScope.GLOBAL,
         and_(Budget.scope == BudgetScope.USER,
              Budget.scope_value.in_(bindparam("hashes", expanding=True))),
@@ -697,18 +703,18 @@ class Accounting:
         if reservation_id is None:
             return
         with self.db.transaction() as session:
-            dropped = self._drop_reservation(session, reservation_id)
+            conn = session.connection()
+            dropped = self._drop_reservation(conn, reservation_id)
             if dropped is not None:
-                _write_periods(session, dropped[1])
+                _write_periods(conn, dropped[1])
 
-    def _drop_reservation(self, session: Session, reservation_id: int):
+    def _drop_reservation(self, conn: Connection, reservation_id: int):
         """Delete a reservation and take it off its periods' ``reserved``: (its amount, its
         locked period rows), or None when it was gone already (released, settled, expired)."""
-        held = session.connection().execute(_drop_reservations_statement(),
-                                            {"ids": [reservation_id]}).first()
+        held = conn.execute(_drop_reservations_statement(), {"ids": [reservation_id]}).first()
         if held is None:
             return None
-        periods = _lock_periods(session, _decode_periods(held.periods))
+        periods = _lock_periods(conn, _decode_periods(held.periods))
         for row in periods.values():
             row.reserved = max(row.reserved - held.amount, Decimal(0))
         return held.amount, periods
@@ -764,8 +770,8 @@ class Accounting:
             if self._connection is None or self._connection_pid != os.getpid():
                 # (a forked child never touches its parent's connection: it takes its own)
                 self._connection, self._connection_pid = self.db.engine.connect(), os.getpid()
-            with Session(bind=self._connection, expire_on_commit=False) as session, session.begin():
-                results = self._apply(session, jobs, seen)
+            with self._connection.begin():
+                results = self._apply(self._connection, jobs, seen)
         except Exception as exc:  # noqa: BLE001 - handed to the callers
             lost = isinstance(exc, DBAPIError) and exc.connection_invalidated
             if self._connection is not None and self._connection.invalidated:
@@ -791,7 +797,7 @@ class Accounting:
         if connection is not None:
             connection.close()
 
-    def _apply(self, session: Session, jobs: list[_Job], seen: set[tuple]) -> list:
+    def _apply(self, conn: Connection, jobs: list[_Job], seen: set[tuple]) -> list:
         """The batch's work, in the lock order (usage rollup rows, reservation rows, period
         rows, audit head)."""
         settles = [job.args for job in jobs if job.kind == "settle"]
@@ -800,14 +806,14 @@ class Accounting:
         # Reads: the budgets that apply, the prices.
         budgets = []
         if reserves or any(s.budgeted for s in settles):
-            budgets = list(session.scalars(_batch_budgets_statement(), {
+            budgets = list(conn.execute(_batch_budgets_statement(), {
                 "hashes": sorted({h for r in reserves for h in r.hashes}
                                  | {s.usage.user_hash for s in settles}),
                 "departments": sorted({r.department for r in reserves if r.department}
                                       | {s.usage.department for s in settles if s.usage.department}),
                 "api_keys": sorted({r.api_key_id for r in reserves if r.api_key_id}
                                    | {s.usage.api_key_id for s in settles if s.usage.api_key_id})}))
-        sql = DriverStatements(session)
+        sql = DriverStatements(conn)
         prices = _Prices(sql, {a.model for a in (*reserves, *settles)})
 
         # Each call's own figures, from those reads alone.
@@ -845,7 +851,6 @@ class Accounting:
         # Writes: usage rows and rollups first; then the reservations settled, deleted (one a
         # concurrent release or expiry took first is gone: its call is charged as if it had
         # none); then the period rows, locked once.
-        conn = session.connection()
         if records:
             _insert_usage(sql, records)
             self._roll_up(sql, records)
@@ -864,11 +869,11 @@ class Accounting:
                 keys.update(dropped[job.args.reservation_id][1])
             else:
                 keys.update(plan[1])
-        rows = _lock_periods(session, keys)
+        rows = _lock_periods(conn, keys)
         by_id = {b.id: b for b in budgets}
         unknown = {k[0] for k in rows} - by_id.keys()
         if unknown:  # disabled since the reservation, still charged
-            by_id.update((b.id, b) for b in session.scalars(_budgets_by_id(), {"ids": sorted(unknown)}))
+            by_id.update((b.id, b) for b in conn.execute(_budgets_by_id(), {"ids": sorted(unknown)}))
 
         # Each call in turn, as if alone.
         results, new_reservations = [], []
@@ -887,7 +892,7 @@ class Accounting:
                         rows[key].reserved = max(rows[key].reserved - amount, Decimal(0))
                 else:
                     charged = fallback
-                alerts = self._charge_rows(session, rows, by_id, charged, cost, seen)
+                alerts = self._charge_rows(conn, rows, by_id, charged, cost, seen)
                 events.extend(_alert_event(alert) for alert in alerts)
                 results.append(Settled(cost, alerts))
                 continue
@@ -914,7 +919,7 @@ class Accounting:
             for (index, row), reservation_id in zip(new_reservations, reservation_ids, strict=True):
                 results[index] = Admission(True, reservation_id, row["amount"],
                                            **jobs[index].args.base)
-        _write_periods(session, rows)
+        _write_periods(conn, rows)
         if events and self.audit is not None:
             self.audit.append_many(conn, events)
         return results
@@ -938,7 +943,7 @@ class Accounting:
             params += [sql.day(key[0]), *key[1:], *counts, _MONEY.process_bind_param(cost, None)]
         sql.execute(_roll_up_sql(len(totals)), params)
 
-    def _charge_rows(self, session: Session, periods: dict, budgets: dict, keys, cost: Decimal,
+    def _charge_rows(self, conn: Connection, periods: dict, budgets: dict, keys, cost: Decimal,
                      seen: set[tuple]) -> list[RaisedAlert]:
         """Add ``cost`` to the locked period rows of ``keys``; the threshold alerts it raises."""
         alerts = []
@@ -954,18 +959,18 @@ class Accounting:
                 if once in self._alerts_raised or once in seen:
                     continue  # raised already (committed, or earlier in this batch)
                 seen.add(once)
-                alert = self._raise_once(session, budget, row, threshold)
+                alert = self._raise_once(conn, budget, row, threshold)
                 if alert is not None:
                     alerts.append(alert)
         return alerts
 
-    def _raise_once(self, session: Session, budget: Budget, row: _PeriodRow,
+    def _raise_once(self, conn: Connection, budget, row: _PeriodRow,
                     threshold: int) -> RaisedAlert | None:
-        stmt = _insert(session, BudgetAlert).values(
+        stmt = _insert(conn, BudgetAlert).values(
             budget_id=budget.id, period_start=row.period_start, threshold=threshold,
             spent=row.spent, limit=budget.limit, created_at=utcnow(),
         ).on_conflict_do_nothing(index_elements=["budget_id", "period_start", "threshold"])
-        alert_id = session.scalar(stmt.returning(BudgetAlert.id))
+        alert_id = conn.scalar(stmt.returning(BudgetAlert.id))
         if alert_id is None:
             return None  # raised already, by this or another process
         return RaisedAlert(alert_id, budget.id, budget.scope, budget.scope_value, budget.period,
@@ -983,16 +988,17 @@ class Accounting:
         charged = []
         for reservation_id, amount in stale:
             with self.db.transaction() as session:
-                dropped = self._drop_reservation(session, reservation_id)
+                conn = session.connection()
+                dropped = self._drop_reservation(conn, reservation_id)
                 if dropped is None:
                     continue  # settled or released meanwhile
                 periods = dropped[1]
-                budgets = {b.id: b for b in session.scalars(
+                budgets = {b.id: b for b in conn.execute(
                     _budgets_by_id(), {"ids": sorted({k[0] for k in periods})})}
-                alerts = self._charge_rows(session, periods, budgets, periods, amount, set())
-                _write_periods(session, periods)
+                alerts = self._charge_rows(conn, periods, budgets, periods, amount, set())
+                _write_periods(conn, periods)
                 if alerts and self.audit is not None:
-                    self.audit.append_many(session, [_alert_event(alert) for alert in alerts])
+                    self.audit.append_many(conn, [_alert_event(alert) for alert in alerts])
             log.warning("budget reservation %s expired unsettled: charged its worst case %s",
                         reservation_id, amount)
             charged.append(reservation_id)
