@@ -41,7 +41,7 @@ def still_open(connection: Connection) -> bool:
     its own while calls keep coming): False when it is closed or the server closed it."""
     if connection.closed or connection.invalidated:
         return False
-    if connection.dialect.name != "postgresql":
+    if connection.dialect.driver != "psycopg":  # SQLite: no server to close it
         return True
     return _problem(connection.dialect, connection.connection.dbapi_connection) is None
 
