@@ -369,12 +369,11 @@ def test_the_writer_copies_the_audit_head_out_after_a_batch_of_audit_events(serv
         assert services.audit.verify(session).ok
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)  # SQLite has no server
 def test_the_writers_connection_closed_by_the_server_while_held_is_replaced(services, accounting):
     """The writer keeps its connection between batches (given back after ``IDLE_S`` without
     calls); one the server closed meanwhile (a restart, an idle timeout) is checked and replaced
     before the next batch, so no call fails for it."""
-    if services.db.engine.dialect.name != "postgresql":
-        pytest.skip("a server that closes connections: PostgreSQL's (SQLite has none)")
     import sqlalchemy as sa
 
     from tests.app.test_pg_liveness import _terminate
