@@ -73,14 +73,13 @@ class Directory:
             log.debug("department cache unavailable")
         try:
             found = self.wecom.get_user(user_id)
-            departments = tuple(sorted({int(d) for d in found.get("department") or []}))
             listed = found.get("department") or []
             member = Member(str(found.get("main_department") or (listed[0] if listed else "")),
-                            departments)
+                            tuple(sorted({int(d) for d in listed})))
         except Exception:  # noqa: BLE001 - unknown: no department budget, public documents only
             log.warning("user/get failed; departments unknown for this message")
             return UNKNOWN
         with contextlib.suppress(Exception):  # uncached: asked again next time
-            self.services.redis.set(key, json.dumps([member.main_department, list(departments)]),
+            self.services.redis.set(key, json.dumps([member.main_department, list(member.departments)]),
                                     ex=self.services.settings.department_cache_s)
         return member

@@ -20,6 +20,8 @@ from datetime import UTC, date, datetime
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from app.db import UTCDateTime
+
 
 class DriverStatements:
     """A cursor on the connection of a session or Core connection (whose transaction it joins),
@@ -100,14 +102,14 @@ def standalone(db) -> Iterator[DriverStatements]:
         pooled.close()
 
 
+_TIME = UTCDateTime()
+
+
 def read_time(value: datetime | str | None) -> datetime | None:
-    """A time column as ``UTCDateTime`` reads it: SQLite's cursor gives the stored text,
-    PostgreSQL's an aware value."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    """A time column as ``UTCDateTime`` reads it (its own conversion): SQLite's cursor gives
+    the stored text, PostgreSQL's an aware value."""
+    return _TIME.process_result_value(datetime.fromisoformat(value) if isinstance(value, str) else value,
+                                      None)
 
 
 @functools.lru_cache(maxsize=256)
