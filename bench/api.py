@@ -16,7 +16,6 @@ own cost per request is the difference.
 from __future__ import annotations
 
 import argparse
-import logging
 import multiprocessing as mp
 import statistics
 import tempfile
@@ -87,7 +86,6 @@ def _p99(values: list[float]) -> float:
 
 
 def main() -> None:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the fake server logs every request
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=400, help="per level and mode")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     server = serve(app, config.host, config.port)
     log = logging.getLogger("emulator")
     log.info("WeCom emulator on http://%s:%d (callbacks to %s, %d employees)",
-             config.host, server.server_port, config.callback_url, len(config.directory.users))
+             config.host, server.port, config.callback_url, len(config.directory.users))
 
     def stop(signum, frame):
         raise KeyboardInterrupt
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         state.stopping.set()
-        server.server_close()
+        server.stop(2.0)
         app.extensions["wecom_emulator_deliverer"].join(2.0)
         app.extensions["wecom_emulator_aibot"].join(2.0)
         long_connection.stop(2.0)

@@ -3,38 +3,29 @@
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from flask import Flask
-from werkzeug.serving import WSGIRequestHandler, make_server
 
 from emulator import admin, api, media
 from emulator.aibot import AibotDeliverer
 from emulator.aibot_ws import LongConnection
 from emulator.callbacks import CallbackDeliverer
 from emulator.config import EmulatorConfig, UnsafeToRun, loopback
+from emulator.http_server import WSGIServer, access_logged
 from emulator.state import EmulatorState
 
 _HERE = Path(__file__).parent
 
 
-class RedactingRequestHandler(WSGIRequestHandler):
-    """An access log without query strings: they carry ``corpsecret`` and ``access_token``."""
-
-    def log_request(self, code="-", size="-") -> None:
-        self.log("info", '"%s %s" %s', self.command, self.path.split("?", 1)[0],
-                 getattr(code, "value", code))
-
-
-def serve(app: Flask, host: str, port: int):
-    """A threaded WSGI server for ``app`` (not yet serving); port 0 picks a free one. Loopback
-    addresses only (``config.refuse_production``)."""
+def serve(app: Flask, host: str, port: int) -> WSGIServer:
+    """A keep-alive WSGI server for ``app`` (not yet serving), with an access log that leaves
+    out query strings; port 0 picks a free one. Loopback addresses only
+    (``config.refuse_production``)."""
     if not loopback(host):
         raise UnsafeToRun(f"the emulator binds to loopback only, not {host!r}")
-    server = make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler)
-    server.daemon_threads = True
-    return server
+    return WSGIServer(access_logged(app, logging.getLogger("emulator.access")), host, port,
+                      name="wecom-emulator")
 
 
 def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, EmulatorState]:
@@ -67,8 +58,7 @@ class EmulatorServer:
     def __init__(self, config: EmulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0):
         self.app, self.state = create_emulator(config)
         self.host, self.port = host, port
-        self._server = None
-        self._thread: threading.Thread | None = None
+        self._server: WSGIServer | None = None
 
     @property
     def deliverer(self) -> CallbackDeliverer:
@@ -87,13 +77,10 @@ class EmulatorServer:
     def url(self) -> str:
         if self._server is None:
             raise RuntimeError("emulator not started")
-        return f"http://{self.host}:{self._server.server_port}"
+        return f"http://{self.host}:{self._server.port}"
 
     def start(self) -> str:
-        self._server = serve(self.app, self.host, self.port)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="wecom-emulator",
-                                        kwargs={"poll_interval": 0.1}, daemon=True)
-        self._thread.start()
+        self._server = serve(self.app, self.host, self.port).start()
         if self.long_connection.enabled:
             self.long_connection.start()
         logging.getLogger("emulator").info("emulator listening on %s", self.url)
@@ -103,10 +90,7 @@ class EmulatorServer:
         """Stop serving, wake sleeping faults and retry waits, and join the callback threads."""
         self.state.stopping.set()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout)
+            self._server.stop(timeout)
         self.deliverer.join(timeout)
         self.app.extensions["wecom_emulator_aibot"].join(timeout)
         self.long_connection.stop(timeout)

@@ -16,7 +16,8 @@ template opened ``<think>``, GLM-4.7's); ``separate`` sends the thinking as ``re
 answer (``finish_reason`` "length"). The thinking contains ``THINKING``, so a test can tell
 whether any of it got through; ``completion_tokens`` counts it, as a server does. A reasoning
 model's stream comes in pieces of 3 characters, so tags arrive split across deltas.
-``last_body`` is the last request.
+``last_body`` is the last request. Served with keep-alive, as model servers are
+(``emulator/http_server.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import threading
 import time
 
 from flask import Flask, Response, jsonify, request
-from werkzeug.serving import make_server
+
+from emulator.http_server import WSGIServer
 
 THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
 REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
@@ -77,16 +79,15 @@ class FakeOpenAIServer:
         self.in_flight = 0  # generations started and not yet answered
         self.lock = threading.Lock()
         self.app = self._build()
-        self._server = make_server("127.0.0.1", 0, self.app, threaded=True)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = WSGIServer(self.app, "127.0.0.1", 0, name="fake-openai")
+        self.url = f"http://127.0.0.1:{self._server.port}/v1"
 
     def start(self) -> FakeOpenAIServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self._server.stop()
 
     def _build(self) -> Flask:
         app = Flask("fake-openai")
