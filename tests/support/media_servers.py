@@ -22,7 +22,8 @@ import time
 import wave
 
 from flask import Flask, Response, jsonify, request
-from werkzeug.serving import make_server
+
+from emulator.http_server import WSGIServer
 
 
 class _Server:
@@ -33,16 +34,15 @@ class _Server:
         self.delay_s = 0.0
         self.problems: list[str] = []
         self.app = self._build()
-        self._server = make_server("127.0.0.1", 0, self.app, threaded=True)
-        self.url = f"http://127.0.0.1:{self._server.server_port}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = WSGIServer(self.app, "127.0.0.1", 0, name=type(self).__name__)
+        self.url = f"http://127.0.0.1:{self._server.port}/v1"
 
     def start(self):
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self._server.stop()
 
     def _enter(self):
         """Count the call; a queued failure or delay applies. A response when it fails."""
