@@ -134,7 +134,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
          + [ctypes.c_float, pointer, ctypes.c_int]),
         ("wecom_dsa_top_rows", [pointer, ctypes.c_long, pointer, ctypes.c_long, ctypes.c_long, pointer, ctypes.c_int]),
         ("wecom_dsa_select_rows", [pointer] * 5 + [ctypes.c_long] * 4 + [ctypes.c_float, pointer, ctypes.c_int]),
-        ("wecom_dsa_attend", [pointer] * 5 + [ctypes.c_long] * 5 + [ctypes.c_float, pointer, ctypes.c_int]),
+        ("wecom_dsa_attend", [pointer, ctypes.c_long, ctypes.c_long] + [pointer] * 4 + [ctypes.c_long] * 5
+         + [ctypes.c_float, pointer, ctypes.c_int]),
     ):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, ctypes.c_int if name == "wecom_decode_step" else None

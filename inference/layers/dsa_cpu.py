@@ -12,7 +12,7 @@ import torch
 
 from inference.layers import cpu_kernels
 
-KEY_BLOCK = 128  # a multiple of dsa_kernels.c's KEY_BLOCK (128, 64 without AVX-512): the transposed keys' padding
+PANEL = 128  # dsa_kernels.c's PANEL: keys a panel of the transposed keys, [panels, D, PANEL]
 # queries from which scoring against the keys transposed pays (a copy of every key a call: ~4 ms
 # at 32k positions, fresh pages and the strided copy); fewer are scored by torch's product on the
 # keys in place, or, read through a paged pool's slots, by the kernel
@@ -56,9 +56,11 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     if slots is not None:
         keys = keys[slots]
     total = keys.shape[0]
-    transposed = keys.new_zeros(dim, -(-total // KEY_BLOCK) * KEY_BLOCK)
-    transposed[:, :total] = keys.t()
-    lib.wecom_dsa_select(q.data_ptr(), weights.data_ptr(), transposed.data_ptr(), transposed.shape[1],
+    panels = -(-total // PANEL)
+    padded = keys.new_zeros(panels * PANEL, dim)
+    padded[:total] = keys
+    transposed = padded.view(panels, PANEL, dim).transpose(1, 2).contiguous()
+    lib.wecom_dsa_select(q.data_ptr(), weights.data_ptr(), transposed.data_ptr(), panels * PANEL,
                          positions.data_ptr(), n, heads, dim, count, scale, out.data_ptr(), threads)
     return out
 
@@ -69,12 +71,13 @@ def attend(query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor, pos
     `picked [n, k]` (those after a query's own skipped), held in rows `rows [n, k]` of
     `latents [T, W]` (default: `picked`): `[H, n, rank]`, as `DSAttention._selected`."""
     heads, n, width = query.shape
-    query = query.transpose(0, 1).contiguous()
+    if query.stride(2) != 1:
+        query = query.contiguous()
     latents, picked = latents.contiguous(), picked.contiguous()
     rows = picked if rows is None else rows.to(torch.long).contiguous()
     positions = positions.to(torch.long).contiguous()
     out = torch.empty(n, heads, rank)
     cpu_kernels.library().wecom_dsa_attend(
-        query.data_ptr(), latents.data_ptr(), picked.data_ptr(), rows.data_ptr(), positions.data_ptr(), n, heads,
-        width, rank, picked.shape[1], scale, out.data_ptr(), torch.get_num_threads())
+        query.data_ptr(), query.stride(1), query.stride(0), latents.data_ptr(), picked.data_ptr(), rows.data_ptr(),
+        positions.data_ptr(), n, heads, width, rank, picked.shape[1], scale, out.data_ptr(), torch.get_num_threads())
     return out.transpose(0, 1)
