@@ -89,6 +89,22 @@ def test_attend_matches_softmax_over_the_chosen_rows(n, heads, rank, rope):
                                atol=2e-5, rtol=1e-4)
 
 
+def test_attend_reads_a_slice_of_the_layers_query_in_place():
+    """The layer passes `query[:, rows]` of its `[H, T, W]` query (one sequence of a batch): the
+    kernel reads it through its strides, as it would a copy."""
+    gen = torch.Generator().manual_seed(7)
+    heads, rank, rope, total, k = 6, 48, 8, 400, 64
+    query = torch.randn(heads, 50, rank + rope, generator=gen)
+    latents = torch.randn(total, rank + rope, generator=gen)
+    positions = torch.randint(k, total, (20,), generator=gen)
+    picked = torch.stack([torch.randperm(total, generator=gen)[:k] for _ in range(20)])
+    got = dsa_cpu.attend(query[:, 25:45], latents, picked, positions, rank, 0.05)
+    torch.testing.assert_close(got, dsa_cpu.attend(query[:, 25:45].contiguous(), latents, picked, positions, rank,
+                                                   0.05))
+    torch.testing.assert_close(got, reference_attend(query[:, 25:45], latents, picked, positions, rank, 0.05),
+                               atol=2e-5, rtol=1e-4)
+
+
 def test_a_query_whose_every_entry_is_filler_gets_zeros_not_nan():
     query, latents = torch.randn(4, 1, 24), torch.randn(50, 24)
     got = dsa_cpu.attend(query, latents, torch.tensor([[30, 40, 45]]), torch.tensor([20]), 16, 0.1)
