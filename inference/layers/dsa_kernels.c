@@ -37,6 +37,7 @@ float wecom_exp_shifted(float *s, long n, float top);
  * such as 32k every one of them fell in the same L1 set, and the indexer ran at a fifth of the
  * FMA units' rate.) */
 #define PANEL 128
+_Static_assert(PANEL % KEY_BLOCK == 0, "a block of keys lies within one panel");
 
 /* s[j] = sum_h w[h] * relu(scale * q[h] . k_j) for keys j in [0, m); the keys transposed in
  * panels, kT [panels, D, PANEL] (zeros past the last key) */
