@@ -47,9 +47,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for piece in (b"data: one\n\n", b"data: t", b"wo\r\n\r\n"):
+                self.server.sent.append(piece)  # before the write: the client may read it first
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                 self.wfile.flush()
-                self.server.sent.append(piece)
                 self.server.gate.wait(5)
             self.wfile.write(b"0\r\n\r\n")
             return
