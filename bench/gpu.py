@@ -14,7 +14,9 @@ checkpoint):
 4. the engine with int8 (W8A16) weights against bf16 at batch 1 and 64;
 5. prefill tokens/s of one 4k and one 32k prompt;
 6. when `--moe`: a GLM-4.7-Flash-shaped MoE (MLA + 64 experts top-4), decode at batch 1 and 64.
-CUDA graphs are not captured by the engine yet: the line says so rather than timing nothing.
+7. CUDA graphs on and off: decode at batch 1 and 64 with the engine's captured decode steps
+   (the default on CUDA) against `enforce_eager` (every step launched from Python).
+The engine figures above are with CUDA graphs (the default); off the GPU nothing is captured.
 
 Targets (issue #27): batch 1 >= 70 % of the bandwidth bound, batch 64 >= 10x batch 1's
 throughput, >= 3x transformers. Every figure is from this one run; compare only within it.
@@ -72,11 +74,30 @@ def copy_bandwidth(device: torch.device, gib: float) -> float:
     return 2 * src.numel() * src.element_size() / best
 
 
-def engine_decode(model, batch: int, prompt: int, new: int) -> float:
+EAGER = {"all": False}  # set when capturing CUDA graphs fails: the run goes on without them
+
+
+def graphs_usable(model) -> bool:
+    """Whether the engine captures and replays its decode graphs here; if not, says why and
+    has the rest of the run go eager (its figures are then without graphs), so the one run a
+    GPU allows still measures everything else."""
+    try:
+        engine = LLMEngine(model, args=EngineArgs(max_num_seqs=2, max_model_len=64, kv_cache_bytes=2**26),
+                           eos_token_ids=[])
+        engine.generate([[3, 4, 5], [6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        return True
+    except Exception as error:  # noqa: BLE001 - any failure: report it and measure the rest
+        print(f"CUDA graphs FAILED ({type(error).__name__}: {error}); every figure below is eager")
+        EAGER["all"] = True
+        return False
+
+
+def engine_decode(model, batch: int, prompt: int, new: int, eager: bool = False) -> float:
     """Decode tokens/s of `batch` greedy requests through the serving engine, counted from the
-    step after every request got its first token to the last."""
+    step after every request got its first token to the last. `eager`: no CUDA graphs."""
     engine = LLMEngine(model, args=EngineArgs(max_num_seqs=batch, max_num_batched_tokens=max(8192, batch * prompt),
-                                              max_model_len=prompt + new + 8, kv_cache_bytes=KV_BYTES[model.device.type]),
+                                              max_model_len=prompt + new + 8, kv_cache_bytes=KV_BYTES[model.device.type],
+                                              enforce_eager=eager or EAGER["all"]),
                        eos_token_ids=[])
     g = torch.Generator().manual_seed(batch)
     params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
@@ -140,6 +161,8 @@ def dense_section(args, device: torch.device, bandwidth: float) -> None:
         bf16 = load_model(path, ModelConfig.from_pretrained(path), device)
         int8 = load_model(path, ModelConfig.from_pretrained(path, quantization="w8a16"), device)
     hf = hf.to(device).eval()
+    if device.type == "cuda":
+        graphs_usable(bf16)
     params = sum(p.numel() for p in bf16.parameters())
     read = weight_bytes(bf16)
     bound = bandwidth / read
@@ -157,7 +180,14 @@ def dense_section(args, device: torch.device, bandwidth: float) -> None:
         print(f"{'transformers bf16':>22} {batch:>6} {theirs:10.1f} {'':>10} {f'engine {rates[batch] / theirs:.2f}x':>30}")
         mine = statistics.median(engine_decode(int8, batch, args.prompt, args.new) for _ in range(args.rounds))
         print(f"{'engine int8 (W8A16)':>22} {batch:>6} {mine:10.1f} {'':>10} {f'{mine / rates[batch]:.2f}x bf16':>30}")
-    print(f"{'CUDA graphs':>22}: not captured by the engine yet (decode runs eagerly); nothing to compare")
+    if device.type != "cuda" or EAGER["all"]:
+        print(f"{'CUDA graphs':>22}: not captured (off the GPU, or the capture failed); nothing to compare")
+    else:
+        for batch in (args.batches[0], args.batches[min(2, len(args.batches) - 1)]):
+            eager = statistics.median(engine_decode(bf16, batch, args.prompt, args.new, eager=True)
+                                      for _ in range(args.rounds))
+            print(f"{'engine bf16 eager':>22} {batch:>6} {eager:10.1f} {'':>10} "
+                  f"{f'CUDA graphs {rates[batch] / eager:.2f}x eager':>30}")
     for tokens in args.prefill:
         print(f"{'prefill':>22} {tokens:>6} {prefill(bf16, tokens):10.0f} tok/s (one prompt of {tokens} tokens)")
 

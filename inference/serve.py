@@ -349,7 +349,7 @@ def load_app(args) -> Flask:
     engine = LLMEngine.from_engine_args(EngineArgs(
         model=str(path), max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         kv_cache_bytes=args.kv_cache_bytes, speculative_k=args.speculative_k, dtype=args.dtype,
-        device=args.device, gpu_memory_utilization=args.gpu_memory_utilization))
+        device=args.device, gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager))
     if engine.tokenizer is None:
         raise SystemExit(f"{path} has no tokenizer: the server answers chat completions")
     name = args.served_model_name or path.name
@@ -379,6 +379,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="request threads (default: max-num-seqs + 8)")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
     parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="never replay decode steps from CUDA graphs (captured by default on CUDA)")
 
 
 def serve(args) -> int:

@@ -38,6 +38,8 @@ class EngineArgs:
     else on CUDA `gpu_memory_utilization` of the device memory minus what is already in use
     (weights), else 1 GiB on CPU. `max_model_len` defaults to what one sequence can hold.
     `speculative_k`: MTP drafts per step for requests that do not choose (0 = plain decoding).
+    `enforce_eager`: never replay decode steps from CUDA graphs (inference/engine/cuda_graphs.py;
+    by default they are captured on CUDA, for the models whose decode allows it).
 
     A model with MTP heads also keeps, per speculative sequence, its MTP layers' caches outside
     the paged cache (`inference.engine.drafting`), each bounded by `max_model_len`: at most
@@ -58,6 +60,7 @@ class EngineArgs:
     sliding_window: int | None = None
     global_interval: int | None = None
     speculative_k: int = 0
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduler_policy != "fcfs":
@@ -106,11 +109,13 @@ class LLMEngine:
         self.mtp_cache_bytes = (args.max_num_seqs * config.num_mtp_heads
                                 * self.layout.layer_cache_bytes(dtype, self.mtp_positions))
         num_blocks = self._kv_budget(model.device) // self.layout.bytes_per_block(args.block_size, dtype)
-        self.runner = ModelRunner(model, num_blocks, args.block_size, self.mtp_positions)
+        self.runner = ModelRunner(model, num_blocks, args.block_size, self.mtp_positions, args.enforce_eager)
+        num_blocks = self.runner.num_blocks  # (one fewer where CUDA graphs keep a scratch block)
         self.block_manager = BlockManager(num_blocks, args.block_size, config.sliding_window,
                                           config.global_interval, self.runner.cache.num_node_pages,
                                           args.enable_prefix_caching)
         self.max_model_len = self._max_model_len(num_blocks)
+        self.runner.capture_graphs(args.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens,
                                    self.max_model_len)
         if args.speculative_k:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine import cuda_graphs
 from inference.engine.choices import mask_to_allowed
 from inference.engine.drafting import BatchDrafter, SequenceDrafts
 from inference.engine.sequence import Sequence
@@ -46,16 +47,30 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int, mtp_positions: int | None = None) -> None:
-        """`mtp_positions`: what a speculative sequence's MTP caches are bounded to."""
+    def __init__(self, model, num_blocks: int, block_size: int, mtp_positions: int | None = None,
+                 enforce_eager: bool = True) -> None:
+        """`mtp_positions`: what a speculative sequence's MTP caches are bounded to. Unless
+        `enforce_eager`, decode steps replay CUDA graphs where the device and the model allow
+        (`capture_graphs`; the last of the pools' `num_blocks` is then their scratch block, and
+        `self.num_blocks`, the blocks sequences get, one fewer)."""
         self.model, self.config, self.block_size = model, model.config, block_size
         self.mtp_positions = mtp_positions
         self.device = model.device
-        self.cache = cache_layout(self.config).paged_cache(num_blocks, block_size,
-                                                           model.model.embed_tokens.weight.dtype, self.device)
+        layout = cache_layout(self.config)
+        self.graphs_wanted = not enforce_eager and cuda_graphs.wanted(self.device, layout)
+        self.num_blocks = num_blocks - 1 if self.graphs_wanted else num_blocks
+        self.cache = layout.paged_cache(num_blocks, block_size, model.model.embed_tokens.weight.dtype, self.device)
+        self.graphs: cuda_graphs.DecodeGraphs | None = None
         self.sampler = Sampler()
         self.stats = SpeculativeStats(MAX_DRAFT)  # every speculative sequence's rounds
         self.drafter = BatchDrafter(model) if self.config.num_mtp_heads else None
+
+    @torch.inference_mode()
+    def capture_graphs(self, max_batch: int, max_model_len: int) -> None:
+        """Capture the decode steps of up to `max_batch` sequences (when wanted)."""
+        if self.graphs_wanted:
+            self.graphs = cuda_graphs.DecodeGraphs(self.model, self.cache, max_batch, max_model_len,
+                                                   scratch_block=self.num_blocks)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> list[StepResult]:
@@ -93,9 +108,12 @@ class ModelRunner:
             plan_batch.append((seq, n))
             starts.append(row)
             row += n
-        hidden = self.model(torch.tensor(ids, device=self.device),
-                            torch.tensor(positions, device=self.device),
-                            self.cache.step(self._slots(plan_batch)))
+        if self.graphs is not None and self.graphs.can_run(batch):
+            hidden = self.graphs.run(batch)
+        else:
+            hidden = self.model(torch.tensor(ids, device=self.device),
+                                torch.tensor(positions, device=self.device),
+                                self.cache.step(self._slots(plan_batch)))
         results = {id(seq): StepResult(n, []) for seq, n in plan_batch}
         if sampling:
             logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])

@@ -166,6 +166,21 @@ class GQAStep:
         self.node_targets = torch.cat(targets).to(device) if targets else None
         self.layers = [PagedGQALayer(cache, i, self) for i in range(layout.num_layers)]
 
+    @classmethod
+    def decode_only(cls, cache: PagedGQACache, write_slots: torch.Tensor, slots: torch.Tensor,
+                    lengths: torch.Tensor) -> GQAStep:
+        """A decode step of dense GQA made from device tensors alone (what a CUDA graph replays,
+        inference/engine/cuda_graphs.py): row b writes `write_slots[b]` and reads the first
+        `lengths[b]` of `slots[b]`."""
+        if cache.layout.window is not None:
+            raise ValueError("a sparse window's decode elects key nodes: it has no static step")
+        step = cls.__new__(cls)
+        step.seqs, step.write_slots = [], write_slots
+        step.decode_table, step.decode_split = (slots, lengths), lengths
+        step.local_table = step.node_table = step.prefill_plan = step.elect_slots = step.node_targets = None
+        step.layers = [PagedGQALayer(cache, i, step) for i in range(cache.layout.num_layers)]
+        return step
+
 
 def _table(lists: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot lists as one padded `[batch, longest]` table and their lengths (a list may be empty)."""

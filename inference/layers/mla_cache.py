@@ -157,6 +157,20 @@ class MLAStep:
                                  torch.tensor(seq, dtype=torch.int32, device=device))
         self.layers = [PagedMLALayer(cache.latents[i], self) for i in range(cache.layout.num_layers)]
 
+    @classmethod
+    def decode_only(cls, cache: PagedMLACache, write_slots: torch.Tensor, slots: torch.Tensor,
+                    lengths: torch.Tensor) -> MLAStep:
+        """A decode step made from device tensors alone (what a CUDA graph replays,
+        inference/engine/cuda_graphs.py): row b writes `write_slots[b]` and attends, absorbed
+        through the latent kernel, to the first `lengths[b]` of `slots[b]`."""
+        rows = slots.shape[0]
+        step = cls.__new__(cls)
+        step.write_slots, step.read_slots = write_slots, None
+        step.num_new, step.totals = [1] * rows, [slots.shape[1]] * rows  # one row each: never expanded
+        step.latent_table = (slots, lengths, torch.arange(rows, dtype=torch.int32, device=slots.device))
+        step.layers = [PagedMLALayer(cache.latents[i], step) for i in range(cache.layout.num_layers)]
+        return step
+
 
 class PagedMLALayer:
     """What one attention layer sees of the batch."""

@@ -181,16 +181,20 @@ def latent_cases() -> list[dict]:
 
 
 
-def engine_case(make_hf, kind: str, chunked: bool = False, blocks: int | None = None) -> dict:
+def engine_case(make_hf, kind: str, chunked: bool = False, blocks: int | None = None, graphs: bool = False) -> dict:
     """A tiny model through the serving engine, greedy: decode steps through the `kind` kernel
     against the same engine's torch path. `chunked`: steps of at most 24 tokens, so the longer
     prompts are prefilled in chunks beside the others' decode rows, and a prompt that repeats
     another's first 48 tokens starts from the prefix cache. `blocks`: a paged cache of that many
-    blocks, too few for every sequence at once, so some are preempted and resumed."""
+    blocks, too few for every sequence at once, so some are preempted and resumed. `graphs`:
+    decode steps replayed from CUDA graphs as the engine captures them (emulated: the captured
+    step run again on its static buffers, host reads refused), the requests of different lengths
+    so the batch shrinks through the buckets; each replay's hidden states are compared with the
+    same step made the ordinary way."""
     import tempfile
 
     from inference.config import ModelConfig
-    from inference.engine import EngineArgs, LLMEngine
+    from inference.engine import EngineArgs, LLMEngine, cuda_graphs
     from inference.layers import moe_triton
     from inference.layers.cache_layouts import cache_layout
     from inference.loader import load_model
@@ -201,11 +205,12 @@ def engine_case(make_hf, kind: str, chunked: bool = False, blocks: int | None = 
     with tempfile.TemporaryDirectory() as path:
         hf.save_pretrained(path)
         model = load_model(path, ModelConfig.from_pretrained(path), "cpu")
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     vocab = model.config.vocab_size
     prompts = [[5, 6, 7, 8, 9], [t % (vocab - 3) + 3 for t in range(10, 80)], [3] * 20]
     if chunked:
         prompts.append(prompts[1][:48] + [4] * 9)
+    lengths = [12, 9, 5, 3] if graphs else [12] * 4
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
 
     kv_bytes = None
     if blocks is not None:
@@ -216,25 +221,58 @@ def engine_case(make_hf, kind: str, chunked: bool = False, blocks: int | None = 
         args = EngineArgs(block_size=16, max_num_seqs=4, max_num_batched_tokens=24 if chunked else 8192,
                           kv_cache_bytes=kv_bytes)
         engine = LLMEngine(model, args=args, eos_token_ids=[])
-        ids = [engine.add_request(p, params) for p in prompts]
+        ids = [engine.add_request(p, params[i]) for i, p in enumerate(prompts)]
+        replays.append(engine.runner.graphs.replays if engine.runner.graphs is not None else 0)
         done = {}
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
                     done[out.request_id] = out.token_ids
         preemptions.append(engine.scheduler.num_preemptions)
+        if engine.runner.graphs is not None:
+            replays[-1] = engine.runner.graphs.replays - replays[-1]
         return [done[i] for i in ids]
 
+    replays = []
     kernels.MODE = "0"
     reference = run()
     kernels.MODE = "interpret"
+    cuda_graphs.MODE = "emulate" if graphs else "0"
     before, grouped = kernels.CALLS[kind], moe_triton.CALLS["grouped"]
-    with compared_layers() as worst:
+    with compared_replays() if graphs else compared_layers() as worst:
         tokens = run()
-    kernels.MODE = "0"
+    kernels.MODE = cuda_graphs.MODE = "0"
     return {"tokens": tokens, "reference": reference, "kernel_calls": kernels.CALLS[kind] - before,
             "worst_difference": worst[0], "moe_calls": moe_triton.CALLS["grouped"] - grouped,
-            "preemptions": preemptions[-1]}
+            "preemptions": preemptions[-1], "replays": replays[-1], "buckets": sorted(worst[1])}
+
+
+@contextlib.contextmanager
+def compared_replays():
+    """Every decode step replayed from a graph computed again the ordinary way (the runner's
+    slot tables, `cache.step`; the cache writes are the same both times), the largest difference
+    of the hidden states kept, and the bucket sizes replayed."""
+    from inference.engine.cuda_graphs import DecodeGraphs
+    from inference.layers.paged_slots import SequenceSlots
+
+    worst = [0.0, set()]
+    replay = DecodeGraphs.run
+
+    def both(self, batch):
+        got = replay(self, batch).clone()
+        worst[1].add(min(size for size in self.graphs if size >= len(batch)))
+        slots = [SequenceSlots(seq, seq.num_computed_tokens, 1, torch.tensor(seq.block_table), self.block_size)
+                 for seq, _ in batch]
+        want = self.model(torch.tensor([seq.token_ids[-1] for seq, _ in batch]),
+                          torch.tensor([seq.num_computed_tokens for seq, _ in batch]), self.cache.step(slots))
+        worst[0] = max(worst[0], (got - want).abs().max().item())
+        return got
+
+    DecodeGraphs.run = both
+    try:
+        yield worst
+    finally:
+        DecodeGraphs.run = replay
 
 
 @contextlib.contextmanager
@@ -246,7 +284,7 @@ def compared_layers():
     from inference.layers.gqa_cache import PagedGQALayer
     from inference.layers.mla import MLAttention
 
-    worst = [0.0]
+    worst = [0.0, set()]
     gqa, mla, dsa, selected = PagedGQALayer.attend, MLAttention.forward, DSAttention.forward, DSAttention._selected
 
     def gqa_both(self, q, k, v, norms, gate):
@@ -328,7 +366,10 @@ def engines() -> dict:
             "glm4_moe_lite": engine_case(test_glm4_moe_lite.make_hf, "latent"),
             "glm4_moe_lite_prefill": engine_case(test_glm4_moe_lite.make_hf, "latent", chunked=True),
             "glm_moe_dsa": engine_case(test_glm_moe_dsa.make_hf, "latent"),
-            "glm_moe_dsa_prefill": engine_case(test_glm_moe_dsa.make_hf, "latent", chunked=True)}
+            "glm_moe_dsa_prefill": engine_case(test_glm_moe_dsa.make_hf, "latent", chunked=True),
+            "glm4_graphs": engine_case(glm4, "gqa", graphs=True),
+            "glm4_graphs_preempted": engine_case(glm4, "gqa", chunked=True, blocks=6, graphs=True),
+            "glm4_moe_lite_graphs": engine_case(test_glm4_moe_lite.make_hf, "latent", graphs=True)}
 
 
 if __name__ == "__main__":

@@ -59,6 +59,25 @@ def test_latent_decode_equals_mla_in_latent_space(interpreted):
         assert case["out_shape"] == [4, heads, rank] and case["error"] < TOLERANCE[case["dtype"]], case
 
 
+@pytest.mark.parametrize("model_type", ["glm4_graphs", "glm4_graphs_preempted", "glm4_moe_lite_graphs"])
+def test_decode_steps_replayed_from_cuda_graphs_give_the_eager_tokens(interpreted, model_type):
+    """Decode steps replayed as the engine captures them for CUDA graphs (emulated here: the
+    captured step run again on its static buffers, host reads refused as a capture refuses them):
+    GLM-4 (GQA) and GLM-4.7-Flash (MLA + MoE); requests of different lengths, so the batch of 3
+    pads to the bucket of 4 and shrinks through 2 and 1; `_preempted`: chunked prefills beside the
+    replays, a prefix-cache hit and sequences preempted and resumed (block tables that change).
+    Each replay's hidden states equal the same step made the ordinary way, and the tokens the
+    torch path's."""
+    run = interpreted["engines"][model_type]
+    assert run["replays"] >= 10, run["replays"]
+    if model_type.endswith("_preempted"):
+        assert run["preemptions"] > 0, run["preemptions"]
+    else:
+        assert run["buckets"] == [1, 2, 4], run["buckets"]
+    assert run["worst_difference"] < 1e-4, run["worst_difference"]
+    assert run["tokens"] == run["reference"]
+
+
 @pytest.mark.parametrize("model_type", ["glm4", "glm4_prefill", "glm4_preempted", "glm5_sparse_routed_preempted",
                                         "glm5_sparse_union_prefill",
                                         "glm5_sparse_routed_prefill", "glm4_moe_lite_prefill", "glm_moe_dsa_prefill",
