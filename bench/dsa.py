@@ -16,7 +16,9 @@ prefill runs in a minute here:
 - the cache bytes a position costs each (DSA adds the indexer's key to MLA's latent row);
 - decode at GLM-5's own attention shape (64 heads, latent 512 + 64, indexer 32 x 128) after 32k
   and 64k positions, the whole layer and the attention alone.
-Target (issue #22): DSA at least 3x dense MLA at 32k.
+Target (issue #22): DSA at least 3x dense MLA at 32k. Each prefill line also prints the ceiling:
+the speedup DSA would show if both ran their multiply-adds at one rate (`prefill_multiply_adds`),
+and the rate each ran at.
 """
 
 from __future__ import annotations
@@ -81,6 +83,25 @@ def prefill(layer, config: ModelConfig, rotary: RotaryEmbedding, n: int) -> floa
     return timed(lambda: layer(x, rotations, cache))
 
 
+def prefill_multiply_adds(config: ModelConfig, n: int) -> tuple[float, float]:
+    """The multiply-adds an `n`-token prefill needs, DSA's and dense MLA's (each form's least:
+    the expanded form's keys and values without padding), so that `mla / dsa` is the speedup
+    the two would show at one and the same rate: the ceiling of what kernels can make of DSA
+    at this shape, whatever their speed."""
+    h, r, dr = config.num_attention_heads, config.kv_lora_rank, config.qk_rope_head_dim
+    dn, dv, hidden, ql = config.qk_nope_head_dim, config.v_head_dim, config.hidden_size, config.q_lora_rank
+    hi, di, k = config.index_n_heads, config.index_head_dim, config.index_topk
+    shared = n * (hidden * ql + ql * h * (dn + dr) + hidden * (r + dr) + h * dv * hidden)
+    causal = n * (n + 1) / 2
+    mla = shared + n * r * h * (dn + dv) + causal * h * (dn + dr + dv)
+    chosen = k * (k + 1) / 2 + max(0, n - k) * k  # a query keeps min(its positions, index_topk)
+    scored = causal - k * (k + 1) / 2  # queries with more positions than index_topk score them all
+    dsa = (shared + n * (ql * hi * di + hidden * (di + hi))  # the indexer's projections
+           + scored * hi * di  # its scores
+           + n * h * dn * r + chosen * h * (2 * r + dr) + n * h * r * dv)  # absorbed attention
+    return dsa, mla
+
+
 def filled_cache(layer, config: ModelConfig, n: int, capacity: int):
     """The layer's kind of cache holding `n` random positions (room for `capacity`)."""
     width = config.kv_lora_rank + config.qk_rope_head_dim
@@ -141,10 +162,13 @@ def main() -> None:
           f"{config.num_attention_heads * (config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim) * 4} B")
     with torch.inference_mode():
         prefill(dsa, config, rotary, 512), prefill(mla, config, rotary, 512)  # warm-up
-        print(f"\n{'':>8} {'tokens':>7} {'DSA s':>9} {'dense MLA s':>12} {'speedup':>8}")
+        print(f"\n{'':>8} {'tokens':>7} {'DSA s':>9} {'dense MLA s':>12} {'speedup':>8} {'ceiling':>8}  "
+              f"(ceiling: the speedup at one multiply-add rate for both; GMAC/s DSA, MLA)")
         for n in (4096, 16384, 32768):
             t_dsa, t_mla = prefill(dsa, config, rotary, n), prefill(mla, config, rotary, n)
-            print(f"{'prefill':>8} {n:>7} {t_dsa:>9.3f} {t_mla:>12.3f} {t_mla / t_dsa:>7.2f}x")
+            w_dsa, w_mla = prefill_multiply_adds(config, n)
+            print(f"{'prefill':>8} {n:>7} {t_dsa:>9.3f} {t_mla:>12.3f} {t_mla / t_dsa:>7.2f}x {w_mla / w_dsa:>7.2f}x  "
+                  f"{w_dsa / t_dsa / 1e9:.0f}, {w_mla / t_mla / 1e9:.0f}")
         for n in (16384, 32768, 65536):
             t_dsa, t_mla = decode(dsa, config, rotary, n), decode(mla, config, rotary, n)
             print(f"{'decode':>8} {n:>7} {t_dsa * 1e3:>7.2f}ms {t_mla * 1e3:>10.2f}ms {t_mla / t_dsa:>7.2f}x")

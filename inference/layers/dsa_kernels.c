@@ -5,8 +5,8 @@
  * 2-core AVX-512 EPYC, 4 Dec 2026): the indexer wrote a [queries x heads, positions] score tensor
  * and read it back, torch's topk sorted 2048 of up to 32k per query, and the attention gathered
  * every query's 2048 latent rows into a fresh tensor before two small matrix products. Here a
- * query's index scores stay in one buffer of its positions (a block of 64 or 128 keys against every
- * head in registers), the top-k keeps the scores over a floor a sample of them sets (one pass) and
+ * query's index scores stay in one buffer of its positions (four queries against a block of keys
+ * in registers), the top-k keeps the scores over a floor a sample of them sets (one pass) and
  * radix-selects the boundary among those alone (no sort),
  * and the attention reads the chosen rows where the cache holds them, each row once for every
  * head (MLA's heads share the latent row).
@@ -18,53 +18,81 @@
  */
 #include <math.h>
 #include <stdint.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
 float wecom_exp_shifted(float *s, long n, float top);
-
-/* keys scored together: 8 vectors of sums in registers per head, so that the FMAs do not wait
- * on each other (AVX-512: 128 keys, 1.5x the indexer of 64 on a 2-core AVX-512 EPYC; AVX2's 16
- * registers hold 64) */
-#ifdef __AVX512F__
-#define KEY_BLOCK 128
-#else
-#define KEY_BLOCK 64
-#endif
 
 /* Keys a panel of the transposed keys, kT [panels, D, PANEL]: a block's D rows lie side by side.
  * (Transposed whole, [D, T], the rows a block reads were T floats apart: at a power-of-two T
  * such as 32k every one of them fell in the same L1 set, and the indexer ran at a fifth of the
  * FMA units' rate.) */
 #define PANEL 128
-_Static_assert(PANEL % KEY_BLOCK == 0, "a block of keys lies within one panel");
 
-/* s[j] = sum_h w[h] * relu(scale * q[h] . k_j) for keys j in [0, m); the keys transposed in
- * panels, kT [panels, D, PANEL] (zeros past the last key) */
+/* Queries scored together against each block of keys (prefill): each key row loaded once for
+ * all of them, so that the FMAs outnumber the loads four to one (one query at a time, a load a
+ * multiply-add). QUERY_BLOCK x BLOCK_KEYS sums in registers, written with GCC's vector types (as
+ * plain arrays GCC unrolled the loop over D and kept the sums on the stack): 4 x 64 (16 zmm) with
+ * AVX-512, 4 x 16 (8 ymm) with AVX2. */
+#define QUERY_BLOCK 4
+#ifdef __AVX512F__
+#define LANES_V 16
+#define VECTORS 4
+#else
+#define LANES_V 8
+#define VECTORS 2
+#endif
+#define BLOCK_KEYS (LANES_V * VECTORS)
+typedef float vfloat __attribute__((vector_size(LANES_V * sizeof(float))));
+typedef float vfloat_u __attribute__((vector_size(LANES_V * sizeof(float)), aligned(4))); /* unaligned loads */
+_Static_assert(PANEL % BLOCK_KEYS == 0, "a block of keys lies within one panel");
+
+/* s[a * lds + j] = sum_h w[a][h] * relu(scale * q[a][h] . k_j) for the QUERY_BLOCK queries
+ * q [QUERY_BLOCK, H, D] (w [QUERY_BLOCK, H]) and keys j in [0, m); the keys transposed in panels,
+ * kT [panels, D, PANEL] (zeros past the last key) */
 static void index_scores(const float *q, const float *w, const float *kT, long m, long H, long D, float scale,
-                         float *s) {
-    for (long j0 = 0; j0 < m; j0 += KEY_BLOCK) {
+                         float *s, long lds) {
+    for (long j0 = 0; j0 < m; j0 += BLOCK_KEYS) {
         const float *panel = kT + (j0 / PANEL) * D * PANEL + j0 % PANEL;
-        float total[KEY_BLOCK] = {0};
+        float total[QUERY_BLOCK][BLOCK_KEYS] = {{0}};
         for (long h = 0; h < H; h++) {
-            float acc[KEY_BLOCK] = {0};
-            const float *qh = q + h * D;
+            vfloat acc[QUERY_BLOCK][VECTORS];
+#pragma GCC unroll 16
+            for (int a = 0; a < QUERY_BLOCK; a++)
+#pragma GCC unroll 4
+                for (int v = 0; v < VECTORS; v++)
+                    acc[a][v] = (vfloat){0};
             for (long d = 0; d < D; d++) {
-                const float qd = qh[d];
                 const float *k = panel + d * PANEL;
-#pragma omp simd
-                for (long j = 0; j < KEY_BLOCK; j++)
-                    acc[j] += qd * k[j];
+                vfloat kv[VECTORS];
+#pragma GCC unroll 4
+                for (int v = 0; v < VECTORS; v++)
+                    kv[v] = *(const vfloat_u *)(k + v * LANES_V);
+#pragma GCC unroll 4
+                for (int a = 0; a < QUERY_BLOCK; a++) {
+                    const float x = q[(a * H + h) * D + d];
+#pragma GCC unroll 4
+                    for (int v = 0; v < VECTORS; v++)
+                        acc[a][v] += kv[v] * x;
+                }
             }
-            const float wh = w[h];
+            float sums[QUERY_BLOCK][BLOCK_KEYS];
+            memcpy(sums, acc, sizeof sums);
+            for (int a = 0; a < QUERY_BLOCK; a++) {
+                const float wh = w[a * H + h];
 #pragma omp simd
-            for (long j = 0; j < KEY_BLOCK; j++) {
-                float a = acc[j] * scale;
-                total[j] += wh * (a > 0.0f ? a : 0.0f);
+                for (long j = 0; j < BLOCK_KEYS; j++) {
+                    const float x = sums[a][j] * scale;
+                    total[a][j] += wh * (x > 0.0f ? x : 0.0f);
+                }
             }
         }
-        long nb = m - j0 < KEY_BLOCK ? m - j0 : KEY_BLOCK;
-        memcpy(s + j0, total, (size_t)nb * sizeof(float));
+        long nb = m - j0 < BLOCK_KEYS ? m - j0 : BLOCK_KEYS;
+        for (int a = 0; a < QUERY_BLOCK; a++)
+            memcpy(s + a * lds + j0, total[a], (size_t)nb * sizeof(float));
     }
 }
 
@@ -78,12 +106,28 @@ static inline uint32_t ordered(float f) {
 /* The ordered bits of the count-th largest of v[0, n) (count <= n), and in *above how many of
  * them are larger. A radix select, 11 + 11 + 10 bits: each level counts the survivors' next
  * digit, takes the digits above the one where `count` is reached, and narrows v (in place) to
- * that digit's values. */
+ * that digit's values, until FEW are left: those are sorted. */
+#define FEW 48 /* survivors sorted outright */
+
 static uint32_t kth_largest(uint32_t *v, long n, long count, long *above) {
     static const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
     uint32_t value = 0;
     long need = count, larger = 0;
     for (int level = 0; level < 3; level++) {
+        if (n <= FEW) { /* few left (the usual case after a level): sorted, not counted in 2048 bins */
+            for (long c = 1; c < n; c++) {
+                const uint32_t x = v[c];
+                long d = c;
+                for (; d > 0 && v[d - 1] < x; d--)
+                    v[d] = v[d - 1];
+                v[d] = x;
+            }
+            const uint32_t kth = v[need - 1];
+            for (long c = 0; c < n && v[c] > kth; c++)
+                larger++;
+            *above = larger;
+            return kth;
+        }
         const int shift = shifts[level];
         const uint32_t mask = (1u << widths[level]) - 1;
         uint32_t hist[2048]; /* counts below 2^32: a row has fewer positions */
@@ -96,14 +140,43 @@ static uint32_t kth_largest(uint32_t *v, long n, long count, long *above) {
         larger += acc;
         need -= acc;
         long kept = 0;
-        for (long c = 0; c < n; c++)
-            if (((v[c] >> shift) & mask) == (uint32_t)b)
-                v[kept++] = v[c];
+        for (long c = 0; c < n; c++) { /* branch-free: a branch here mispredicted half the time */
+            const uint32_t x = v[c];
+            v[kept] = x;
+            kept += ((x >> shift) & mask) == (uint32_t)b;
+        }
         n = kept;
         value |= (uint32_t)b << shift;
     }
     *above = larger;
     return value;
+}
+
+/* The indices of the scores s[0, m) whose ordered bits are at least `floor`, in order, into cand
+ * (m entries); how many. AVX-512: 16 scores a step, their indices packed by a compress into a
+ * register (to memory, a compress is microcoded on AMD's Zen 4) and stored whole (cand has room:
+ * a step's store ends by its scores' end). */
+static long at_least(const float *s, long m, uint32_t floor, uint32_t *cand) {
+    long nc = 0, i = 0;
+#ifdef __AVX512F__
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), ones = _mm512_set1_epi32(-1);
+    const __m512i bound = _mm512_set1_epi32((int)floor), step = _mm512_set1_epi32(16);
+    __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= m; i += 16) {
+        const __m512i u = _mm512_loadu_si512((const void *)(s + i));
+        const __mmask16 negative = _mm512_test_epi32_mask(u, sign);
+        const __m512i bits = _mm512_mask_xor_epi32(_mm512_or_si512(u, sign), negative, u, ones);
+        const __mmask16 keep = _mm512_cmpge_epu32_mask(bits, bound);
+        _mm512_storeu_si512((void *)(cand + nc), _mm512_maskz_compress_epi32(keep, index));
+        nc += __builtin_popcount(keep);
+        index = _mm512_add_epi32(index, step);
+    }
+#endif
+    for (; i < m; i++) { /* branch-free: the index is written, kept when it passes */
+        cand[nc] = (uint32_t)i;
+        nc += ordered(s[i]) >= floor;
+    }
+    return nc;
 }
 
 #define SAMPLE_STRIDE 8 /* one score in 8 estimates where the top `count` begins */
@@ -121,11 +194,7 @@ static void top_count(const float *s, long m, long count, uint32_t *bits, uint32
         for (long j = 0; j < samples; j++)
             bits[j] = ordered(s[j * SAMPLE_STRIDE]);
         long ignored;
-        const uint32_t floor = kth_largest(bits, samples, rank, &ignored);
-        for (long i = 0; i < m; i++) { /* branch-free: the index is written, kept when it passes */
-            cand[nc] = (uint32_t)i;
-            nc += ordered(s[i]) >= floor;
-        }
+        nc = at_least(s, m, kth_largest(bits, samples, rank, &ignored), cand);
     }
     if (nc < count) {
         for (long i = 0; i < m; i++)
@@ -137,13 +206,15 @@ static void top_count(const float *s, long m, long count, uint32_t *bits, uint32
     long larger;
     const uint32_t boundary = kth_largest(bits, nc, count, &larger);
     long equal = count - larger, taken = 0;
-    for (long c = 0; c < nc; c++) {
+    for (long c = 0; c < nc; c++) { /* branch-free, the chosen packed to the front of cand */
         const uint32_t b = ordered(s[cand[c]]);
-        if (b > boundary || (b == boundary && equal > 0)) {
-            equal -= b == boundary;
-            out[taken++] = cand[c];
-        }
+        const long tie = b == boundary, take = (b > boundary) | (tie & (equal > 0));
+        cand[taken] = cand[c];
+        taken += take;
+        equal -= take & tie;
     }
+    for (long c = 0; c < count; c++)
+        out[c] = cand[c];
 }
 
 /* A query with no more than `count` positions (m) keeps them all: 0..count-1 into row (those
@@ -165,18 +236,36 @@ void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk,
                       long H, long D, long count, float scale, long *out, int threads) {
 #pragma omp parallel num_threads(threads)
     {
-        float *s = malloc((size_t)ldk * sizeof(float));
+        float *s = malloc((size_t)QUERY_BLOCK * ldk * sizeof(float));
+        float *qb = malloc((size_t)QUERY_BLOCK * H * D * sizeof(float)), *wb = malloc((size_t)QUERY_BLOCK * H * sizeof(float));
         uint32_t *bits = malloc((size_t)ldk * sizeof(uint32_t));
         uint32_t *cand = malloc((size_t)ldk * sizeof(uint32_t));
-#pragma omp for schedule(dynamic, 4)
-        for (long i = 0; i < n; i++) {
-            long m = positions[i] + 1, *row = out + i * count;
-            if (all_earlier(row, m, count))
+#pragma omp for schedule(dynamic, 1)
+        for (long i0 = 0; i0 < n; i0 += QUERY_BLOCK) {
+            /* the block's queries that keep a choice (more positions than count), scored together
+             * up to the furthest one's positions (a query ignores the scores past its own) */
+            long rows[QUERY_BLOCK], nr = 0, m = 0;
+            for (long i = i0; i < i0 + QUERY_BLOCK && i < n; i++) {
+                if (all_earlier(out + i * count, positions[i] + 1, count))
+                    continue;
+                memcpy(qb + nr * H * D, q + i * H * D, (size_t)H * D * sizeof(float));
+                memcpy(wb + nr * H, w + i * H, (size_t)H * sizeof(float));
+                m = positions[i] + 1 > m ? positions[i] + 1 : m;
+                rows[nr++] = i;
+            }
+            if (nr == 0)
                 continue;
-            index_scores(q + i * H * D, w + i * H, kT, m, H, D, scale, s);
-            top_count(s, m, count, bits, cand, row);
+            for (long a = nr; a < QUERY_BLOCK; a++) { /* a short block: its empty places score a copy */
+                memcpy(qb + a * H * D, qb, (size_t)H * D * sizeof(float));
+                memcpy(wb + a * H, wb, (size_t)H * sizeof(float));
+            }
+            index_scores(qb, wb, kT, m, H, D, scale, s, ldk);
+            for (long a = 0; a < nr; a++)
+                top_count(s + a * ldk, positions[rows[a]] + 1, count, bits, cand, out + rows[a] * count);
         }
         free(s);
+        free(qb);
+        free(wb);
         free(bits);
         free(cand);
     }

@@ -16,7 +16,7 @@ def index_scores(q, w, keys, scale):
     return torch.einsum("nh,nht->nt", w, torch.einsum("nhd,td->nht", q, keys).mul(scale).relu())
 
 
-@pytest.mark.parametrize("n", [1, 3, 40])  # in place (a few queries) and transposed (many)
+@pytest.mark.parametrize("n", [1, 3, 40, 42])  # in place (a few queries) and transposed (many: four a block, 42 ends short)
 @pytest.mark.parametrize("heads, dim", [(4, 32), (8, 16), (20, 24)])
 def test_select_keeps_the_best_earlier_positions(n, heads, dim):
     gen = torch.Generator().manual_seed(n * 100 + heads)
