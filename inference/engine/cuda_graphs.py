@@ -5,12 +5,10 @@ rotary, one attention launch a layer, the MoE's grouped launches); at small batc
 on the launches, not on memory. A graph captures the whole forward once and replays it in one
 launch. It replays exactly the kernels and pointers it captured, so everything a step changes
 lives in static device buffers the runner fills before each replay: the token ids, their
-positions, each row's block table and context length. Inside the graph the rows' slots come
-from those (the slot a row writes, the slot list attention reads: `table * block_size + offset`),
-so the host copies one small block table a step, not the slot lists. (The graph expands the
-slot lists over the whole captured width, `max_model_len` rounded up to blocks, whatever the
-batch's lengths: 256 rows of 32k positions write 64 MiB a step, a cost that attention kernels
-reading block tables directly would not pay.)
+positions, each row's block table and context length. Inside the graph the slot each row writes
+comes from its table and position, and the attention kernels read the rows' positions through
+their tables (inference/layers/paged_decode_triton.py, `page`), so the host copies the block
+tables a step, never a slot list.
 
 Steps replayed: decode only (every sequence one new token that is sampled; no prefill, chunk,
 speculative draft or verify, no scoring), up to `max_num_seqs` sequences, padded to the next
@@ -77,7 +75,6 @@ class DecodeGraphs:
         self.positions = torch.zeros(max_batch, dtype=torch.long, device=device)
         self.lengths = torch.ones(max_batch, dtype=torch.int32, device=device)
         self.tables = torch.full((max_batch, self.max_blocks), scratch_block, dtype=torch.long, device=device)
-        self.offsets = torch.arange(bs, device=device)
         self.build_step = static_step(cache.layout)
         self.replays = 0  # (tests: how many steps were replayed)
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
@@ -87,9 +84,8 @@ class DecodeGraphs:
         """The first `b` rows of the static buffers through the model: what a graph holds."""
         def forward() -> torch.Tensor:
             tables, positions, bs = self.tables[:b], self.positions[:b], self.block_size
-            slots = (tables[:, :, None] * bs + self.offsets).view(b, -1)
             write = tables.gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
-            step = self.build_step(self.cache, write, slots, self.lengths[:b])
+            step = self.build_step(self.cache, write, tables, self.lengths[:b])
             return self.model(self.ids[:b], positions, step)
         return forward
 

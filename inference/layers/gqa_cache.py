@@ -17,7 +17,7 @@ engine's batched MTP drafts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 
@@ -104,15 +104,21 @@ class PagedGQACache:
         return GQAStep(self, rows)
 
 
-@dataclass
 class SeqPlan:
-    """One sequence's part of a `GQAStep`: what its queries read."""
+    """One sequence's part of a `GQAStep`: what its queries read. Its local slots (in position
+    order, from its first query's window start or position 0) are made on first use: a dense
+    decode step on CUDA reads the sequence's block table instead."""
 
-    start: int  # first position computed this step
-    num_new: int
-    local_slots: torch.Tensor  # slots of the local keys, in position order
-    local_start: int | None  # None: one query, the context is exactly its window
-    node_slots: torch.Tensor | None  # node slots of the nodes valid for its last query
+    def __init__(self, row: SequenceSlots, lo: int, local_start: int | None, node_slots: torch.Tensor | None,
+                 device: torch.device) -> None:
+        self.start, self.num_new = row.start, row.num_new  # positions computed this step
+        self.local_start = local_start  # None: one query, the context is exactly its window
+        self.node_slots = node_slots  # node slots of the nodes valid for its last query
+        self._row, self._lo, self._device = row, lo, device
+
+    @functools.cached_property
+    def local_slots(self) -> torch.Tensor:
+        return self._row.slots(self._lo, self.start + self.num_new).to(self._device)
 
 
 class GQAStep:
@@ -136,22 +142,27 @@ class GQAStep:
                     targets.append(page_slots(pages, cache.page_size, first, end))
                 nodes = page_slots(pages, cache.page_size, 0, nodes_seen(c + n - 1, window, interval))
             local_start = None if n == 1 and window is not None else lo
-            local = row.slots(lo, c + n)
-            write.append(local[c - lo :])  # the new positions end the window
-            self.seqs.append(SeqPlan(c, n, local.to(device), local_start,
-                                     None if nodes is None else nodes.to(device)))
+            write.append(row.slots(c, c + n))  # the new positions end the window
+            self.seqs.append(SeqPlan(row, lo, local_start, None if nodes is None else nodes.to(device), device))
         self.write_slots = torch.cat(write).to(device)
-        # A decode-only step on CUDA: every query's slot list (its window or every position, then
-        # its valid key nodes) in one padded table, for the batched kernel (one launch a layer)
-        # (routed mode: the window's and the nodes' lists apart, each its own softmax)
+        # A decode-only step on CUDA: one launch a layer for the batch. Dense: each row reads its
+        # positions through its block table; sparse: every query's slot list (its window, then
+        # its valid key nodes) in one padded table (routed mode: the window's and the nodes'
+        # lists apart, each its own softmax)
         self.decode_table = self.local_table = self.node_table = None
+        self.decode_page = 0
         if all(sp.num_new == 1 for sp in self.seqs) and paged_decode_triton.wanted(device):
-            empty = torch.empty(0, dtype=torch.long, device=device)
-            nodes = [empty if sp.node_slots is None else sp.node_slots for sp in self.seqs]
-            locals_ = [sp.local_slots for sp in self.seqs]
-            self.decode_table = _table([torch.cat(pair) for pair in zip(locals_, nodes, strict=True)], device)
-            self.decode_split = torch.tensor([len(x) for x in locals_], device=device)  # then node slots
-            if window is not None:
+            if window is None:
+                tables = torch.nn.utils.rnn.pad_sequence([row.table for row in rows], batch_first=True)
+                lengths = torch.tensor([row.start + 1 for row in rows])
+                self.decode_table = (tables.to(device), lengths.to(device))
+                self.decode_split, self.decode_page = self.decode_table[1], cache.block_size
+            else:
+                empty = torch.empty(0, dtype=torch.long, device=device)
+                nodes = [empty if sp.node_slots is None else sp.node_slots for sp in self.seqs]
+                locals_ = [sp.local_slots for sp in self.seqs]
+                self.decode_table = _table([torch.cat(pair) for pair in zip(locals_, nodes, strict=True)], device)
+                self.decode_split = torch.tensor([len(x) for x in locals_], device=device)  # then node slots
                 self.local_table, self.node_table = _table(locals_, device), _table(nodes, device)
         # Any other step on CUDA (prefills, chunks, decode rows beside them): one launch a layer
         # over every sequence's rows, its window and key nodes where the model has them
@@ -167,16 +178,16 @@ class GQAStep:
         self.layers = [PagedGQALayer(cache, i, self) for i in range(layout.num_layers)]
 
     @classmethod
-    def decode_only(cls, cache: PagedGQACache, write_slots: torch.Tensor, slots: torch.Tensor,
+    def decode_only(cls, cache: PagedGQACache, write_slots: torch.Tensor, tables: torch.Tensor,
                     lengths: torch.Tensor) -> GQAStep:
         """A decode step of dense GQA made from device tensors alone (what a CUDA graph replays,
-        inference/engine/cuda_graphs.py): row b writes `write_slots[b]` and reads the first
-        `lengths[b]` of `slots[b]`."""
+        inference/engine/cuda_graphs.py): row b writes `write_slots[b]` and reads its positions
+        `[0, lengths[b])` through its block table `tables[b]`."""
         if cache.layout.window is not None:
             raise ValueError("a sparse window's decode elects key nodes: it has no static step")
         step = cls.__new__(cls)
         step.seqs, step.write_slots = [], write_slots
-        step.decode_table, step.decode_split = (slots, lengths), lengths
+        step.decode_table, step.decode_split, step.decode_page = (tables, lengths), lengths, cache.block_size
         step.local_table = step.node_table = step.prefill_plan = step.elect_slots = step.node_targets = None
         step.layers = [PagedGQALayer(cache, i, step) for i in range(cache.layout.num_layers)]
         return step
@@ -216,8 +227,9 @@ class PagedGQALayer:
         node_k = self.cache.node_k[layer] if self.window is not None else pool_k
         node_v = self.cache.node_v[layer] if self.window is not None else pool_v
         if plan.decode_table is not None and gate is None:  # one softmax over window and nodes
+            second = None if plan.decode_page else (node_k, node_v, plan.decode_split)
             return paged_decode_triton.gqa_decode(q.transpose(0, 1), pool_k, pool_v, *plan.decode_table,
-                                                  second=(node_k, node_v, plan.decode_split)).transpose(0, 1)
+                                                  second=second, page=plan.decode_page).transpose(0, 1)
         if plan.prefill_plan is not None:
             return paged_decode_triton.gqa_prefill(
                 q.transpose(0, 1), pool_k, pool_v, plan.prefill_plan, window=self.window, interval=self.interval,

@@ -139,9 +139,9 @@ class MLAttention(nn.Module):
             # launch for the batch, each row against its sequence's positions up to its own
             cache.write(latents)
             query = torch.cat((self.kv_b_proj.absorb(q_nope), q_rope), dim=-1).transpose(0, 1)  # [T, H, r + dr]
-            slots, reach, seq = table
-            out = paged_decode_triton.latent_decode(query, cache.pool, slots, reach, self.rank, self.scale,
-                                                    table_rows=seq)
+            tables, reach, seq, page = table
+            out = paged_decode_triton.latent_decode(query, cache.pool, tables, reach, self.rank, self.scale,
+                                                    table_rows=seq, page=page)
             out = self.kv_b_proj.values(out.transpose(0, 1))
         else:
             out = self.attend(q_nope, q_rope, cache.extend(latents))

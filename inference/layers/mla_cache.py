@@ -19,6 +19,7 @@ the new ones last; the attention (inference/layers/mla.py) does the rest, the sa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -137,37 +138,45 @@ class PagedMLACache:
 class MLAStep:
     """One step on the pools, standing in for `KVCache` in the model's forward: the slots the
     step writes (its rows, sequence after sequence) and the slots each sequence reads (all its
-    positions), shared by every layer."""
+    positions; made on first use: on CUDA the latent kernel reads each sequence's block table),
+    shared by every layer."""
 
     def __init__(self, cache: PagedMLACache, rows: list[SequenceSlots]) -> None:
         device = cache.device
+        self._rows, self._device = rows, device
         self.write_slots = torch.cat([row.slots(row.start, row.start + row.num_new) for row in rows]).to(device)
-        self.read_slots = [row.slots(0, row.start + row.num_new).to(device) for row in rows]
         self.num_new = [row.num_new for row in rows]
         self.totals = [row.start + row.num_new for row in rows]
-        # A step on CUDA: every sequence's slots in one padded table, and for each of the step's
-        # rows its sequence's row of it and how far it reads (its position + 1), for the latent
-        # kernel (one launch a layer, the pool read in place) where the step runs absorbed
+        # A step on CUDA: every sequence's block table in one padded table, and for each of the
+        # step's rows its sequence's row of it and how far it reads (its position + 1), for the
+        # latent kernel (one launch a layer, the pool read in place) where the step runs absorbed
         self.latent_table = None
         if paged_decode_triton.wanted(torch.device(device)):
-            table = torch.nn.utils.rnn.pad_sequence(self.read_slots, batch_first=True)
+            tables = torch.nn.utils.rnn.pad_sequence([row.table for row in rows], batch_first=True)
             seq = [b for b, n in enumerate(self.num_new) for _ in range(n)]
             reach = [row.start + i + 1 for row in rows for i in range(row.num_new)]
-            self.latent_table = (table, torch.tensor(reach, device=device),
-                                 torch.tensor(seq, dtype=torch.int32, device=device))
+            self.latent_table = (tables.to(device), torch.tensor(reach, device=device),
+                                 torch.tensor(seq, dtype=torch.int32, device=device), cache.block_size)
         self.layers = [PagedMLALayer(cache.latents[i], self) for i in range(cache.layout.num_layers)]
 
+    @functools.cached_property
+    def read_slots(self) -> list[torch.Tensor]:
+        """Each sequence's slots of all its positions, in position order."""
+        return [row.slots(0, row.start + row.num_new).to(self._device) for row in self._rows]
+
     @classmethod
-    def decode_only(cls, cache: PagedMLACache, write_slots: torch.Tensor, slots: torch.Tensor,
+    def decode_only(cls, cache: PagedMLACache, write_slots: torch.Tensor, tables: torch.Tensor,
                     lengths: torch.Tensor) -> MLAStep:
         """A decode step made from device tensors alone (what a CUDA graph replays,
         inference/engine/cuda_graphs.py): row b writes `write_slots[b]` and attends, absorbed
-        through the latent kernel, to the first `lengths[b]` of `slots[b]`."""
-        rows = slots.shape[0]
+        through the latent kernel, to its positions `[0, lengths[b])` through its block table
+        `tables[b]`."""
+        rows = tables.shape[0]
         step = cls.__new__(cls)
-        step.write_slots, step.read_slots = write_slots, None
-        step.num_new, step.totals = [1] * rows, [slots.shape[1]] * rows  # one row each: never expanded
-        step.latent_table = (slots, lengths, torch.arange(rows, dtype=torch.int32, device=slots.device))
+        step.write_slots = write_slots
+        step.num_new, step.totals = [1] * rows, [1] * rows  # one row each: never expanded
+        step.latent_table = (tables, lengths, torch.arange(rows, dtype=torch.int32, device=tables.device),
+                             cache.block_size)
         step.layers = [PagedMLALayer(cache.latents[i], step) for i in range(cache.layout.num_layers)]
         return step
 

@@ -26,11 +26,21 @@ def online_softmax(s, top, total, acc, v):
     return new_top, total, acc
 
 @jit
+def entry_slots(slots_ptr, row_offset, n, live, PAGE: tl.constexpr):
+    """The pool slots of entries `n` of a row: its slot list's (`PAGE` 0), or, read through its
+    block table (`PAGE` the block size), position n's: `table[n // PAGE] * PAGE + n % PAGE`."""
+    if PAGE > 0:
+        block = tl.load(slots_ptr + row_offset + n // PAGE, mask=live, other=0).to(tl.int64)
+        return block * PAGE + n % PAGE
+    return tl.load(slots_ptr + row_offset + n, mask=live, other=0).to(tl.int64)
+
+
+@jit
 def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_ptr, split_ptr, out_ptr, scale,
                       stride_qb, stride_qh, stride_kh, stride_ks, stride_k2h, stride_k2s, stride_sb,
                       stride_ob, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+                      BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     b, kv = tl.program_id(0), tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -44,7 +54,7 @@ def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_pt
         n = start + tl.arange(0, BLOCK_N)
         live = n < length
         first = n < split
-        slot = tl.load(slots_ptr + b * stride_sb + n, mask=live, other=0).to(tl.int64)
+        slot = entry_slots(slots_ptr, b * stride_sb, n, live, PAGE)
         keep1 = (live & first)[:, None] & (d[None, :] < D)
         keep2 = (live & (n >= split))[:, None] & (d[None, :] < D)
         rows1 = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
@@ -63,7 +73,7 @@ def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_pt
 def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, table_rows_ptr, lengths_ptr, out_ptr, scale, H,
                          stride_qb, stride_qh, stride_ps, stride_sb, stride_ob, stride_oh,
                          R: tl.constexpr, DR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_DR: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_DR: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     b, hb = tl.program_id(0), tl.program_id(1)
     h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     r = tl.arange(0, BLOCK_R)
@@ -79,7 +89,7 @@ def latent_decode_kernel(q_ptr, pool_ptr, slots_ptr, table_rows_ptr, lengths_ptr
     for start in range(0, length, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         live = n < length
-        slot = tl.load(slots_ptr + table_row * stride_sb + n, mask=live, other=0).to(tl.int64)
+        slot = entry_slots(slots_ptr, table_row * stride_sb, n, live, PAGE)
         c = tl.load(pool_ptr + slot[:, None] * stride_ps + r[None, :],
                     mask=live[:, None] & (r[None, :] < R), other=0.0)  # [BLOCK_N, BLOCK_R]
         k_rope = tl.load(pool_ptr + slot[:, None] * stride_ps + R + e[None, :],

@@ -27,7 +27,9 @@ in registers:
   one of their own, mixed by the router's weights (routed).
 
 Slot lists are `[batch, width]` int32/int64 with each sequence's length; entries past it are not
-read. Triton comes with PyTorch's CUDA wheels; tests run the same programs on the CPU under
+read. Dense decode (GQA without a window, MLA) passes the rows' block tables instead (`page`, the
+block size): position n lies in slot `table[n // page] * page + n % page`, so a step copies each
+sequence's table, not a slot a position. Triton comes with PyTorch's CUDA wheels; tests run the same programs on the CPU under
 Triton's interpreter (`TRITON_INTERPRET=1`).
 """
 
@@ -74,12 +76,16 @@ def wanted(device: torch.device) -> bool:
 
 def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
                lengths: torch.Tensor, scale: float | None = None, block_n: int = 64,
-               second: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+               second: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+               page: int = 0) -> torch.Tensor:
     """`q [B, Hq, D]` (one query a sequence) against the slots `slots [B, W]` (the first
     `lengths[b]` of row b) of `pool_k`/`pool_v [Hkv, S, D]`: `[B, Hq, D]`. `second`: another
     pair of pools `(k2, v2)` and a per-sequence `split [B]`: a row's entries from `split[b]` on
     are slots of those (the sparse window's key nodes, kept in their own pools), one softmax
-    over both."""
+    over both. `page` (a block size): `slots` are the rows' block tables instead, and a row
+    reads its positions `[0, lengths[b])` through its table (dense attention: no slot lists)."""
+    if page and second is not None:
+        raise ValueError("a row read through its block table has no second pools")
     batch, heads, dim = q.shape
     kv_heads = pool_k.shape[0]
     if heads % kv_heads:
@@ -95,19 +101,20 @@ def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slot
         q, pool_k, pool_v, k2, v2, slots, lengths, split, out, scale if scale is not None else dim**-0.5,
         q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), k2.stride(0), k2.stride(1), slots.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=group, D=dim, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), BLOCK_N=block_n)
+        GROUP=group, D=dim, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), BLOCK_N=block_n, PAGE=page)
     return out
 
 
 def latent_decode(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, rank: int,
                   scale: float, block_h: int = 16, block_n: int = 32,
-                  table_rows: torch.Tensor | None = None) -> torch.Tensor:
+                  table_rows: torch.Tensor | None = None, page: int = 0) -> torch.Tensor:
     """MLA in latent space, one query row at a time: `q [B, H, rank + rope]` (`kv_b_proj`
     absorbed into its first `rank`) against the latent rows `pool[slots[b, :lengths[b]]]` of
     `pool [S, rank + rope]`: `[B, H, rank]`, the attention-weighted latent rows (for
     `kv_b_proj`'s value half). `table_rows [B]`: row b reads slot list `slots[table_rows[b]]`
     instead of its own (a chunk's queries share their sequence's list, each reading its own
-    position + 1 of it)."""
+    position + 1 of it). `page` (a block size): `slots` are block tables, entry n position n
+    (dense MLA reads its positions `[0, lengths[b])` so; DSA's chosen rows come as slot lists)."""
     batch, heads, width = q.shape
     rope = width - rank
     q, slots, lengths = q.contiguous(), slots.contiguous(), lengths.to(torch.int32).contiguous()
@@ -119,7 +126,7 @@ def latent_decode(q: torch.Tensor, pool: torch.Tensor, slots: torch.Tensor, leng
     kernel[(batch, -(-heads // block_h))](
         q, pool, slots, table_rows.to(torch.int32).contiguous(), lengths, out, scale, heads,
         q.stride(0), q.stride(1), pool.stride(0), slots.stride(0), out.stride(0), out.stride(1),
-        R=rank, DR=rope, BLOCK_H=block_h, BLOCK_R=_pow2(rank), BLOCK_DR=_pow2(rope), BLOCK_N=block_n)
+        R=rank, DR=rope, BLOCK_H=block_h, BLOCK_R=_pow2(rank), BLOCK_DR=_pow2(rope), BLOCK_N=block_n, PAGE=page)
     return out
 
 

@@ -28,6 +28,20 @@ def slot_lists(lengths: list[int], pool_slots: int, gen: torch.Generator) -> tup
     return slots, torch.tensor(lengths)
 
 
+def block_tables(lengths: list[int], page: int, pool_slots: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's block table over a pool of `pool_slots` (blocks in any order, a junk block
+    past its last), and the slot list it stands for."""
+    blocks = pool_slots // page
+    tables = torch.randint(0, blocks, (len(lengths), -(-max(lengths) // page) + 1), generator=gen)
+    slots = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        used = -(-n // page)
+        tables[b, :used] = torch.randperm(blocks, generator=gen)[:used]
+        i = torch.arange(n)
+        slots[b, :n] = tables[b, i // page] * page + i % page
+    return tables, slots
+
+
 def gqa_cases() -> list[dict]:
     out = []
     gen = torch.Generator().manual_seed(0)
@@ -46,7 +60,11 @@ def gqa_cases() -> list[dict]:
                 w = torch.softmax(torch.einsum("hd,hnd->hn", q[b].double(), k) * dim**-0.5, dim=-1)
                 expected = torch.einsum("hn,hnd->hd", w, v)
                 worst = max(worst, (got[b].double() - expected).abs().max().item())
-            out.append({"shape": [heads, kv_heads, dim], "dtype": name, "error": worst,
+            # the same rows read through block tables of 16 (dense decode): what their slot lists give
+            tables, listed = block_tables(lengths, 16, 600, gen)
+            paged = (kernels.gqa_decode(q, pool_k, pool_v, tables, lens, page=16)
+                     - kernels.gqa_decode(q, pool_k, pool_v, listed, lens)).abs().max().item()
+            out.append({"shape": [heads, kv_heads, dim], "dtype": name, "error": worst, "paged_difference": paged,
                         "out_dtype": str(got.dtype).removeprefix("torch.")})
     return out
 
@@ -174,7 +192,10 @@ def latent_cases() -> list[dict]:
                 w = torch.softmax(q[b].double() @ rows.t() * scale, dim=-1)
                 expected = w @ rows[:, :rank]
                 worst = max(worst, (got[b].double() - expected).abs().max().item())
-            out.append({"shape": [heads, rank, rope], "dtype": name, "error": worst,
+            tables, listed = block_tables(lengths, 16, 700, gen)
+            paged = (kernels.latent_decode(q, pool, tables, lens, rank, scale, page=16)
+                     - kernels.latent_decode(q, pool, listed, lens, rank, scale)).abs().max().item()
+            out.append({"shape": [heads, rank, rope], "dtype": name, "error": worst, "paged_difference": paged,
                         "out_shape": list(got.shape)})
     return out
 

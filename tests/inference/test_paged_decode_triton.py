@@ -26,9 +26,11 @@ def interpreted() -> dict:
 
 
 def test_gqa_decode_equals_softmax_over_each_sequences_slots(interpreted):
+    """...and a row read through its block table (dense decode) gives what its slot list gives."""
     assert len(interpreted["gqa"]) == 3 * 2
     for case in interpreted["gqa"]:
         assert case["out_dtype"] == case["dtype"] and case["error"] < TOLERANCE[case["dtype"]], case
+        assert case["paged_difference"] == 0.0, case
 
 
 def test_gqa_prefill_equals_causal_softmax_over_each_sequences_slots(interpreted):
@@ -57,6 +59,7 @@ def test_latent_decode_equals_mla_in_latent_space(interpreted):
     for case in interpreted["latent"]:
         heads, rank, _ = case["shape"]
         assert case["out_shape"] == [4, heads, rank] and case["error"] < TOLERANCE[case["dtype"]], case
+        assert case["paged_difference"] == 0.0, case  # read through block tables: the same rows
 
 
 @pytest.mark.parametrize("model_type", ["glm4_graphs", "glm4_graphs_preempted", "glm4_moe_lite_graphs"])
