@@ -39,7 +39,7 @@ def _arguments() -> argparse.ArgumentParser:
     serve.add_arguments(commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the serving engine"))
     for command in (generate, chat):
         command.add_argument("--model", required=True, help="checkpoint directory")
-        command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
+        command.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the checkpoint's; fp32 serves in bf16 on CUDA)")
         command.add_argument("--device", default=None, help="default: cuda when present, else cpu")
         command.add_argument("--sliding-window", type=int, default=None)
         command.add_argument("--global-interval", type=int, default=None)

@@ -37,6 +37,15 @@ def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype:
         raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_DTYPES)}") from None
 
 
+def serving_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
+    """The dtype a model loads in on `device`: the caller's or the checkpoint's, except an fp32
+    checkpoint on CUDA that the caller did not pin, which serves in bf16 (as vLLM's "auto"
+    halves fp32 checkpoints; the GPU path is built for 16-bit weights)."""
+    if device.type == "cuda" and config.dtype == torch.float32 and not config.dtype_given:
+        return torch.bfloat16
+    return config.dtype
+
+
 def default_device() -> torch.device:
     """CUDA when present, else CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -81,6 +90,7 @@ class ModelConfig:
     num_mtp_heads: int = 0
     eos_token_ids: list[int] = field(default_factory=list)
     dtype: torch.dtype = torch.float32
+    dtype_given: bool = False  # chosen by the caller; else the checkpoint's (fp32 serves in bf16 on CUDA)
     quantization: str | None = None  # "w8a16": int8 weight-only linear layers
     # GLM-4's rotary turns channel pairs (2i, 2i+1); glm4_moe's turns (i, i + rotary_dim / 2)
     rotary_interleaved: bool = True
@@ -228,6 +238,7 @@ class ModelConfig:
             num_mtp_heads=raw.get("num_mtp_heads", 0) if model_type == "glm5_sparse" else 0,
             eos_token_ids=[] if eos is None else [eos] if isinstance(eos, int) else list(eos),
             dtype=resolve_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype")),
+            dtype_given=dtype is not None,
             quantization=quantization or raw.get("quantization"),
             **{**moe, **mla, **dsa},  # MLA's rotary convention over the MoE's
         )

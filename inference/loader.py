@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from inference.config import ModelConfig, default_device
+from inference.config import ModelConfig, default_device, serving_dtype
 from inference.layers.linear import PackedLinear, input_major, quantize_linears_
 from inference.models import MODELS, cpu_fast_path
 from inference.models.glm5_sparse import Glm5SparseForCausalLM
@@ -84,10 +84,13 @@ def load_model(
     checkpoints are dequantized as read; the model's `fp32_suffixes` (GLM's MoE router) stay
     fp32; tensors under its `skipped_checkpoint_prefixes` (layers it does not run) are not read.
     A model type whose published checkpoints carry MTP layers (`mtp_heads_in_checkpoint`) gets
-    `config.num_mtp_heads` set, in place, to the count this checkpoint has.
+    `config.num_mtp_heads` set, in place, to the count this checkpoint has. On CUDA an fp32
+    checkpoint whose dtype the caller did not choose loads in bf16 (`config.dtype`, in place),
+    as vLLM's "auto" halves fp32 checkpoints: the GPU path is built for 16-bit weights.
     On the CPU the fast path of `cpu_fast_path` is installed on the layers it knows.
     """
     model_dir, device = Path(model_dir), torch.device(device or default_device())
+    config.dtype = serving_dtype(config, device)
     model_class = MODELS[config.model_type]
     every_file = checkpoint_files(model_dir)
     found = getattr(model_class, "mtp_heads_in_checkpoint", None)

@@ -377,7 +377,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--speculative-k", type=int, default=0, help="MTP drafts a step (0: plain decoding)")
     parser.add_argument("--default-max-tokens", type=int, default=1024, help="when a request gives none")
     parser.add_argument("--threads", type=int, default=None, help="request threads (default: max-num-seqs + 8)")
-    parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the config's)")
+    parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: the checkpoint's; fp32 serves in bf16 on CUDA)")
     parser.add_argument("--device", default=None, help="default: cuda when present, else cpu")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="never replay decode steps from CUDA graphs (captured by default on CUDA)")

@@ -62,3 +62,4 @@ def test_a_cpu_engine_captures_nothing_and_keeps_every_block(monkeypatch):
     monkeypatch.setattr(cuda_graphs.paged_decode_triton, "wanted", lambda device: True)
     eager = LLMEngine(model, args=EngineArgs(**{**args.__dict__, "enforce_eager": True}), eos_token_ids=[])
     assert eager.runner.graphs is None and eager.runner.num_blocks == 5  # wanted, but told not to
+

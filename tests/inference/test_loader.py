@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from inference.config import ModelConfig
+from inference.config import ModelConfig, serving_dtype
 from inference.loader import CheckpointError, checkpoint_state_dict, load_model
 from tests.inference.helpers import glm5_config, random_state, write_checkpoint
 
@@ -81,3 +81,16 @@ def test_config_defaults_and_dtype(tmp_path):
     assert ModelConfig.from_dict(raw, dtype="fp32").dtype == torch.float32
     glm4 = ModelConfig.from_dict(glm5_config(model_type="glm4", sliding_window=None, global_interval=None))
     assert not glm4.sparse and not glm4.routed and glm4.attention_bias and glm4.num_mtp_heads == 0
+
+
+TINY_GLM4 = dict(model_type="glm4", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
+def test_an_fp32_checkpoint_serves_in_bf16_on_cuda_unless_the_caller_pins_fp32():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    checkpoint = ModelConfig.from_dict(TINY_GLM4)  # no dtype in the config: fp32
+    assert not checkpoint.dtype_given and checkpoint.dtype == torch.float32
+    assert serving_dtype(checkpoint, cuda) == torch.bfloat16 and serving_dtype(checkpoint, cpu) == torch.float32
+    assert serving_dtype(ModelConfig.from_dict(TINY_GLM4, dtype="fp32"), cuda) == torch.float32
+    assert serving_dtype(ModelConfig.from_dict({**TINY_GLM4, "torch_dtype": "float16"}), cuda) == torch.float16
