@@ -75,6 +75,7 @@ def copy_bandwidth(device: torch.device, gib: float) -> float:
 
 
 EAGER = {"all": False}  # set when capturing CUDA graphs fails: the run goes on without them
+LAST = {"steps": 0, "replayed": 0}  # the last engine_decode's steps, and how many replayed a graph
 
 
 def graphs_usable(model) -> bool:
@@ -104,8 +105,10 @@ def engine_decode(model, batch: int, prompt: int, new: int, eager: bool = False)
     for ids in torch.randint(3, model.config.vocab_size, (batch, prompt), generator=g).tolist():
         engine.add_request(ids, params)
     started, tokens, device = None, 0, model.device
+    LAST["steps"] = 0
     while engine.has_unfinished_requests():
         outputs = engine.step()
+        LAST["steps"] += 1
         if started is None:
             if all(len(o.token_ids) >= 1 for o in outputs) and len(outputs) == batch:
                 sync(device)
@@ -113,6 +116,7 @@ def engine_decode(model, batch: int, prompt: int, new: int, eager: bool = False)
             continue
         tokens += sum(len(o.new_token_ids) for o in outputs)
     sync(device)
+    LAST["replayed"] = engine.runner.graphs.replays if engine.runner.graphs is not None else 0
     return tokens / (time.perf_counter() - started)
 
 
@@ -175,6 +179,7 @@ def dense_section(args, device: torch.device, bandwidth: float) -> None:
         note = f"{rates[batch] / bound:.0%} of the bound" if batch == 1 else ""
         print(f"{'engine bf16':>22} {batch:>6} {rates[batch]:10.1f} {rates[batch] / rates[args.batches[0]]:9.1f}x "
               f"{note:>30}")
+    print(f"{'':>22} (the last run: {LAST['replayed']} of its {LAST['steps']} steps replayed a CUDA graph)")
     for batch in (args.batches[0], args.batches[min(2, len(args.batches) - 1)]):
         theirs = hf_decode(hf, batch, args.prompt, args.new, device)
         print(f"{'transformers bf16':>22} {batch:>6} {theirs:10.1f} {'':>10} {f'engine {rates[batch] / theirs:.2f}x':>30}")
@@ -202,7 +207,8 @@ def moe_section(args, device: torch.device) -> None:
     print(f"\nGLM-4.7-Flash-shaped (MLA + MoE), random bf16 weights: {params / 1e9:.2f}B parameters")
     for batch in (args.batches[0], args.batches[min(2, len(args.batches) - 1)]):
         rate = statistics.median(engine_decode(model, batch, args.prompt, args.new) for _ in range(args.rounds))
-        print(f"{'engine bf16':>22} {batch:>6} {rate:10.1f} tok/s")
+        print(f"{'engine bf16':>22} {batch:>6} {rate:10.1f} tok/s  ({LAST['replayed']} of {LAST['steps']} steps "
+              f"replayed a CUDA graph)")
 
 
 def main(argv: list[str] | None = None) -> None:
