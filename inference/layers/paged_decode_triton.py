@@ -29,8 +29,8 @@ in registers:
 Slot lists are `[batch, width]` int32/int64 with each sequence's length; entries past it are not
 read. Dense decode (GQA without a window, MLA) passes the rows' block tables instead (`page`, the
 block size): position n lies in slot `table[n // page] * page + n % page`, so a step copies each
-sequence's table, not a slot a position. Triton comes with PyTorch's CUDA wheels; tests run the same programs on the CPU under
-Triton's interpreter (`TRITON_INTERPRET=1`).
+sequence's table, not a slot a position. Triton comes with PyTorch's CUDA wheels; tests run the
+same programs on the CPU under Triton's interpreter (`TRITON_INTERPRET=1`).
 """
 
 from __future__ import annotations
