@@ -128,13 +128,14 @@ class GQAStep:
     def __init__(self, cache: PagedGQACache, rows: list[SequenceSlots]) -> None:
         layout, device = cache.layout, cache.device
         window, interval = layout.window, layout.interval
-        write, elect_slots, targets, self.seqs = [], [], [], []
+        write, elect_slots, targets, self.seqs, node_pages = [], [], [], [], []
         for row in rows:
             c, n = row.start, row.num_new
             lo = 0 if window is None else window_start(c, window)
             nodes = None
             if window is not None:
                 pages = torch.tensor(row.seq.node_table, dtype=torch.long)
+                node_pages.append(pages)
                 completed = blocks_completed(c, n, interval)
                 if completed:
                     first, end = completed.start, completed.stop
@@ -165,14 +166,16 @@ class GQAStep:
                 self.decode_split = torch.tensor([len(x) for x in locals_], device=device)  # then node slots
                 self.local_table, self.node_table = _table(locals_, device), _table(nodes, device)
         # Any other step on CUDA (prefills, chunks, decode rows beside them): one launch a layer
-        # over every sequence's rows, its window and key nodes where the model has them
+        # over every sequence's rows, its window and key nodes where the model has them, read
+        # through its block table and node page table
         self.prefill_plan = None
         if self.decode_table is None and paged_decode_triton.wanted(device):
             self.prefill_plan = paged_decode_triton.PrefillPlan.build(
-                [sp.local_slots for sp in self.seqs],
+                [row.table for row in rows],
                 [0 if window is None else window_start(sp.start, window) for sp in self.seqs],
                 [sp.start for sp in self.seqs], [sp.num_new for sp in self.seqs], device,
-                None if window is None else [sp.node_slots for sp in self.seqs])
+                None if window is None else node_pages, page=cache.block_size,
+                node_page=0 if window is None else cache.page_size)
         self.elect_slots = torch.cat(elect_slots).to(device) if elect_slots else None
         self.node_targets = torch.cat(targets).to(device) if targets else None
         self.layers = [PagedGQALayer(cache, i, self) for i in range(layout.num_layers)]

@@ -108,7 +108,8 @@ def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, nk_ptr, nv_ptr, slots_ptr, node_slot
                        stride_sb, stride_nb, stride_ot, stride_oh,
                        GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr,
-                       INTERVAL: tl.constexpr, ROUTED: tl.constexpr):
+                       INTERVAL: tl.constexpr, ROUTED: tl.constexpr, PAGE: tl.constexpr,
+                       NODE_PAGE: tl.constexpr):
     blk, kv = tl.program_id(0), tl.program_id(1)
     b = tl.load(block_seq_ptr + blk)  # the sequence this block of queries belongs to
     m0 = tl.load(block_first_ptr + blk)  # its first query, counted in the sequence's new rows
@@ -135,7 +136,10 @@ def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, nk_ptr, nv_ptr, slots_ptr, node_slot
     for first in range(lo, end, BLOCK_N):
         n = first + tl.arange(0, BLOCK_N)
         live = n < end
-        slot = tl.load(slots_ptr + b * stride_sb + (n - local_start), mask=live, other=0).to(tl.int64)
+        if PAGE > 0:  # the sequence's block table: position n's slot
+            slot = entry_slots(slots_ptr, b * stride_sb, n, live, PAGE)
+        else:  # its slot list, from its first entry's position on
+            slot = entry_slots(slots_ptr, b * stride_sb, n - local_start, live, PAGE)
         keep = live[:, None] & (d[None, :] < D)
         rows = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
         k = tl.load(k_ptr + rows, mask=keep, other=0.0)
@@ -157,7 +161,7 @@ def gqa_prefill_kernel(q_ptr, k_ptr, v_ptr, nk_ptr, nv_ptr, slots_ptr, node_slot
         for first in range(0, count, BLOCK_N):
             j = first + tl.arange(0, BLOCK_N)
             live = j < count
-            slot = tl.load(node_slots_ptr + b * stride_nb + j, mask=live, other=0).to(tl.int64)
+            slot = entry_slots(node_slots_ptr, b * stride_nb, j, live, NODE_PAGE)
             keep = live[:, None] & (d[None, :] < D)
             rows = kv * stride_nkh + slot[:, None] * stride_nks + d[None, :]
             k = tl.load(nk_ptr + rows, mask=keep, other=0.0)

@@ -139,20 +139,27 @@ class PrefillPlan:
     query's window start, or position 0, up to its last new position), its key nodes' slots
     (the sparse window's; those valid for its last query) and its rows, and the blocks of
     `PREFILL_BLOCK_M` queries the launch's programs take (a block never spans two sequences).
-    Made once a step, shared by every layer."""
+    With `page` (the block size) `slots` are the sequences' block tables instead (position p in
+    slot `table[p // page] * page + p % page`), and with `node_page` `node_slots` their node page
+    tables (node j in `pages[j // node_page] * node_page + j % node_page`): what the engine
+    passes, so that a step copies tables, not a slot a position. Made once a step, shared by
+    every layer."""
 
-    slots: torch.Tensor  # [B, W] each sequence's slots, position order
-    local_starts: torch.Tensor  # [B] the position of its first slot
-    node_slots: torch.Tensor  # [B, N] its key nodes' slots in the node pools (unread without a window)
+    slots: torch.Tensor  # [B, W] each sequence's slots, position order (or its block table)
+    local_starts: torch.Tensor  # [B] the position of its first slot (its first query's window start)
+    node_slots: torch.Tensor  # [B, N] its key nodes' slots in the node pools, or node page table (unread without a window)
     rows: torch.Tensor  # [B] its first row in the step
     starts: torch.Tensor  # [B] the position of that row
     news: torch.Tensor  # [B] its rows this step
     block_seq: torch.Tensor  # [blocks] the sequence of each block
     block_first: torch.Tensor  # [blocks] the block's first query among its sequence's rows
+    page: int = 0
+    node_page: int = 0
 
     @classmethod
     def build(cls, slot_lists: list[torch.Tensor], local_starts: list[int], starts: list[int], news: list[int],
-              device: torch.device, node_lists: list[torch.Tensor] | None = None) -> PrefillPlan:
+              device: torch.device, node_lists: list[torch.Tensor] | None = None, page: int = 0,
+              node_page: int = 0) -> PrefillPlan:
         rows, block_seq, block_first, a = [], [], [], 0
         for b, n in enumerate(news):
             rows.append(a)
@@ -161,10 +168,10 @@ class PrefillPlan:
             block_first += list(firsts)
             a += n
         as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-        pad = functools.partial(torch.nn.utils.rnn.pad_sequence, batch_first=True)  # on the lists' device
-        nodes = pad(node_lists or [torch.empty(0, dtype=torch.long, device=device)])
-        return cls(pad(slot_lists), as_tensor(local_starts), nodes, as_tensor(rows), as_tensor(starts),
-                   as_tensor(news), as_tensor(block_seq), as_tensor(block_first))
+        pad = functools.partial(torch.nn.utils.rnn.pad_sequence, batch_first=True)
+        nodes = pad(node_lists or [torch.empty(0, dtype=torch.long, device=device)]).to(device)
+        return cls(pad(slot_lists).to(device), as_tensor(local_starts), nodes, as_tensor(rows), as_tensor(starts),
+                   as_tensor(news), as_tensor(block_seq), as_tensor(block_first), page, node_page)
 
 
 def gqa_prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, plan: PrefillPlan,
@@ -201,5 +208,6 @@ def gqa_prefill(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, pla
         q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), node_k.stride(0), node_k.stride(1),
         plan.slots.stride(0), plan.node_slots.stride(0), out.stride(0), out.stride(1),
         GROUP=group, D=dim, BLOCK_G=_pow2(group, least=1), BLOCK_D=_pow2(dim), BLOCK_M=PREFILL_BLOCK_M,
-        BLOCK_N=block_n, WINDOW=window or 0, INTERVAL=interval or 1, ROUTED=gate is not q)
+        BLOCK_N=block_n, WINDOW=window or 0, INTERVAL=interval or 1, ROUTED=gate is not q, PAGE=plan.page,
+        NODE_PAGE=plan.node_page)
     return out

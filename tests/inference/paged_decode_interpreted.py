@@ -127,7 +127,21 @@ def prefill_case(steps, heads, kv_heads, dim, dtype, window, interval, mode, gen
                                   torch.cat((v[:, local], nv[:, :seen]), 1), dim)
             worst = max(worst, (got[a + t].double() - expected).abs().max().item())
         a += n
-    return {"shape": [heads, kv_heads, dim], "error": worst, "out_dtype": str(got.dtype).removeprefix("torch.")}
+    # the same step read through block tables of 16 (and node page tables of 4), as the engine
+    # passes them, against the slot lists they stand for
+    tables, listed = block_tables([c + n for c, n in steps], 16, 600, gen)
+    pages, node_listed = block_tables([max(1, count) for count in counts], 4, 88, gen)
+    lists = [listed[b, f : c + n] for b, ((c, n), f) in enumerate(zip(steps, firsts, strict=True))]
+    chosen = [node_listed[b, :count] for b, count in enumerate(counts)]
+    starts, news, nodes_at = [c for c, _ in steps], [n for _, n in steps], None if window is None else (node_k, node_v)
+    by_list = kernels.gqa_prefill(q, pool_k, pool_v, kernels.PrefillPlan.build(
+        lists, firsts, starts, news, q.device, None if window is None else chosen),
+        window=window, interval=interval, nodes=nodes_at, gate=gate)
+    by_table = kernels.gqa_prefill(q, pool_k, pool_v, kernels.PrefillPlan.build(
+        list(tables), firsts, starts, news, q.device, None if window is None else list(pages), page=16,
+        node_page=0 if window is None else 4), window=window, interval=interval, nodes=nodes_at, gate=gate)
+    return {"shape": [heads, kv_heads, dim], "error": worst, "out_dtype": str(got.dtype).removeprefix("torch."),
+            "paged_difference": (by_table - by_list).abs().max().item()}
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:

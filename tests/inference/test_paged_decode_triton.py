@@ -36,11 +36,13 @@ def test_gqa_decode_equals_softmax_over_each_sequences_slots(interpreted):
 def test_gqa_prefill_equals_causal_softmax_over_each_sequences_slots(interpreted):
     """Prompts of 1, 16 and 37 rows, a chunk after 50 cached positions and a decode row in one
     launch; GQA groups of 4, 1 and 3 heads; dense, and a sparse window with key nodes in union
-    and routed mode (some rows' paths zeroed by the router)."""
+    and routed mode (some rows' paths zeroed by the router). Read through block tables and node
+    page tables (as the engine passes them), the step gives what its slot lists give."""
     assert len(interpreted["gqa_prefill"]) == 3 * 3 * 2
     assert {case["mode"] for case in interpreted["gqa_prefill"]} == {"dense", "union", "routed"}
     for case in interpreted["gqa_prefill"]:
         assert case["out_dtype"] == case["dtype"] and case["error"] < TOLERANCE[case["dtype"]], case
+        assert case["paged_difference"] == 0.0, case
 
 
 def test_grouped_experts_equal_the_loop_over_experts(interpreted):
