@@ -15,7 +15,7 @@ speculative draft or verify, no scoring), up to `max_num_seqs` sequences, padded
 bucket (1, 2, 4, then multiples of 8): a padded row reads and writes one scratch slot that no
 sequence owns (the runner's pools hold one block more than the block manager hands out). Which
 models: those whose decode step has no data-dependent shape, GQA without a sparse window
-(GLM-4) and MLA (GLM-4.7-Flash), MoE experts included; `glm5_sparse` (a step elects key nodes
+(GLM-4, GLM-4.5's MoE) and MLA (GLM-4.7-Flash), MoE experts included; `glm5_sparse` (a step elects key nodes
 where intervals end) and DSA (the indexer's top-k) decode eagerly. Logits and sampling run after
 the replay, on the device, with one host copy of the sampled tokens.
 

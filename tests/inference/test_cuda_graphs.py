@@ -15,6 +15,7 @@ GLM4 = dict(model_type="glm4", vocab_size=64, hidden_size=32, intermediate_size=
 MLA = dict(GLM4, model_type="glm4_moe_lite", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
            qk_rope_head_dim=4, v_head_dim=8, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2)
 DSA = dict(MLA, model_type="glm_moe_dsa", index_topk=8, index_n_heads=2, index_head_dim=8)
+MOE = dict(GLM4, model_type="glm4_moe", moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2)
 
 
 def test_buckets_are_small_sizes_then_multiples_of_eight_up_to_the_largest_batch():
@@ -29,10 +30,10 @@ def test_only_models_whose_decode_has_a_static_shape_are_captured(monkeypatch):
     monkeypatch.setattr(cuda_graphs.paged_decode_triton, "wanted", lambda device: True)
     cpu = torch.device("cpu")
     layout = {name: cache_layout(ModelConfig.from_dict(shape)) for name, shape in
-              (("glm4", GLM4), ("glm4_moe_lite", MLA), ("glm_moe_dsa", DSA))}
+              (("glm4", GLM4), ("glm4_moe", MOE), ("glm4_moe_lite", MLA), ("glm_moe_dsa", DSA))}
     layout["glm5_sparse"] = cache_layout(ModelConfig.from_dict(glm5_config(num_mtp_heads=0)))
     assert {name: cuda_graphs.wanted(cpu, lay) for name, lay in layout.items()} == {
-        "glm4": True, "glm4_moe_lite": True, "glm_moe_dsa": False, "glm5_sparse": False}
+        "glm4": True, "glm4_moe": True, "glm4_moe_lite": True, "glm_moe_dsa": False, "glm5_sparse": False}
     monkeypatch.setattr(cuda_graphs, "MODE", "auto")  # auto: CUDA devices only
     assert not cuda_graphs.wanted(cpu, layout["glm4"])
     monkeypatch.setattr(cuda_graphs, "MODE", "0")
