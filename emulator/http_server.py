@@ -10,6 +10,7 @@ model stand-in's server-sent events need.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -36,11 +37,18 @@ def access_logged(app: Callable, log: logging.Logger) -> Callable:
     return logged
 
 
+LOOP_TIMEOUT = 0.5  # seconds a poll waits: how soon the loop sees `stop` if nothing wakes it
+
+
 class WSGIServer:
     """``app`` served on ``host:port`` (0 picks a free port, known as ``port`` at once).
 
     ``serve_forever()`` blocks (a KeyboardInterrupt ends it); ``start()`` serves on a daemon
     thread and ``stop()`` closes every connection, ends that thread and the request threads.
+    The serving loop is ours, not waitress's ``run()``: it ends when ``stop`` sets its flag and
+    closes the listening socket and every connection itself, so no poll meets a closed
+    descriptor, and a stop never depends on waitress's wake-up pipe (a CI run once found that
+    pipe already closed at stop: writing to it raised EBADF).
     """
 
     def __init__(self, app: Callable, host: str, port: int, *, threads: int = THREADS,
@@ -53,13 +61,19 @@ class WSGIServer:
             asyncore_use_poll=True, ident=name,
             clear_untrusted_proxy_headers=True)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     @property
     def port(self) -> int:
         return int(self._server.effective_port)
 
     def serve_forever(self) -> None:
-        self._server.run()
+        connections = self._server._map  # the listening socket, the wake-up pipe, the connections
+        try:
+            while not self._stopping.is_set() and connections:
+                wasyncore.loop(timeout=LOOP_TIMEOUT, use_poll=True, map=connections, count=1)
+        finally:
+            wasyncore.close_all(connections, ignore_all=True)
 
     def start(self) -> WSGIServer:
         self._thread = threading.Thread(target=self.serve_forever, name=self.name, daemon=True)
@@ -67,13 +81,15 @@ class WSGIServer:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Close the listening socket and every connection from the serving thread itself (the
-        trigger runs the close there, so no poll() meets a closed descriptor), then wait for the
-        request threads."""
+        """End the serving loop (which closes the listening socket and every connection in its
+        own thread), then wait for the request threads."""
         server = self._server
+        self._stopping.set()
         if self._thread is not None and self._thread.is_alive():
-            server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+            if not server.trigger._closed:  # wake the poll now rather than at its timeout
+                with contextlib.suppress(OSError):
+                    server.trigger.pull_trigger()
             self._thread.join(timeout)
-        else:
-            wasyncore.close_all(server._map)
+        if server._map:  # never served, or the loop did not end in time
+            wasyncore.close_all(server._map, ignore_all=True)
         server.task_dispatcher.shutdown(cancel_pending=True, timeout=timeout)
