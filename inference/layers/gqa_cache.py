@@ -150,21 +150,23 @@ class GQAStep:
         # positions through its block table; sparse: every query's slot list (its window, then
         # its valid key nodes) in one padded table (routed mode: the window's and the nodes'
         # lists apart, each its own softmax)
-        self.decode_table = self.local_table = self.node_table = None
+        self.decode_table = self.local_table = self.node_table = self.decode_firsts = self.node_pages = None
         self.decode_page = 0
         if all(sp.num_new == 1 for sp in self.seqs) and paged_decode_triton.wanted(device):
+            tables = torch.nn.utils.rnn.pad_sequence([row.table for row in rows], batch_first=True).to(device)
+            self.decode_page = cache.block_size
             if window is None:
-                tables = torch.nn.utils.rnn.pad_sequence([row.table for row in rows], batch_first=True)
-                lengths = torch.tensor([row.start + 1 for row in rows])
-                self.decode_table = (tables.to(device), lengths.to(device))
-                self.decode_split, self.decode_page = self.decode_table[1], cache.block_size
-            else:
-                empty = torch.empty(0, dtype=torch.long, device=device)
-                nodes = [empty if sp.node_slots is None else sp.node_slots for sp in self.seqs]
-                locals_ = [sp.local_slots for sp in self.seqs]
-                self.decode_table = _table([torch.cat(pair) for pair in zip(locals_, nodes, strict=True)], device)
-                self.decode_split = torch.tensor([len(x) for x in locals_], device=device)  # then node slots
-                self.local_table, self.node_table = _table(locals_, device), _table(nodes, device)
+                lengths = torch.tensor([row.start + 1 for row in rows], device=device)
+                self.decode_table, self.decode_split = (tables, lengths), lengths
+            else:  # the window's positions from its start, then the valid key nodes
+                firsts = [window_start(row.start, window) for row in rows]
+                local = torch.tensor([row.start + 1 - lo for row, lo in zip(rows, firsts, strict=True)])
+                seen = torch.tensor([nodes_seen(row.start, window, interval) for row in rows])
+                pages = torch.nn.utils.rnn.pad_sequence(node_pages, batch_first=True).to(device)
+                self.decode_firsts = torch.tensor(firsts, device=device)
+                self.node_pages = (pages, cache.page_size)
+                self.decode_table, self.decode_split = ((tables, (local + seen).to(device)), local.to(device))
+                self.local_table, self.node_table = (tables, local.to(device)), (pages, seen.to(device))
         # Any other step on CUDA (prefills, chunks, decode rows beside them): one launch a layer
         # over every sequence's rows, its window and key nodes where the model has them, read
         # through its block table and node page table
@@ -192,17 +194,9 @@ class GQAStep:
         step.seqs, step.write_slots = [], write_slots
         step.decode_table, step.decode_split, step.decode_page = (tables, lengths), lengths, cache.block_size
         step.local_table = step.node_table = step.prefill_plan = step.elect_slots = step.node_targets = None
+        step.decode_firsts = step.node_pages = None
         step.layers = [PagedGQALayer(cache, i, step) for i in range(cache.layout.num_layers)]
         return step
-
-
-def _table(lists: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slot lists as one padded `[batch, longest]` table and their lengths (a list may be empty)."""
-    width = max(1, max(len(x) for x in lists))
-    table = torch.zeros(len(lists), width, dtype=torch.long, device=device)
-    for row, slots in enumerate(lists):
-        table[row, : len(slots)] = slots
-    return table, torch.tensor([len(x) for x in lists], device=device)
 
 
 class PagedGQALayer:
@@ -230,9 +224,10 @@ class PagedGQALayer:
         node_k = self.cache.node_k[layer] if self.window is not None else pool_k
         node_v = self.cache.node_v[layer] if self.window is not None else pool_v
         if plan.decode_table is not None and gate is None:  # one softmax over window and nodes
-            second = None if plan.decode_page else (node_k, node_v, plan.decode_split)
+            second = None if self.window is None else (node_k, node_v, plan.decode_split)
             return paged_decode_triton.gqa_decode(q.transpose(0, 1), pool_k, pool_v, *plan.decode_table,
-                                                  second=second, page=plan.decode_page).transpose(0, 1)
+                                                  second=second, page=plan.decode_page, firsts=plan.decode_firsts,
+                                                  node_pages=plan.node_pages).transpose(0, 1)
         if plan.prefill_plan is not None:
             return paged_decode_triton.gqa_prefill(
                 q.transpose(0, 1), pool_k, pool_v, plan.prefill_plan, window=self.window, interval=self.interval,
@@ -241,8 +236,9 @@ class PagedGQALayer:
             # routed: p_local * Attn(window) + p_global * Attn(nodes); a path the router zeroed,
             # or no node yet (its attention is 0), adds nothing
             rows = q.transpose(0, 1)
-            local = paged_decode_triton.gqa_decode(rows, pool_k, pool_v, *plan.local_table)
-            nodes = paged_decode_triton.gqa_decode(rows, node_k, node_v, *plan.node_table)
+            local = paged_decode_triton.gqa_decode(rows, pool_k, pool_v, *plan.local_table, page=plan.decode_page,
+                                                   firsts=plan.decode_firsts)
+            nodes = paged_decode_triton.gqa_decode(rows, node_k, node_v, *plan.node_table, page=plan.node_pages[1])
             g = gate.to(q.dtype)
             return (g[:, 0, None, None] * local + g[:, 1, None, None] * nodes).transpose(0, 1)
         outs, a = [], 0

@@ -36,11 +36,12 @@ def entry_slots(slots_ptr, row_offset, n, live, PAGE: tl.constexpr):
 
 
 @jit
-def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_ptr, split_ptr, out_ptr, scale,
-                      stride_qb, stride_qh, stride_kh, stride_ks, stride_k2h, stride_k2s, stride_sb,
+def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_ptr, split_ptr, firsts_ptr,
+                      pages_ptr, out_ptr, scale,
+                      stride_qb, stride_qh, stride_kh, stride_ks, stride_k2h, stride_k2s, stride_sb, stride_pb,
                       stride_ob, stride_oh,
                       GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                      BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+                      BLOCK_N: tl.constexpr, PAGE: tl.constexpr, NODE_PAGE: tl.constexpr):
     b, kv = tl.program_id(0), tl.program_id(1)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -54,11 +55,16 @@ def gqa_decode_kernel(q_ptr, k_ptr, v_ptr, k2_ptr, v2_ptr, slots_ptr, lengths_pt
         n = start + tl.arange(0, BLOCK_N)
         live = n < length
         first = n < split
-        slot = entry_slots(slots_ptr, b * stride_sb, n, live, PAGE)
+        if PAGE > 0:  # block tables: entry n < split is position firsts[b] + n, then node n - split
+            slot = entry_slots(slots_ptr, b * stride_sb, tl.load(firsts_ptr + b) + n, live & first, PAGE)
+            slot2 = entry_slots(pages_ptr, b * stride_pb, n - split, live & (n >= split), NODE_PAGE)
+        else:  # one slot list for both
+            slot = entry_slots(slots_ptr, b * stride_sb, n, live, PAGE)
+            slot2 = slot
         keep1 = (live & first)[:, None] & (d[None, :] < D)
         keep2 = (live & (n >= split))[:, None] & (d[None, :] < D)
         rows1 = kv * stride_kh + slot[:, None] * stride_ks + d[None, :]
-        rows2 = kv * stride_k2h + slot[:, None] * stride_k2s + d[None, :]
+        rows2 = kv * stride_k2h + slot2[:, None] * stride_k2s + d[None, :]
         k = tl.load(k_ptr + rows1, mask=keep1, other=0.0) + tl.load(k2_ptr + rows2, mask=keep2, other=0.0)
         v = tl.load(v_ptr + rows1, mask=keep1, other=0.0) + tl.load(v2_ptr + rows2, mask=keep2, other=0.0)
         s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]

@@ -77,15 +77,18 @@ def wanted(device: torch.device) -> bool:
 def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slots: torch.Tensor,
                lengths: torch.Tensor, scale: float | None = None, block_n: int = 64,
                second: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-               page: int = 0) -> torch.Tensor:
+               page: int = 0, firsts: torch.Tensor | None = None,
+               node_pages: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """`q [B, Hq, D]` (one query a sequence) against the slots `slots [B, W]` (the first
     `lengths[b]` of row b) of `pool_k`/`pool_v [Hkv, S, D]`: `[B, Hq, D]`. `second`: another
     pair of pools `(k2, v2)` and a per-sequence `split [B]`: a row's entries from `split[b]` on
     are slots of those (the sparse window's key nodes, kept in their own pools), one softmax
-    over both. `page` (a block size): `slots` are the rows' block tables instead, and a row
-    reads its positions `[0, lengths[b])` through its table (dense attention: no slot lists)."""
-    if page and second is not None:
-        raise ValueError("a row read through its block table has no second pools")
+    over both. `page` (a block size): `slots` are the rows' block tables instead, row b's entry
+    n (before its split) position `firsts[b] + n` (default 0: dense attention, every position);
+    with `second` its entries from the split on are key nodes 0, 1, ... read through the node
+    page tables `node_pages = (pages [B, P], node page size)`."""
+    if page and second is not None and node_pages is None:
+        raise ValueError("rows read through block tables find their key nodes through node page tables")
     batch, heads, dim = q.shape
     kv_heads = pool_k.shape[0]
     if heads % kv_heads:
@@ -94,14 +97,19 @@ def gqa_decode(q: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor, slot
     q, slots, lengths = q.contiguous(), slots.contiguous(), lengths.to(torch.int32).contiguous()
     k2, v2, split = second if second is not None else (pool_k, pool_v, lengths)
     split = split.to(torch.int32).contiguous()
+    firsts = torch.zeros_like(lengths) if firsts is None else firsts.to(torch.int32).contiguous()
+    pages, node_page = node_pages if node_pages is not None else (slots, 0)
+    pages = pages.contiguous()
     out = torch.empty_like(q)
     kernel = _kernels()[0]
     CALLS["gqa"] += 1
     kernel[(batch, kv_heads)](
-        q, pool_k, pool_v, k2, v2, slots, lengths, split, out, scale if scale is not None else dim**-0.5,
+        q, pool_k, pool_v, k2, v2, slots, lengths, split, firsts, pages, out,
+        scale if scale is not None else dim**-0.5,
         q.stride(0), q.stride(1), pool_k.stride(0), pool_k.stride(1), k2.stride(0), k2.stride(1), slots.stride(0),
-        out.stride(0), out.stride(1),
-        GROUP=group, D=dim, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), BLOCK_N=block_n, PAGE=page)
+        pages.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, D=dim, BLOCK_G=_pow2(group), BLOCK_D=_pow2(dim), BLOCK_N=block_n, PAGE=page,
+        NODE_PAGE=node_page)
     return out
 
 

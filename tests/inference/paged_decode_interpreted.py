@@ -64,9 +64,37 @@ def gqa_cases() -> list[dict]:
             tables, listed = block_tables(lengths, 16, 600, gen)
             paged = (kernels.gqa_decode(q, pool_k, pool_v, tables, lens, page=16)
                      - kernels.gqa_decode(q, pool_k, pool_v, listed, lens)).abs().max().item()
+            paged = max(paged, sparse_paged_difference(q, pool_k, pool_v, gen))
             out.append({"shape": [heads, kv_heads, dim], "dtype": name, "error": worst, "paged_difference": paged,
                         "out_dtype": str(got.dtype).removeprefix("torch.")})
     return out
+
+
+def sparse_paged_difference(q, pool_k, pool_v, gen) -> float:
+    """A sparse window's decode read through block tables (each row's window from its first
+    position) and node page tables (its valid key nodes, in node pools of their own), in one
+    softmax (union) and apart (routed), against the slot lists those stand for."""
+    node_k, node_v = pool_k[:, :200].flip(1).contiguous(), pool_v[:, :200].flip(1).contiguous()
+    firsts, window, seen = torch.tensor([0, 5, 40, 70]), [1, 30, 64, 100], [0, 3, 17, 5]
+    tables, listed = block_tables([f + n for f, n in zip(firsts.tolist(), window, strict=True)], 16, 600, gen)
+    pages, node_listed = block_tables([max(1, n) for n in seen], 4, 200, gen)
+    lists = [torch.cat((listed[b, f : f + n], node_listed[b, :m]))
+             for b, (f, n, m) in enumerate(zip(firsts.tolist(), window, seen, strict=True))]
+    width = max(len(x) for x in lists)
+    joined = torch.stack([torch.nn.functional.pad(x, (0, width - len(x))) for x in lists])
+    local, nodes = torch.tensor(window), torch.tensor(seen)
+    union = kernels.gqa_decode(q, pool_k, pool_v, tables, local + nodes, second=(node_k, node_v, local), page=16,
+                               firsts=firsts, node_pages=(pages, 4))
+    by_list = kernels.gqa_decode(q, pool_k, pool_v, joined, local + nodes, second=(node_k, node_v, local))
+    windows = torch.stack([listed[b, f : f + max(window)] if f + max(window) <= listed.shape[1] else
+                           torch.nn.functional.pad(listed[b, f:], (0, f + max(window) - listed.shape[1]))
+                           for b, f in enumerate(firsts.tolist())])
+    local_apart = kernels.gqa_decode(q, pool_k, pool_v, tables, local, page=16, firsts=firsts)
+    local_list = kernels.gqa_decode(q, pool_k, pool_v, windows, local)
+    nodes_apart = kernels.gqa_decode(q, node_k, node_v, pages, nodes, page=4)
+    nodes_list = kernels.gqa_decode(q, node_k, node_v, node_listed, nodes)
+    return max((union - by_list).abs().max().item(), (local_apart - local_list).abs().max().item(),
+               (nodes_apart - nodes_list).abs().max().item())
 
 
 def gqa_prefill_cases() -> list[dict]:
