@@ -78,19 +78,22 @@ EAGER = {"all": False}  # set when capturing CUDA graphs fails: the run goes on 
 LAST = {"steps": 0, "replayed": 0}  # the last engine_decode's steps, and how many replayed a graph
 
 
-def graphs_usable(model) -> bool:
-    """Whether the engine captures and replays its decode graphs here; if not, says why and
-    has the rest of the run go eager (its figures are then without graphs), so the one run a
+def compared_batches(args) -> tuple[int, int]:
+    """The two batch sizes the comparisons run at: the smallest and the third (1 and 64)."""
+    return args.batches[0], args.batches[min(2, len(args.batches) - 1)]
+
+
+def graphs_usable(model) -> None:
+    """Check that the engine captures and replays its decode graphs here; if not, say why and
+    have the rest of the run go eager (its figures are then without graphs), so the one run a
     GPU allows still measures everything else."""
     try:
         engine = LLMEngine(model, args=EngineArgs(max_num_seqs=2, max_model_len=64, kv_cache_bytes=2**26),
                            eos_token_ids=[])
         engine.generate([[3, 4, 5], [6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-        return True
     except Exception as error:  # noqa: BLE001 - any failure: report it and measure the rest
         print(f"CUDA graphs FAILED ({type(error).__name__}: {error}); every figure below is eager")
         EAGER["all"] = True
-        return False
 
 
 def engine_decode(model, batch: int, prompt: int, new: int, eager: bool = False) -> float:
@@ -180,7 +183,7 @@ def dense_section(args, device: torch.device, bandwidth: float) -> None:
         print(f"{'engine bf16':>22} {batch:>6} {rates[batch]:10.1f} {rates[batch] / rates[args.batches[0]]:9.1f}x "
               f"{note:>30}")
     print(f"{'':>22} (the last run: {LAST['replayed']} of its {LAST['steps']} steps replayed a CUDA graph)")
-    for batch in (args.batches[0], args.batches[min(2, len(args.batches) - 1)]):
+    for batch in compared_batches(args):
         theirs = hf_decode(hf, batch, args.prompt, args.new, device)
         print(f"{'transformers bf16':>22} {batch:>6} {theirs:10.1f} {'':>10} {f'engine {rates[batch] / theirs:.2f}x':>30}")
         mine = statistics.median(engine_decode(int8, batch, args.prompt, args.new) for _ in range(args.rounds))
@@ -188,7 +191,7 @@ def dense_section(args, device: torch.device, bandwidth: float) -> None:
     if device.type != "cuda" or EAGER["all"]:
         print(f"{'CUDA graphs':>22}: not captured (off the GPU, or the capture failed); nothing to compare")
     else:
-        for batch in (args.batches[0], args.batches[min(2, len(args.batches) - 1)]):
+        for batch in compared_batches(args):
             eager = statistics.median(engine_decode(bf16, batch, args.prompt, args.new, eager=True)
                                       for _ in range(args.rounds))
             print(f"{'engine bf16 eager':>22} {batch:>6} {eager:10.1f} {'':>10} "
@@ -205,7 +208,7 @@ def moe_section(args, device: torch.device) -> None:
         model = load_model(path, ModelConfig.from_pretrained(path), device)
     params = sum(p.numel() for p in model.parameters())
     print(f"\nGLM-4.7-Flash-shaped (MLA + MoE), random bf16 weights: {params / 1e9:.2f}B parameters")
-    for batch in (args.batches[0], args.batches[min(2, len(args.batches) - 1)]):
+    for batch in compared_batches(args):
         rate = statistics.median(engine_decode(model, batch, args.prompt, args.new) for _ in range(args.rounds))
         print(f"{'engine bf16':>22} {batch:>6} {rate:10.1f} tok/s  ({LAST['replayed']} of {LAST['steps']} steps "
               f"replayed a CUDA graph)")
