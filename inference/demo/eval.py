@@ -54,21 +54,35 @@ _SENTENCE_START = re.compile(r"(?:^|[.!?:;。！？：；]\s*|\n\s*[-*]?\s*)([A-
 _MID_SENTENCE = re.compile(r"(?<=[a-z,] )[A-Z][A-Za-z]{2,}\b")
 
 
-def reference_facts(answer: str, common_words: set[str]) -> set[str]:
-    """``key_facts`` of a reference answer less the capitalised words that are only a sentence's
-    first word ("The", "You", "Please": capitalised by grammar, not names): a word the handbooks
-    also write in lower case is common, unless the answer capitalises it mid-sentence too."""
+def reference_facts(answer: str, common_words: set[str], names: set[str] = frozenset()) -> set[str]:
+    """``key_facts`` of a reference answer as an answer must hold them: an app's name without the
+    corner brackets a reference puts round it (the handbook writes "企业微信打卡" where the
+    reference has 「打卡」), less the capitalised words that are only a sentence's first word
+    ("The", "You", "Yes", "Besides": capitalised by grammar, not names). Such a word stays a fact
+    where it is a name: capitalised mid-sentence in this answer or in ``names`` (words the texts
+    capitalise mid-sentence somewhere), and never written in lower case (``common_words``)."""
     starts = set(_SENTENCE_START.findall(answer))
     inside = set(_MID_SENTENCE.findall(answer))
-    return {f for f in key_facts(answer)
-            if not (f in starts and f not in inside and f.lower() in common_words)}
+    facts = set()
+    for fact in key_facts(answer):
+        if fact in starts and fact not in inside and (fact.lower() in common_words or fact not in names):
+            continue
+        facts.add(fact.strip("「」"))
+    return facts
+
+
+def _texts() -> list[str]:
+    return [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS] + [item["answer"] for item in load_qa()]
 
 
 def common_words() -> set[str]:
     """The words the handbooks or the reference answers write in lower case somewhere."""
-    texts = [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS]
-    texts += [item["answer"] for item in load_qa()]
-    return {w for text in texts for w in re.findall(r"\b[a-z]{3,}\b", text)}
+    return {w for text in _texts() for w in re.findall(r"\b[a-z]{3,}\b", text)}
+
+
+def capitalised_names() -> set[str]:
+    """The words the handbooks or the reference answers capitalise mid-sentence somewhere."""
+    return {w for text in _texts() for w in _MID_SENTENCE.findall(text)}
 
 
 @dataclass
@@ -174,9 +188,9 @@ def heldout_questions() -> list[dict]:
     """The held-out paraphrases as a question set: each must hold its reference's key facts
     (``reference_facts``; items about the handbook only: small talk is not searched, and an
     answer without a number, name or app has nothing to check)."""
-    items, common = [], common_words()
+    items, common, names = [], common_words(), capitalised_names()
     for item in load_qa():
-        facts = sorted(reference_facts(item["answer"], common))
+        facts = sorted(reference_facts(item["answer"], common, names))
         if item["topic"] in ("greeting", "smalltalk") or not facts:
             continue
         items += [{"question": q, "facts": [[f] for f in facts]} for q in item["heldout"]]

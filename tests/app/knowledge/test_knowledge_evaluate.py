@@ -82,5 +82,13 @@ def test_held_out_facts_leave_out_words_capitalised_only_as_a_sentence_start():
     answer = "The IT Service Desk is on ext. 8100. Please use Xinghe Connect. You can also call."
     assert demo_eval.reference_facts(answer, common) == {"Service", "Desk", "8100", "Xinghe",
                                                          "Connect"}
-    # a name that opens a sentence stays a fact (never written in lower case)
-    assert demo_eval.reference_facts("Monday to Friday.", common) == {"Monday", "Friday"}
+    # a name that opens a sentence stays a fact (capitalised mid-sentence elsewhere, never in lower case)
+    names = {"Monday", "Friday", "Xinghe"}
+    assert demo_eval.reference_facts("Monday to Friday.", common, names) == {"Monday", "Friday"}
+    # a word only ever capitalised as a sentence's first is grammar, even if never written in lower case
+    assert demo_eval.reference_facts("Yes. Besides, use Xinghe Connect.", common, names) == {"Xinghe", "Connect"}
+
+
+def test_held_out_facts_name_an_app_without_its_corner_brackets():
+    """The reference's 「打卡」 is the app the handbook calls 企业微信打卡: the name is the fact."""
+    assert demo_eval.reference_facts("请在企业微信「打卡」里补卡，每月3次。", set()) == {"打卡", "3"}
