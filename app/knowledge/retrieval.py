@@ -105,16 +105,23 @@ class _Word:
 def _coverage_words(counts: Counter) -> list[_Word]:
     bigrams = [t[1:] for t in counts if t.startswith("~")]
     table = equivalents()
+    cjk_words = [t for t in counts if not t.startswith("~") and len(t) > 1 and CJK_CHAR.match(t)]
     words = []
     for term in counts:
         if term.startswith("~"):
+            continue
+        if any(term != longer and term in longer for longer in cjk_words):
+            # a piece jieba's search mode cut from a longer word of the question ("办公" of
+            # "办公室"): part of that word, not a word of its own (else a compound counts two or
+            # three times and "办公室可以抽烟吗" looks answered by any passage about the office)
             continue
         alternatives = tuple(table.get(term, ()))
         if CJK_CHAR.fullmatch(term):  # a lone character: weak evidence
             words.append(_Word(term, 0.5, tuple("~" + b for b in bigrams if term in b), alternatives))
         elif CJK_CHAR.match(term):
+            pieces = tuple((piece,) for piece in cjk_words if piece != term and piece in term)
             words.append(_Word(term, 1.0, tuple("~" + term[i:i + 2] for i in range(len(term) - 1)),
-                               alternatives))
+                               alternatives + ((tuple(p for (p,) in pieces),) if pieces else ())))
         else:
             words.append(_Word(term, 1.0, (), alternatives))
     return words
@@ -194,8 +201,9 @@ class Retriever:
         for term in counts:
             weights[term] = BIGRAM_WEIGHT if term.startswith("~") else 1.0
         words = _coverage_words(counts)
-        for word in words:
-            for alt in word.alternatives:
+        table = equivalents()
+        for word in [t for t in counts if not t.startswith("~")]:  # a piece's equivalents rank too
+            for alt in table.get(word, ()):
                 for term in alt:
                     weights.setdefault(term, GLOSSARY_WEIGHT)
         # Each term's hash under every key of the blind-index ring (current first): documents

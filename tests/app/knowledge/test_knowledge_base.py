@@ -490,3 +490,19 @@ def test_the_issues_own_questions_on_the_demo_handbook(services, store):
     # a weak match ("language") reaches the model, whose rules have it say "not found"
     weak = retriever.search("What programming language should I learn?", [])
     assert weak.passages and all(p.coverage < 0.3 for p in weak.passages)
+
+
+def test_a_compounds_pieces_are_not_words_of_their_own_in_coverage(services, store):
+    """jieba's search mode cuts "办公室" into 办公 / 公室 / 办公室: one word of the question, so a
+    passage about the office covers a small share of "办公室可以抽烟吗" (smoking is what is asked),
+    not the most of it (what it did when each piece counted: enough to pass as an answer)."""
+    store.add("# 办公\n\n办公室在三楼，办公时间九点到六点。\n".encode(), "手册", filename="office.md")
+    retriever = Retriever(services)
+    [office] = retriever.search("办公室可以抽烟吗", [], min_score=0.0).candidates
+    assert office.coverage < 0.3
+    assert not retriever.search("办公室可以抽烟吗", [], min_score=0.3).found
+    # the word itself, or its pieces where a passage writes them apart, still cover it
+    assert retriever.search("办公室", []).passages[0].coverage == 1.0
+    store.add("# 场地\n\n办公区和公室……\n".encode(), "场地", filename="place.md")
+    [apart] = [p for p in retriever.search("办公室", [], min_score=0.0).candidates if p.title == "场地"]
+    assert apart.coverage == 1.0
