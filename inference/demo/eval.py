@@ -1,7 +1,9 @@
 """Score the bundled demo model: `python -m inference.demo.eval [--model models/demo]`, and with
 `--questions FILE [--json]` its answers through the knowledge base as the worker gives them
 (`app/knowledge/evaluate.py`; `inference/demo/eval_sets/new_wordings.jsonl` is a set in
-wordings nowhere in the training data, with questions the handbook does not answer).
+wordings nowhere in the training data, with questions the handbook does not answer;
+`eval_sets/dev.jsonl`, in other new wordings, is the one to choose settings on, its out-of-scope
+questions near the handbook's topics, so that the first set stays a test).
 
 Greedy answers (through `LLM.generate`, MTP speculative by default: greedy speculative decoding
 gives the same tokens as plain greedy, only faster) to the training questions and to the

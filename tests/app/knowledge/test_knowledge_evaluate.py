@@ -11,6 +11,7 @@ from app.knowledge.evaluate import Tally, load_questions
 from inference.demo import eval as demo_eval
 
 SET = "inference/demo/eval_sets/new_wordings.jsonl"
+DEV_SET = "inference/demo/eval_sets/dev.jsonl"  # for choosing settings
 
 
 def test_scoring_facts_declines_and_citations():
@@ -37,11 +38,13 @@ def test_a_fact_in_markdown_emphasis_counts_as_said():
 def test_the_shipped_set_is_new_wordings_with_enough_of_each_kind():
     from inference.demo.corpus import load_dialogues, load_qa
 
-    items = load_questions(SET)
     trained = {q for it in load_qa() for q in [it["question"], *it["paraphrases"], *it["heldout"]]}
     trained |= {m["content"] for d in load_dialogues() for m in d["messages"]}
-    assert not [i["question"] for i in items if i["question"] in trained]
+    items, tuning = load_questions(SET), load_questions(DEV_SET)
+    assert not [i["question"] for i in items + tuning if i["question"] in trained]
+    assert not {i["question"] for i in items} & {i["question"] for i in tuning}
     assert sum(1 for i in items if i.get("facts")) >= 40 and sum(1 for i in items if i.get("out_of_scope")) >= 30
+    assert sum(1 for i in tuning if i.get("facts")) >= 40 and sum(1 for i in tuning if i.get("out_of_scope")) >= 20
 
 
 def test_a_bad_line_is_refused(tmp_path):
