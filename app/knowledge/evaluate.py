@@ -92,7 +92,9 @@ class Tally:
         self.in_scope += 1
         self.wrongly_declined += declined
         shown = as_read(answer)
-        self.answered_facts += all(any(as_read(s) in shown for s in group) for group in item["facts"])
+        # a decline holds no fact, whatever digits the team it names has ("8100" holds "1" and "10")
+        self.answered_facts += not declined and all(any(as_read(s) in shown for s in group)
+                                                    for group in item["facts"])
         if item.get("section") and not declined:
             self.cited_checked += 1
             self.cited_right += any(item["section"] in c for c in citations)

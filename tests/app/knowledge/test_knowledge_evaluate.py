@@ -19,7 +19,7 @@ def test_scoring_facts_declines_and_citations():
     tally.add({"question": "a", "facts": [["10天", "10 days"], ["HR"]], "section": "3. HR"},
               "第一年 10 days，找 HR", ["手册 › 3. HR 人力资源"], False)
     tally.add({"question": "b", "facts": [["8100"]], "section": "2. IT"}, "打 8200", ["手册 › 7. Office"], False)
-    tally.add({"question": "c", "facts": [["x"]]}, "没找到", [], True)
+    tally.add({"question": "c", "facts": [["1"]]}, "没找到，请联系 IT 服务台（分机 8100）", [], True)  # holds "1", declined
     tally.add({"question": "d", "out_of_scope": True}, "没找到", [], True)
     tally.add({"question": "e", "out_of_scope": True}, "瞎说", [], False)
     assert tally.summary() == {"key_facts": round(1 / 3, 4), "in_scope": 3, "wrongly_declined": round(1 / 3, 4),
