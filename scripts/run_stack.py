@@ -118,10 +118,11 @@ def stack_env() -> dict[str, str]:
         # (inference/demo/grounded.py).
         env.setdefault("KB_CHUNK_TOKENS", str(DEMO_CHUNK_TOKENS))
         env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
+        env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))  # the demo model's, over the embedder's own
         embedder = read_config(ROOT / DEMO_EMBEDDER)
         if env.get("ENGINE_SERVED") and embedder is not None and not env.get("EMBEDDINGS_BASE_URL"):
             # Dense retrieval with the demo's embedder, served by the same engine process
-            # (inference/demo/train_embedder.py), with the thresholds its training chose.
+            # (inference/demo/train_embedder.py), with the similarity threshold its training chose.
             env["ENGINE_EMBEDDINGS"] = str(ROOT / DEMO_EMBEDDER)
             env["EMBEDDINGS_BASE_URL"] = env["OPENAI_BASE_URL"]
             env["EMBEDDINGS_MODEL"] = Path(DEMO_EMBEDDER).name
@@ -129,7 +130,6 @@ def stack_env() -> dict[str, str]:
                 env.setdefault("EMBEDDINGS_API_KEY", env["OPENAI_API_KEY"])
             for name, value in embedder.chosen_settings().items():
                 env.setdefault(name.upper(), str(value))
-        env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))
         env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())
         env.setdefault("KB_DECLINE_BIAS", str(DEMO_DECLINE_BIAS))
     contact = handbook_contact()

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embeddings", default=DEMO_EMBEDDER if Path(DEMO_EMBEDDER).is_dir() else None,
                         help="with --questions: dense retrieval with this embedder, served over HTTP as make run "
                              "serves it (default: models/demo-embed when present; --embeddings '' for BM25 "
-                             "alone); its training's KB_MIN_SIMILARITY and KB_MIN_SCORE unless --min-score")
+                             "alone); its training's KB_MIN_SIMILARITY")
     parser.add_argument("--decline-bias", type=float, default=None,
                         help="with --questions: KB_DECLINE_BIAS (default: the demo model's, as make run)")
     args = parser.parse_args(argv)
@@ -223,8 +223,7 @@ def knowledge_eval(args) -> None:
                "kb_decline_bias": DEMO_DECLINE_BIAS if args.decline_bias is None else args.decline_bias}
     if args.choice_scoring:
         reading["kb_choice_scoring"] = args.choice_scoring
-    if args.min_score is not None or not args.embeddings:  # else the embedder's own
-        reading["kb_min_score"] = DEMO_MIN_SCORE if args.min_score is None else args.min_score
+    reading["kb_min_score"] = DEMO_MIN_SCORE if args.min_score is None else args.min_score  # over the embedder's
     tally = evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
                      **reading)  # both editions, as make run
     if args.json:

@@ -49,7 +49,9 @@ def test_make_run_sets_the_ai_bot_up(tmp_path, monkeypatch):
 
 def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     """The engine process serves models/demo-embed at /v1/embeddings; the knowledge base reaches
-    it there with the thresholds its training chose; a server the operator configured wins."""
+    it there with the similarity threshold its training chose (KB_MIN_SCORE: the demo model's); a
+    server the operator configured wins."""
+    from inference.demo.grounded import DEMO_MIN_SCORE
     from inference.embedder import read_config
     from scripts import run_stack
 
@@ -63,7 +65,7 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     assert env["EMBEDDINGS_BASE_URL"] == env["OPENAI_BASE_URL"] == f"http://127.0.0.1:{run_stack.ENGINE_PORT}/v1"
     assert env["EMBEDDINGS_MODEL"] == "demo-embed"
     assert float(env["KB_MIN_SIMILARITY"]) == chosen.min_similarity
-    assert float(env["KB_MIN_SCORE"]) == chosen.min_score
+    assert float(env["KB_MIN_SCORE"]) == DEMO_MIN_SCORE  # the demo model's reading, over the embedder's own
     engine = {p.name: p for p in run_stack.programs(env)}["engine"].argv
     assert engine[engine.index("--embeddings") + 1] == str(run_stack.ROOT / "models" / "demo-embed")
 
