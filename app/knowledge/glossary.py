@@ -45,7 +45,14 @@ PAIRS = """
 高铁 | train
 打车 | taxi
 出租车 | taxi
-餐补 | meal allowance
+餐补 | meal allowance, meal subsidy, per-diem
+餐费 | meal, per-diem
+伙食 | meal, per-diem
+补贴 | allowance, subsidy, per-diem
+出国 | overseas, abroad, outside mainland
+境外 | overseas, abroad, outside mainland
+国外 | overseas, abroad
+海外 | overseas, abroad
 吃饭 | meal, lunch, canteen
 午饭 | lunch
 早饭 | breakfast

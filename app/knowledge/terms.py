@@ -22,7 +22,7 @@ from collections import Counter
 
 # Part of every document's content hash: a change to how terms are made re-indexes a document on
 # its next upload (``make run``'s handbook); ``kb reindex`` does every document at once.
-INDEX_VERSION = "4"
+INDEX_VERSION = "5"
 _JIEBA_LOCK = threading.Lock()
 _jieba = None
 
@@ -37,19 +37,20 @@ STOPWORDS_TEXT = """
 什么 怎么 怎么办 怎样 如何 为什么 请问 请 一下 一个 可以 能 能不能 可不可以 会 要 需要 想 就 都 也 还 又
 把 被 让 给 对 从 到 吗 多少 几 么 个 上 下 中 之 以 其 而 并 等 及其 如果 是否 是不是 没有 不 没
 a an the of to in on at for and or is are was were be been am do does did how what when where
-which who whom why can could would should shall will may might i you he she we they me my your
-our their this that these those there here with by from as about please tell any some
+which who whom why can could would should shall will may might must i you he she we they me my your
+our their its him her them this that these those there here with by from as about please tell any some
 s t m d ll ve re have has had get got getting want wants need needs know look going go much many
 just also still really ok hi hello thanks if than then so but not no yes up out into over
 帮 帮我 我查 查下 还有 去 用 来 人 想 我想 有没有 跟 一样 只有 直接 找 谁 问 告诉 知道 一般 现在 应该
 大概 哪里 哪儿 哪些 多久 多长 几个 啥 咋 咋办 怎么弄 为啥 呀 哦 嗯 吧 得 地 着 过 再 才 该 最 很
 """
 STOPWORDS = frozenset(STOPWORDS_TEXT.split())
-# A question word with its measure ("几次", "几点", "多长时间", "哪天", "多少钱"): removed before
+# A question word with its measure ("几次", "几点", "多长时间", "哪天", "多少钱", "什么时候"): removed before
 # segmenting, so neither it nor the pieces jieba's search mode cuts from it ("时间" of
 # "多长时间") count as something the passage must hold; the number asked for is the answer.
 INTERROGATIVE = re.compile(
-    r"(?:几|多少|多长|多久|多大|多远|哪)(?:个|次|点|天|号|日|分钟|分|小时|时间|年|月|周|晚|位|种|条|趟|岁|钱|块|元|里)?")
+    r"(?:几|多少|多长|多久|多大|多远|哪)(?:个|次|点|天|号|日|分钟|分|小时|时间|年|月|周|晚|位|种|条|趟|岁|钱|块|元|里)?"
+    r"|什么时候|啥时候|何时")
 MODALS = frozenset("能可会要想该得")
 
 

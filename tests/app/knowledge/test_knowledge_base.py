@@ -506,3 +506,12 @@ def test_a_compounds_pieces_are_not_words_of_their_own_in_coverage(services, sto
     store.add("# 场地\n\n办公区和公室……\n".encode(), "场地", filename="place.md")
     [apart] = [p for p in retriever.search("办公室", [], min_score=0.0).candidates if p.title == "场地"]
     assert apart.coverage == 1.0
+
+
+def test_a_chinese_question_finds_the_english_passage_through_the_glossary(services, store):
+    """"出国" and "餐补" are asked; the English handbook says "outside mainland China" and
+    "per-diem": ordinary office words, in the glossary both ways."""
+    store.add(b"# Travel\n\n- **Meal per-diem**: Tier 1 150 RMB, outside mainland China 300 RMB.\n"
+              b"\n# Canteen\n\nBreakfast 07:30-09:30 on 2F.\n", "Handbook", filename="travel.md")
+    [top, *_] = Retriever(services).search("出国出差一天的餐补是多少？", [], min_score=0.0).candidates
+    assert "per-diem" in top.text and top.coverage > 0.6

@@ -188,6 +188,8 @@ def test_terms_segment_chinese_and_lowercase_english_without_stopwords():
     assert not {"the", "怎么办", "了"} & set(found)
     assert "~密码" in found  # character pairs back up jieba's cuts
     assert "it" in terms("IT help desk")
+    # pronouns and a modal are no words to find ("must ... register them")
+    assert terms("how early must I register them?") == ["early", "register"]
 
 
 def test_a_question_word_and_its_measure_are_no_terms():
@@ -196,6 +198,8 @@ def test_a_question_word_and_its_measure_are_no_terms():
     assert {"密码", "输错", "锁住", "工资"} <= words
     assert not {"几次", "多长", "时间", "长时间", "多长时间", "哪天", "哪天发"} & words
     assert "时间" in terms("核心工作时间为 10:00")  # a document's 时间 stays
+    # "什么时候" asks "when": its 时候 is no more a word to find than 几点's 点
+    assert {t for t in terms("生日假什么时候休？") if not t.startswith("~")} == {"生日", "假", "休"}
 
 
 def test_term_hashes_are_keyed_64_bit_integers():
