@@ -93,8 +93,8 @@ def is_short(question: str) -> bool:
 @dataclass(frozen=True)
 class _Word:
     """A question's word for coverage, the bigrams that stand in for it when the documents cut
-    it differently (a word: all of them; a lone character: any), and its glossary equivalents
-    (each all-or-nothing)."""
+    it differently (a word: all of them; a lone character: any), and its alternatives, each
+    all-or-nothing: its glossary equivalents, and the shorter words of the question it holds."""
 
     term: str
     weight: float
@@ -119,9 +119,9 @@ def _coverage_words(counts: Counter) -> list[_Word]:
         if CJK_CHAR.fullmatch(term):  # a lone character: weak evidence
             words.append(_Word(term, 0.5, tuple("~" + b for b in bigrams if term in b), alternatives))
         elif CJK_CHAR.match(term):
-            pieces = tuple((piece,) for piece in cjk_words if piece != term and piece in term)
+            pieces = tuple(piece for piece in cjk_words if piece != term and piece in term)
             words.append(_Word(term, 1.0, tuple("~" + term[i:i + 2] for i in range(len(term) - 1)),
-                               alternatives + ((tuple(p for (p,) in pieces),) if pieces else ())))
+                               alternatives + ((pieces,) if pieces else ())))
         else:
             words.append(_Word(term, 1.0, (), alternatives))
     return words
