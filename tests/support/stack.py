@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,7 +37,29 @@ PG_ADMIN = postgres.ADMIN  # DATA_TEST_PG names another server
 LIVE_STACKS: set[Stack] = set()
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports (Linux's default otherwise)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    return 32768, 60999
+
+
 def free_port() -> int:
+    """A loopback port free now, for a server a test starts: outside the ephemeral range, so that
+    no outgoing connection takes it as its source port before that server binds it (CI once lost
+    a Redis Cluster node so). The kernel's own choice (bind to 0) where that range leaves none."""
+    low, high = _ephemeral_ports()
+    spans = [(lo, hi) for lo, hi in ((10000, low - 1), (high + 1, 65535)) if hi - lo > 1000]
+    rng = random.SystemRandom()
+    for _ in range(100 if spans else 0):
+        lo, hi = rng.choice(spans)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", rng.randint(lo, hi)))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
