@@ -17,6 +17,7 @@ held-out paraphrases, scored against the reference answer by
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import time
 from collections import Counter
@@ -73,8 +74,9 @@ def reference_facts(answer: str, common_words: set[str], names: set[str] = froze
     return facts
 
 
-def _texts() -> list[str]:
-    return [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS] + [item["answer"] for item in load_qa()]
+@functools.cache
+def _texts() -> tuple[str, ...]:
+    return (*(path.read_text(encoding="utf-8") for path, _ in HANDBOOKS), *(item["answer"] for item in load_qa()))
 
 
 def common_words() -> set[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from inference.engine.service import EngineService
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
 from inference.serve import create_app
+from tests.support.stack import free_port
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "demo"
 EMBEDDER = DEMO.parent / "demo-embed"
@@ -144,12 +144,6 @@ def test_concurrent_requests_share_engine_steps(client, service):
     assert [r.status_code for r in results] == [200] * 6
     assert service.max_batch >= 2  # some step advanced several requests at once
     service.max_batch = max(before, service.max_batch)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_served_process_answers_the_workers_openai_backend():

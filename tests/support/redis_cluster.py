@@ -45,20 +45,13 @@ class LocalRedisCluster:
             if shutil.which(binary) is None:
                 raise RuntimeError(f"{binary} is not installed")
         try:
-            tries = 0
             while len(self.ports) < self.size:  # the bus port is set apart (cluster-port), not port + 10000
                 port, bus = free_port(), free_port()
-                taken = {*self.ports, *self.bus_ports.values()}
-                if port == bus or port in taken or bus in taken:
-                    continue
-                tries += 1
-                if tries > 3 * self.size:
-                    raise RuntimeError("no free loopback ports for the redis cluster's nodes")
-                self.bus_ports[port] = bus
-                if self.start_node(port):
+                if port != bus and port not in self.ports and port not in self.bus_ports.values():
                     self.ports.append(port)
-                else:  # the kernel gave one of its ports to another socket before redis bound it
-                    del self.bus_ports[port], self.procs[port]
+                    self.bus_ports[port] = bus
+            for port in self.ports:
+                self.start_node(port)
             subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports],
                             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                            check=True, capture_output=True, timeout=60)
@@ -68,10 +61,9 @@ class LocalRedisCluster:
             raise
         return self
 
-    def start_node(self, port: int) -> bool:
-        """Start the node on ``port`` (and its bus port) and wait until it answers: False when
-        it exits first (a port free when chosen can be taken before the server binds it: an
-        ephemeral port is also every outgoing connection's source port)."""
+    def start_node(self, port: int) -> None:
+        """Start the node on ``port`` and wait until it answers; a node that exits first (its
+        port taken, say) fails at once, with its log, instead of after the wait."""
         node_dir = self.dir / str(port)
         node_dir.mkdir(exist_ok=True)
         log = open(node_dir / "redis.log", "ab")  # noqa: SIM115 - the process owns it
@@ -85,7 +77,9 @@ class LocalRedisCluster:
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         proc = self.procs[port]
         wait_for(lambda: proc.poll() is not None or self._pings(port), 20, what=f"redis node {port}")
-        return proc.poll() is None
+        if proc.poll() is not None:
+            log_text = (node_dir / "redis.log").read_text(errors="replace")[-500:]
+            raise RuntimeError(f"redis node {port} exited ({proc.returncode}): {log_text}")
 
     def _pings(self, port: int) -> bool:
         with contextlib.suppress(redis.RedisError):

@@ -1,7 +1,6 @@
 """WeComClient against a small fake WeCom (a real Flask app on 127.0.0.1) and real Redis DB 15."""
 
 import logging
-import socket
 import threading
 import time
 import uuid
@@ -14,6 +13,7 @@ from werkzeug.serving import make_server
 
 from app.wecom import exceptions as exc
 from app.wecom.client import WeComClient, redact
+from tests.support.stack import free_port
 
 SECRET = "s3cr3t-app-secret"
 
@@ -189,7 +189,7 @@ def test_stuck_lock_holder_is_not_waited_for_forever_and_its_lock_is_not_release
 
 
 def test_redis_down_falls_back_to_a_process_local_token(wecom, caplog):
-    dead = redis.Redis(host="127.0.0.1", port=_free_port(), socket_connect_timeout=0.2, retry=None)
+    dead = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.2, retry=None)
     client = make_client(wecom, dead)
     with caplog.at_level(logging.DEBUG, logger="app.wecom"):
         started = time.monotonic()
@@ -339,7 +339,7 @@ def test_timeout_is_transient(wecom, r):
 
 
 def test_connection_error_is_transient_and_hides_the_token(r):
-    client = WeComClient("ww-dead", SECRET, 1, api_base=f"http://127.0.0.1:{_free_port()}",
+    client = WeComClient("ww-dead", SECRET, 1, api_base=f"http://127.0.0.1:{free_port()}",
                          redis=r, timeout=(0.5, 0.5))
     r.set(client.token_key, "TOKEN-VALUE-123")
     with pytest.raises(exc.WeComTransientError) as info:
@@ -416,9 +416,3 @@ def test_get_user_unknown(wecom, r):
 def test_redact():
     assert redact("GET /x?access_token=abc&corpsecret=def&y=1") == (
         "GET /x?access_token=***&corpsecret=***&y=1")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
