@@ -40,6 +40,7 @@ from inference.demo.grounded import (
     DEMO_DECLINE_BIAS,
     DEMO_EMBEDDER,
     DEMO_MIN_SCORE,
+    DEMO_MIN_SIMILARITY,
     DEMO_TOP_K,
 )
 from inference.embedder import read_config
@@ -128,6 +129,7 @@ def stack_env() -> dict[str, str]:
             env["EMBEDDINGS_MODEL"] = Path(DEMO_EMBEDDER).name
             if env.get("OPENAI_API_KEY"):  # the same server: the key the worker sends it
                 env.setdefault("EMBEDDINGS_API_KEY", env["OPENAI_API_KEY"])
+            env.setdefault("KB_MIN_SIMILARITY", str(DEMO_MIN_SIMILARITY))  # the demo model's, over the embedder's
             for name, value in embedder.chosen_settings().items():
                 env.setdefault(name.upper(), str(value))
         env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())

@@ -163,7 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--embeddings", default=DEMO_EMBEDDER if Path(DEMO_EMBEDDER).is_dir() else None,
                         help="with --questions: dense retrieval with this embedder, served over HTTP as make run "
                              "serves it (default: models/demo-embed when present; --embeddings '' for BM25 "
-                             "alone); its training's KB_MIN_SIMILARITY")
+                             "alone)")
+    parser.add_argument("--min-similarity", type=float, default=None,
+                        help="with --questions: KB_MIN_SIMILARITY (default: the demo model's with the demo's "
+                             "embedder, as make run; another embedder's training's own)")
     parser.add_argument("--decline-bias", type=float, default=None,
                         help="with --questions: KB_DECLINE_BIAS (default: the demo model's, as make run)")
     args = parser.parse_args(argv)
@@ -212,6 +215,7 @@ def knowledge_eval(args) -> None:
         DEMO_CHUNK_TOKENS,
         DEMO_DECLINE_BIAS,
         DEMO_MIN_SCORE,
+        DEMO_MIN_SIMILARITY,
         DEMO_TOP_K,
     )
 
@@ -226,6 +230,10 @@ def knowledge_eval(args) -> None:
     if args.choice_scoring:
         reading["kb_choice_scoring"] = args.choice_scoring
     reading["kb_min_score"] = DEMO_MIN_SCORE if args.min_score is None else args.min_score  # over the embedder's
+    if args.min_similarity is not None:
+        reading["kb_min_similarity"] = args.min_similarity
+    elif args.embeddings and Path(args.embeddings).resolve() == Path(DEMO_EMBEDDER).resolve():
+        reading["kb_min_similarity"] = DEMO_MIN_SIMILARITY  # the demo model's reading, as make run
     tally = evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
                      **reading)  # both editions, as make run
     if args.json:

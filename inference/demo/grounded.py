@@ -42,10 +42,12 @@ OWN_NEGATIVE_SHARE = 0.15  # answerable questions also shown their passages with
 OTHER_NEGATIVE_SHARE = 0.1  # ... and another topic's passages
 DEMO_CHUNK_TOKENS = 100  # KB_CHUNK_TOKENS and KB_TOP_K the demo model reads best (make run's)
 DEMO_TOP_K = 3
-# KB_MIN_SCORE for the demo model: it declines weak matches less reliably than a large model, so
-# fewer reach it; with the embedder too (over the 0.3 its training chose without the model).
-# Chosen with KB_DECLINE_BIAS on the development set (eval_sets/dev.jsonl; models/demo/README.md)
-DEMO_MIN_SCORE = 0.4
+# KB_MIN_SCORE and KB_MIN_SIMILARITY for the demo model: it declines weak matches less reliably
+# than a large model, so fewer reach it (over the 0.4 / 0.75 the embedder's training chose
+# without the model). Chosen with KB_DECLINE_BIAS on the development set (eval_sets/dev.jsonl;
+# models/demo/README.md)
+DEMO_MIN_SCORE = 0.6
+DEMO_MIN_SIMILARITY = 0.7
 # KB_ANSWER_BY_QUOTING: the demo model chooses the passage it quotes (or "not found") and the
 # engine writes the quote exactly (each scored whole, inference/engine/choice_scoring.py, or token
 # by token, choices.py): left free, its copy of a passage drifts into bullets it memorised
@@ -55,7 +57,7 @@ DEMO_ANSWER_BY_QUOTING = True
 # DEMO_MIN_SCORE on the development set, models/demo/README.md)
 DEMO_DECLINE_BIAS = 0.6
 # The demo's embedder (inference/demo/train_embedder.py), served beside the model by make run:
-# dense retrieval, and the KB_MIN_SIMILARITY its training chose
+# dense retrieval (read with DEMO_MIN_SIMILARITY over the threshold its training chose)
 DEMO_EMBEDDER = "models/demo-embed"
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,

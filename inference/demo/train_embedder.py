@@ -1,14 +1,16 @@
 """Train the demo's embedder (``inference/embedder.py``) on its own questions and handbook:
-``python -m inference.demo.train_embedder [--out models/demo-embed]`` (about a minute and a half
-on 2 cores; deterministic).
+``python -m inference.demo.train_embedder [--out models/demo-embed]`` (about three minutes on 2
+cores; deterministic).
 
 What it learns: which chunk of the handbook each training question (``qa.jsonl``'s questions
-and paraphrases, never the held-out ones or an evaluation set) is answered from, found as
+and paraphrases and ``embedder_questions.jsonl``'s more wordings of them, never the held-out ones
+or an evaluation set) is answered from, found as
 ``inference.demo.grounded`` finds it for the demo model (the answer searched as a question, the
 best chunk of each edition in the item's sections), as a softmax over every chunk of both
-editions (116 chunks: the whole handbook is each step's negatives). The questions
-the handbook does not answer (``unanswerable.jsonl``) are pushed below a margin against every
-chunk, so that a similarity means "this chunk answers it", not "this sounds like the handbook".
+editions (116 chunks: the whole handbook is each step's negatives). The questions the handbook
+does not answer (``unanswerable.jsonl``'s and ``embedder_questions.jsonl``'s) are pushed below a
+margin against every chunk, so that a similarity means "this chunk answers it", not "this
+sounds like the handbook".
 
 ``KB_MIN_SIMILARITY`` and ``KB_MIN_SCORE`` (a passage is relevant when its cosine or its BM25
 coverage clears its threshold, ``app/knowledge/retrieval.py``): chosen on ``FOLDS`` validation
@@ -32,7 +34,13 @@ from sqlalchemy import select
 from app.knowledge.evaluate import scratch_knowledge_base
 from app.knowledge.retrieval import Retriever
 from app.models import KnowledgeChunk
-from inference.demo.corpus import HANDBOOKS, load_dialogues, load_qa, load_unanswerable
+from inference.demo.corpus import (
+    HANDBOOKS,
+    load_dialogues,
+    load_embedder_questions,
+    load_qa,
+    load_unanswerable,
+)
 from inference.demo.grounded import (
     DEMO_CHUNK_TOKENS,
     DEMO_EMBEDDER,
@@ -56,7 +64,7 @@ class Corpus:
 
     chunks: list[str]  # each chunk's indexed text (heading path + text), by row
     items: list[tuple[list[str], set[int]]]  # (an item's wordings, the rows of the chunks answering it)
-    extra: list[tuple[str, set[int]]]  # answers and follow-ups: always trained on
+    extra: list[tuple[str, set[int]]]  # answers, follow-ups, embedder_questions.jsonl's: always trained on
     unanswerable: list[str]
     coverage: dict[str, float]  # each question's best BM25 coverage (KB_MIN_SCORE's measure)
 
@@ -82,7 +90,7 @@ def gather() -> Corpus:
                 text = cipher.decrypt(text, "kb_chunks", "text_enc", chunk_id)
                 rows[chunk_id] = f"{section}\n{text}" if section else text
         row_of = {chunk_id: i for i, chunk_id in enumerate(rows)}
-        items, extra = [], []
+        items, extra, sources_of = [], [], {}
         for item in load_qa():
             if item["topic"] in UNGROUNDED_TOPICS:
                 continue
@@ -90,13 +98,17 @@ def gather() -> Corpus:
             if sources:
                 items.append(([item["question"], *item["paraphrases"]], sources))
                 extra.append((item["answer"], sources))  # the answer reads like its chunk too
+                sources_of[item["id"]] = sources
+        more = load_embedder_questions()
+        extra += [(row["question"], sources_of[row["answers"]]) for row in more
+                  if row.get("answers") in sources_of]
         for dialogue in load_dialogues():
             messages = dialogue["messages"]
             if len(messages) == 4:  # the follow-up, as the retriever asks it: with the question before
                 sources = {row_of[c] for c in builder.sources_of(messages[3]["content"], "any")}
                 if sources:
                     extra.append((f"{messages[0]['content']}\n{messages[2]['content']}", sources))
-        unanswerable = [row["question"] for row in load_unanswerable()]
+        unanswerable = [row["question"] for row in [*load_unanswerable(), *more] if "near" in row]
         retriever = Retriever(services)
         coverage = {}
         for question in [w for wordings, _ in items for w in wordings[1:]] + unanswerable:

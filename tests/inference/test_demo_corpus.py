@@ -206,3 +206,50 @@ def test_chinese_handbook_matches_english():
     names = _ascii_names(_handbook_body(en))
     assert {"Xinghe-Staff", "vpn.xinghe.example", "Xinghe Connect", "/usage"} <= names
     assert not {n for n in names if n not in zh}, names
+
+
+def _pairs_and_words(text: str) -> set[str]:
+    """A question's Chinese character pairs and Latin words (for near-twin checks)."""
+    chars = CJK.findall(text)
+    return {a + b for a, b in zip(chars, chars[1:])} | set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def test_embedder_questions_are_new_wordings_or_unanswerable(qa):
+    """embedder_questions.jsonl: each row another wording of a handbook item (``answers``: its
+    id) or a question the handbook does not answer (``near``), in its language's script, none a
+    question of qa.jsonl, unanswerable.jsonl or another row."""
+    rows = corpus.load_embedder_questions()
+    by_id = {item["id"]: item for item in qa}
+    sections = {"none"} | {line[3:] for line in corpus.COMPANY_PATH.read_text(encoding="utf-8").splitlines()
+                           if line.startswith("## ")}
+    assert sum("answers" in r for r in rows) >= 1000 and sum("near" in r for r in rows) >= 100
+    for row in rows:
+        assert isinstance(row.get("question"), str) and row["question"].strip(), row
+        assert ("answers" in row) != ("near" in row), row
+        if "answers" in row:
+            item = by_id.get(row["answers"])
+            assert item is not None and item["topic"] not in ("greeting", "smalltalk"), row
+            assert row["lang"] == item["lang"], row
+        else:
+            assert row["near"] in sections, row
+        assert bool(CJK.search(row["question"])) == (row["lang"] == "zh"), row
+    known = {norm(q) for item in qa for q in [item["question"], *item["paraphrases"], *item["heldout"]]}
+    known |= {norm(r["question"]) for r in corpus.load_unanswerable()}
+    keys = [norm(r["question"]) for r in rows]
+    assert len(set(keys)) == len(keys) and not set(keys) & known
+
+
+def test_embedder_questions_are_no_near_twin_of_an_evaluation_question(qa):
+    """Nothing the embedder trains on is a light edit of a held-out paraphrase or a question of
+    the evaluation sets: at most half of either's character pairs and words in common."""
+    from app.knowledge.evaluate import load_questions
+
+    evaluation = [h for item in qa for h in item["heldout"]]
+    evaluation += [item["question"] for name in ("new_wordings.jsonl", "dev.jsonl")
+                   for item in load_questions(corpus.CORPUS_DIR.parent / "eval_sets" / name)]
+    marks = [(q, _pairs_and_words(q)) for q in evaluation]
+    for row in corpus.load_embedder_questions():
+        mine = _pairs_and_words(row["question"])
+        for question, theirs in marks:
+            shared = len(mine & theirs) / max(1, len(mine | theirs))
+            assert shared < 0.5, (row["question"], question, round(shared, 2))

@@ -21,7 +21,7 @@ from inference.embedding_api import embeddings_app, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / DEMO_EMBEDDER
-EVAL_SET = ROOT / "inference" / "demo" / "eval_sets" / "new_wordings.jsonl"
+EVAL_SETS = [ROOT / "inference" / "demo" / "eval_sets" / name for name in ("new_wordings.jsonl", "dev.jsonl")]
 
 
 def test_ngrams_of_chinese_runs_english_words_and_numbers():
@@ -128,13 +128,21 @@ def corpus():
 
 
 def test_no_held_out_or_evaluation_wording_is_trained_on(corpus):
-    from inference.demo.corpus import load_qa
+    """Trained on: qa.jsonl's questions and paraphrases and embedder_questions.jsonl's wordings
+    (always) and unanswerable questions (both files); never a held-out or evaluation question."""
+    from inference.demo.corpus import load_embedder_questions, load_qa, load_unanswerable
 
-    trained = {q for q, _ in train_embedder.split(corpus, None, __import__("random").Random(0)).questions}
+    data = train_embedder.split(corpus, None, __import__("random").Random(0))
+    trained = {q for q, _ in data.questions}
     held_out = {q for item in load_qa() for q in item["heldout"]}
-    evaluation = {json.loads(line)["question"] for line in EVAL_SET.read_text(encoding="utf-8").splitlines()}
+    evaluation = {json.loads(line)["question"] for path in EVAL_SETS
+                  for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
     assert trained and not trained & held_out and not trained & evaluation
-    assert len(corpus.chunks) > 50 and len(corpus.items) > 200 and len(corpus.unanswerable) >= 100
+    assert not set(data.unanswerable) & (held_out | evaluation)
+    more = load_embedder_questions()
+    assert {r["question"] for r in more if "answers" in r} <= trained
+    assert {r["question"] for r in [*more, *load_unanswerable()] if "near" in r} == set(data.unanswerable)
+    assert len(corpus.chunks) > 50 and len(corpus.items) > 200 and len(corpus.unanswerable) >= 250
 
 
 def test_the_shipped_embedder_finds_new_wordings_chunks(corpus):

@@ -49,10 +49,9 @@ def test_make_run_sets_the_ai_bot_up(tmp_path, monkeypatch):
 
 def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     """The engine process serves models/demo-embed at /v1/embeddings; the knowledge base reaches
-    it there with the similarity threshold its training chose (KB_MIN_SCORE: the demo model's); a
-    server the operator configured wins."""
-    from inference.demo.grounded import DEMO_MIN_SCORE
-    from inference.embedder import read_config
+    it there with the demo model's thresholds (KB_MIN_SIMILARITY, KB_MIN_SCORE) over those its
+    training chose; a server the operator configured wins."""
+    from inference.demo.grounded import DEMO_MIN_SCORE, DEMO_MIN_SIMILARITY
     from scripts import run_stack
 
     for name in ("EMBEDDINGS_BASE_URL", "EMBEDDINGS_MODEL", "EMBEDDINGS_API_KEY", "KB_MIN_SIMILARITY",
@@ -61,10 +60,9 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "engine-key-" + "k" * 20)
     env = run_stack.stack_env()
     assert env["EMBEDDINGS_API_KEY"] == env["OPENAI_API_KEY"]  # one server, one key
-    chosen = read_config(run_stack.ROOT / "models" / "demo-embed")
     assert env["EMBEDDINGS_BASE_URL"] == env["OPENAI_BASE_URL"] == f"http://127.0.0.1:{run_stack.ENGINE_PORT}/v1"
     assert env["EMBEDDINGS_MODEL"] == "demo-embed"
-    assert float(env["KB_MIN_SIMILARITY"]) == chosen.min_similarity
+    assert float(env["KB_MIN_SIMILARITY"]) == DEMO_MIN_SIMILARITY
     assert float(env["KB_MIN_SCORE"]) == DEMO_MIN_SCORE  # the demo model's reading, over the embedder's own
     engine = {p.name: p for p in run_stack.programs(env)}["engine"].argv
     assert engine[engine.index("--embeddings") + 1] == str(run_stack.ROOT / "models" / "demo-embed")
@@ -73,3 +71,4 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     env = run_stack.stack_env()
     assert env["EMBEDDINGS_BASE_URL"] == "http://embeddings.internal/v1"
     assert "--embeddings" not in {p.name: p for p in run_stack.programs(env)}["engine"].argv
+    assert "KB_MIN_SIMILARITY" not in env  # the operator's embedder: the setting's default, not the demo's

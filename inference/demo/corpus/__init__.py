@@ -22,6 +22,7 @@ HANDBOOKS = (
     (COMPANY_ZH_PATH, "星河科技员工手册（中文版）"),
 )
 UNANSWERABLE_PATH = CORPUS_DIR / "unanswerable.jsonl"
+EMBEDDER_QUESTIONS_PATH = CORPUS_DIR / "embedder_questions.jsonl"
 
 TOPICS = ("it", "hr", "expense", "travel", "security", "office", "bot", "greeting", "smalltalk")
 LANGS = ("zh", "en")
@@ -62,6 +63,18 @@ def load_unanswerable() -> list[dict]:
     for off-topic questions. Used to teach the model to decline.
     """
     return _read_jsonl(UNANSWERABLE_PATH)
+
+
+def load_embedder_questions() -> list[dict]:
+    """More questions for the embedder alone: ``{"question", "lang", "answers": qa id}`` (another
+    wording of that item's question) or ``{"question", "lang", "near"}`` (one the handbook does
+    not answer, as in ``unanswerable.jsonl``).
+
+    Why apart from ``qa.jsonl``: the embedder learns a question's words only from wordings it
+    has seen and trains in about three minutes; the demo model's training, bounded at 45
+    minutes, stays on ``qa.jsonl``.
+    """
+    return _read_jsonl(EMBEDDER_QUESTIONS_PATH)
 
 
 def training_pairs() -> list[tuple[str, str]]:
