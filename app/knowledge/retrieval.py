@@ -269,18 +269,25 @@ class Retriever:
                 return SearchResult(query, [p for p in passages if p.coverage >= threshold],
                                     passages)
             # Reciprocal rank fusion of the two rankings; a passage is relevant when either side
-            # finds it so (BM25's coverage, or the cosine over KB_MIN_SIMILARITY).
+            # finds it so (BM25's coverage, or the cosine over KB_MIN_SIMILARITY), and the
+            # relevant ones come first: a passage only the dense side ranks, however close, fuses
+            # below passages BM25 alone ranks, and top_k would cut it ("家里老人去世可以请几天假"
+            # found bereavement leave at a cosine of 0.89, fifth).
             cosine = dict(dense)
+            minimum = self.settings.kb_min_similarity
             fused: dict[int, float] = {}
             for ranking in (ranked[:top_k * 5], [c for c, _ in dense]):
                 for rank, chunk_id in enumerate(ranking):
                     fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (RRF_K + rank + 1)
-            best = sorted(fused, key=lambda c: (-fused[c], c))[:top_k]
-            matched = matched_in(best)
-            coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in best}
+            matched = matched_in(list(fused))
+            coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in fused}
+
+            def relevant(chunk_id: int) -> bool:
+                return coverage[chunk_id] >= threshold or cosine.get(chunk_id, -1.0) >= minimum
+
+            best = sorted(fused, key=lambda c: (not relevant(c), -fused[c], c))[:top_k]
             passages = self._passages(session, best, {c: scores.get(c, 0.0) for c in best},
                                       coverage, cosine)
-        minimum = self.settings.kb_min_similarity
         return SearchResult(query, [p for p in passages if p.coverage >= threshold
                                     or (p.similarity is not None and p.similarity >= minimum)],
                             passages)

@@ -455,6 +455,28 @@ def test_dense_vectors_are_sealed_fused_and_scoped(services, monkeypatch):
         store.add(b"# New\n\ntext here\n", "New doc")
 
 
+def test_a_passage_only_the_vectors_find_is_not_cut_by_the_fused_rank(services, monkeypatch):
+    """Fused by rank, a passage BM25 ranks first and the vectors second outranks one only the
+    vectors find; when that one alone is relevant (its cosine over KB_MIN_SIMILARITY), it comes
+    first, not after top_k has cut it."""
+    from app.knowledge import embeddings
+
+    monkeypatch.setattr(services.settings, "embeddings_base_url", "http://127.0.0.1:9/v1")
+    monkeypatch.setattr(services.settings, "kb_min_similarity", 0.9)
+    monkeypatch.setattr(embeddings.EmbeddingClient, "embed", lambda self, texts: concept_vectors(texts))
+    store = KnowledgeStore(services)
+    store.add(b"# Office\n\n## Pets\n\nDogs may come to the office on Fridays.\n", "Office rules")
+    store.add(b"# Canteen\n\n## Hours\n\nCanteen hours: lunch 11:30 to 13:30.\n", "Canteen")
+    question = "canteen hours for my \u732b"  # "猫" is in no document: the vectors' pet
+    retriever = Retriever(services)
+    both = retriever.search(question, [], top_k=2, min_score=0.95)
+    assert [p.section for p in both.passages] == ["Pets"]  # the relevant one: its cosine
+    assert [p.section for p in both.candidates] == ["Pets", "Hours"]
+    assert both.candidates[1].coverage > 0 and both.candidates[1].score > both.candidates[0].score
+    first = retriever.search(question, [], top_k=1, min_score=0.95)
+    assert first.found and first.passages[0].section == "Pets" and first.passages[0].similarity > 0.9
+
+
 def test_a_new_blind_index_key_keeps_documents_found_until_reindexed(services, env, store, loaded):
     import secrets
 
