@@ -271,8 +271,7 @@ class Retriever:
             # Reciprocal rank fusion of the two rankings; a passage is relevant when either side
             # finds it so (BM25's coverage, or the cosine over KB_MIN_SIMILARITY), and the
             # relevant ones come first: a passage only the dense side ranks, however close, fuses
-            # below passages BM25 alone ranks, and top_k would cut it ("家里老人去世可以请几天假"
-            # found bereavement leave at a cosine of 0.89, fifth).
+            # below passages BM25 alone ranks, however weak, and top_k would cut it.
             cosine = dict(dense)
             minimum = self.settings.kb_min_similarity
             fused: dict[int, float] = {}
