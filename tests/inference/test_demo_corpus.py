@@ -242,11 +242,9 @@ def test_embedder_questions_are_new_wordings_or_unanswerable(qa):
 def test_embedder_questions_are_no_near_twin_of_an_evaluation_question(qa):
     """Nothing the embedder trains on is a light edit of a held-out paraphrase or a question of
     the evaluation sets: at most half of either's character pairs and words in common."""
-    from app.knowledge.evaluate import load_questions
+    from inference.demo import eval_sets
 
-    evaluation = [h for item in qa for h in item["heldout"]]
-    evaluation += [item["question"] for name in ("new_wordings.jsonl", "dev.jsonl")
-                   for item in load_questions(corpus.CORPUS_DIR.parent / "eval_sets" / name)]
+    evaluation = [h for item in qa for h in item["heldout"]] + sorted(eval_sets.questions())
     marks = [(q, _pairs_and_words(q)) for q in evaluation]
     for row in corpus.load_embedder_questions():
         mine = _pairs_and_words(row["question"])

@@ -7,9 +7,9 @@ import re
 import pytest
 
 from app.knowledge import prompt
-from app.knowledge.evaluate import load_questions
 from app.knowledge.retrieval import Passage
-from inference.demo.corpus import CORPUS_DIR, heldout_pairs
+from inference.demo import eval_sets
+from inference.demo.corpus import heldout_pairs
 from inference.demo.grounded import grounded_samples, holding, pieces
 from inference.demo.train import SYSTEM_PROMPT
 
@@ -51,6 +51,5 @@ def test_answers_cite_a_passage_that_holds_them_and_declines_say_the_rules_words
 def test_no_held_out_or_evaluation_question_is_trained_on(samples):
     asked = {m["content"] for s in samples for m in s.messages if m["role"] == "user"}
     held_out = {q for q, _ in heldout_pairs()}
-    evaluation = {item["question"] for name in ("new_wordings.jsonl", "dev.jsonl")
-                  for item in load_questions(CORPUS_DIR.parent / "eval_sets" / name)}
+    evaluation = eval_sets.questions()
     assert asked and not asked & held_out and not asked & evaluation

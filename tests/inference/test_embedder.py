@@ -21,7 +21,6 @@ from inference.embedding_api import embeddings_app, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / DEMO_EMBEDDER
-EVAL_SETS = [ROOT / "inference" / "demo" / "eval_sets" / name for name in ("new_wordings.jsonl", "dev.jsonl")]
 
 
 def test_ngrams_of_chinese_runs_english_words_and_numbers():
@@ -130,13 +129,13 @@ def corpus():
 def test_no_held_out_or_evaluation_wording_is_trained_on(corpus):
     """Trained on: qa.jsonl's questions and paraphrases and embedder_questions.jsonl's wordings
     (always) and unanswerable questions (both files); never a held-out or evaluation question."""
+    from inference.demo import eval_sets
     from inference.demo.corpus import load_embedder_questions, load_qa, load_unanswerable
 
     data = train_embedder.split(corpus, None, __import__("random").Random(0))
     trained = {q for q, _ in data.questions}
     held_out = {q for item in load_qa() for q in item["heldout"]}
-    evaluation = {json.loads(line)["question"] for path in EVAL_SETS
-                  for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    evaluation = eval_sets.questions()
     assert trained and not trained & held_out and not trained & evaluation
     assert not set(data.unanswerable) & (held_out | evaluation)
     more = load_embedder_questions()
