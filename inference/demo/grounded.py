@@ -43,7 +43,7 @@ OTHER_NEGATIVE_SHARE = 0.1  # ... and another topic's passages
 DEMO_CHUNK_TOKENS = 100  # KB_CHUNK_TOKENS and KB_TOP_K the demo model reads best (make run's)
 DEMO_TOP_K = 3
 # KB_MIN_SCORE and KB_MIN_SIMILARITY for the demo model: it declines weak matches less reliably
-# than a large model, so fewer reach it (over the 0.75 / 0.4 the embedder's training chose
+# than a large model, so fewer reach it (over the 0.60 / 0.6 the embedder's training chose
 # without the model). Chosen with KB_DECLINE_BIAS on the development set (eval_sets/dev.jsonl;
 # models/demo/README.md)
 DEMO_MIN_SCORE = 0.7
