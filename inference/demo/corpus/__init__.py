@@ -71,7 +71,7 @@ def load_embedder_questions() -> list[dict]:
     not answer, as in ``unanswerable.jsonl``).
 
     Why apart from ``qa.jsonl``: the embedder learns a question's words only from wordings it
-    has seen and trains in about three minutes; the demo model's training, bounded at 45
+    has seen and trains in about fifteen minutes; the demo model's training, bounded at 45
     minutes, stays on ``qa.jsonl``.
     """
     return _read_jsonl(EMBEDDER_QUESTIONS_PATH)

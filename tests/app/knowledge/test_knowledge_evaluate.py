@@ -44,7 +44,8 @@ def test_the_shipped_set_is_new_wordings_with_enough_of_each_kind():
     assert not [i["question"] for i in items + tuning if i["question"] in trained]
     assert not {i["question"] for i in items} & {i["question"] for i in tuning}
     assert sum(1 for i in items if i.get("facts")) >= 40 and sum(1 for i in items if i.get("out_of_scope")) >= 30
-    assert sum(1 for i in tuning if i.get("facts")) >= 40 and sum(1 for i in tuning if i.get("out_of_scope")) >= 20
+    # the development set chooses the reading: big enough that one retrain's noise does not (255 + 86)
+    assert sum(1 for i in tuning if i.get("facts")) >= 250 and sum(1 for i in tuning if i.get("out_of_scope")) >= 80
 
 
 def test_a_bad_line_is_refused(tmp_path):
