@@ -122,10 +122,9 @@ def gather() -> Corpus:
                 rows[chunk_id] = f"{section}\n{text}" if section else text
         row_of = {chunk_id: i for i, chunk_id in enumerate(rows)}
         items, extra, sources_of = [], [], {}
-        answering = answering_chunks(builder, [item for item in load_qa() if item["topic"] not in UNGROUNDED_TOPICS])
-        for item in load_qa():
-            if item["topic"] in UNGROUNDED_TOPICS:
-                continue
+        grounded = [item for item in load_qa() if item["topic"] not in UNGROUNDED_TOPICS]
+        answering = answering_chunks(builder, grounded)
+        for item in grounded:
             sources = {row_of[c] for c in answering[item["id"]]}
             if sources:
                 items.append(([item["question"], *item["paraphrases"]], sources))
