@@ -34,7 +34,6 @@ from inference.demo.corpus import (
     COMPANY_ZH_PATH,
     HANDBOOKS,
     load_dialogues,
-    load_embedder_questions,
     load_qa,
     load_unanswerable,
 )
@@ -50,9 +49,6 @@ UNGROUNDED_TOPICS = ("greeting", "smalltalk")  # small talk: the worker never se
 HOLDS_ANSWER = 0.4  # share of the answer's distinctive pieces a passage must hold
 OWN_NEGATIVE_SHARE = 0.15  # answerable questions also shown their passages without the answer
 OTHER_NEGATIVE_SHARE = 0.1  # ... and another topic's passages
-# share of embedder_questions.jsonl's wordings (answerable and not) the demo model trains on too:
-# more ways of asking for choosing the passage that answers, within its 45-minute training
-MORE_WORDINGS_SHARE = 0.25
 DEMO_CHUNK_TOKENS = 100  # KB_CHUNK_TOKENS and KB_TOP_K the demo model reads best (make run's)
 DEMO_TOP_K = 3
 # KB_MIN_SCORE and KB_MIN_SIMILARITY for the demo model: it declines weak matches less reliably
@@ -233,8 +229,7 @@ def _assistant(text: str) -> dict:
 
 def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
     """Every grounded training conversation: qa.jsonl's questions and paraphrases (held-out ones
-    excluded), a share of embedder_questions.jsonl's, the dialogues' follow-ups, and the
-    unanswerable questions."""
+    excluded), the dialogues' follow-ups, and the unanswerable questions."""
     rng = random.Random(seed)
     items = [item for item in load_qa() if item["topic"] not in UNGROUNDED_TOPICS]
     by_topic: dict[str, list[str]] = {}
@@ -254,16 +249,6 @@ def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
                 if prompt.is_small_talk(question):
                     continue
                 samples += builder.answerable(question, answering[item["id"]], others)
-        topic_of = {item["id"]: item["topic"] for item in items}
-        for row in load_embedder_questions():
-            if rng.random() >= MORE_WORDINGS_SHARE:
-                continue
-            if row.get("answers") in answering:
-                others = [q for topic, qs in by_topic.items() if topic != topic_of[row["answers"]]
-                          for q in qs]
-                samples += builder.answerable(row["question"], answering[row["answers"]], others)
-            elif "near" in row:
-                samples += builder.unanswerable(row["question"])
         for dialogue in load_dialogues():
             samples += _dialogue_samples(builder, dialogue["messages"])
         for row in load_unanswerable():

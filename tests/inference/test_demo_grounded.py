@@ -72,10 +72,3 @@ def test_an_answer_quotes_a_chunk_found_in_its_own_language(samples):
     for question, replies in quoted.items():
         assert all(any(w in r for w in wanted[question]) for r in replies), (question, replies)
 
-
-def test_a_share_of_the_embedders_wordings_is_trained_on_too(samples):
-    from inference.demo.corpus import load_embedder_questions
-
-    asked = {m["content"] for s in samples for m in s.messages if m["role"] == "user"}
-    more = {row["question"] for row in load_embedder_questions()}
-    assert 0.1 < len(asked & more) / len(more) < 0.4

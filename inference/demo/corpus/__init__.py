@@ -66,13 +66,13 @@ def load_unanswerable() -> list[dict]:
 
 
 def load_embedder_questions() -> list[dict]:
-    """More questions, written for the embedder: ``{"question", "lang", "answers": qa id}``
-    (another wording of that item's question) or ``{"question", "lang", "near"}`` (one the
-    handbook does not answer, as in ``unanswerable.jsonl``).
+    """More questions for the embedder alone: ``{"question", "lang", "answers": qa id}`` (another
+    wording of that item's question) or ``{"question", "lang", "near"}`` (one the handbook does
+    not answer, as in ``unanswerable.jsonl``).
 
     Why apart from ``qa.jsonl``: the embedder learns a question's words only from wordings it
-    has seen and trains on all of them in about fifteen minutes; the demo model, whose training
-    is bounded at 45 minutes, takes a share (``grounded.MORE_WORDINGS_SHARE``).
+    has seen and trains in about fifteen minutes; the demo model's training, bounded at 45
+    minutes, stays on ``qa.jsonl``.
     """
     return _read_jsonl(EMBEDDER_QUESTIONS_PATH)
 
