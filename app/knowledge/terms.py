@@ -20,9 +20,9 @@ import re
 import threading
 from collections import Counter
 
-# Part of every document's content hash: a change to how terms or chunks are made re-indexes a
-# document on its next upload (``make run``'s handbook); ``kb reindex`` does every document at once.
-INDEX_VERSION = "6"
+# Part of every document's content hash: a change to how terms are made re-indexes a document on
+# its next upload (``make run``'s handbook); ``kb reindex`` does every document at once.
+INDEX_VERSION = "5"
 _JIEBA_LOCK = threading.Lock()
 _jieba = None
 

@@ -14,10 +14,8 @@ as the worker searches it (`Retriever.search`, a follow-up with the question bef
   questions shown passages that lack the answer: their own with the answering ones taken out,
   or another topic's. Those negatives make the model read the passages, not just the question.
 
-Which passages hold an answer (``answering_chunks``): in each edition, the chunk that edition's
-own-language answer finds when searched as the question (within the item's handbook sections),
-i.e. the text it was written from; the dialogues' follow-ups, which have no twin, take the best
-chunk of each edition for their answer.
+Which passages hold an answer: the chunks found when the answer itself is the question (the best
+of each edition, within the item's handbook sections), i.e. the text it was written from.
 """
 
 from __future__ import annotations
@@ -29,14 +27,7 @@ from dataclasses import dataclass
 from app.knowledge import prompt
 from app.knowledge.evaluate import scratch_knowledge_base
 from app.knowledge.retrieval import Passage, Retriever
-from app.knowledge.store import CHUNK_ID_SPAN
-from inference.demo.corpus import (
-    COMPANY_ZH_PATH,
-    HANDBOOKS,
-    load_dialogues,
-    load_qa,
-    load_unanswerable,
-)
+from inference.demo.corpus import HANDBOOKS, load_dialogues, load_qa, load_unanswerable
 
 # qa.jsonl's topics -> the handbook sections that may answer them (section 1 holds the contacts)
 TOPIC_SECTIONS = {
@@ -68,10 +59,6 @@ DEMO_DECLINE_BIAS = 0.6
 # The demo's embedder (inference/demo/train_embedder.py), served beside the model by make run:
 # dense retrieval (read with DEMO_MIN_SIMILARITY over the threshold its training chose)
 DEMO_EMBEDDER = "models/demo-embed"
-# the scratch knowledge base uploads HANDBOOKS in order into a fresh database: document 1, 2, ...
-# (a chunk's id is its document's id x CHUNK_ID_SPAN + its ordinal)
-EDITION_DOCUMENT = {"zh" if path == COMPANY_ZH_PATH else "en": number
-                    for number, (path, _) in enumerate(HANDBOOKS, 1)}
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,
     "HR（分机 8000）/ HR (ext. 8000)", "行政（分机 8200）/ Admin (ext. 8200)",
@@ -163,15 +150,15 @@ class Builder:
         return self.retriever.search(question, [], previous=previous, min_score=0.0).candidates[
             : self.top_k]
 
-    def answerable(self, question: str, sources: set[int], others: list[str],
+    def answerable(self, question: str, answer: str, topic: str, others: list[str],
                    history: list[dict] | None = None, previous: str | None = None) -> list[Sample]:
-        """The samples for a question whose answer the chunks ``sources`` hold."""
         history = history or []
         result = self.retriever.search(question, [], previous=previous)
         if not result.found:
             return []  # the worker declines without the model: nothing to learn here
         passages = result.passages
         ask = [*history, {"role": "user", "content": question}]
+        sources = self.sources_of(answer, topic)
         held = [i for i, p in enumerate(passages) if p.chunk_id in sources]
         if not held:  # retrieval missed: the honest answer from these passages is "not found"
             reply = decline_for(question)
@@ -198,31 +185,6 @@ class Builder:
         return [Sample(self.conversation(passages, turns), "decline")]
 
 
-def twin_key(item_id: str) -> tuple[str, int]:
-    """``qa.jsonl`` writes each item twice, Chinese and English, with consecutive numbers
-    ("hr-marriage-045" and "-046"): the key the two share."""
-    name, number = item_id.rsplit("-", 1)
-    return name, (int(number) + 1) // 2
-
-
-def answering_chunks(builder: Builder, items: list[dict]) -> dict[str, set[int]]:
-    """The chunks that answer each item: in each edition, the one that edition's own-language
-    answer finds, the item's own in its language's edition and its twin's in the other.
-
-    Why not each edition's best match for the item's answer alone: across languages BM25 matches
-    little but glosses and numbers, and found the English "Annual leave 年假: 10 days" for "婚假为
-    10天" and "Referral bonus" for the sick-note rule: wrong chunks taught as right ones."""
-    own = {}
-    for item in items:
-        document = EDITION_DOCUMENT[item["lang"]]
-        own[item["id"]] = {c for c in builder.sources_of(item["answer"], item["topic"])
-                           if c // CHUNK_ID_SPAN == document}
-    by_key: dict[tuple[str, int], set[int]] = {}
-    for item in items:
-        by_key.setdefault(twin_key(item["id"]), set()).update(own[item["id"]])
-    return {item["id"]: by_key[twin_key(item["id"])] for item in items}
-
-
 def _assistant(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
@@ -242,13 +204,12 @@ def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
     with scratch_knowledge_base(HANDBOOKS, kb_chunk_tokens=DEMO_CHUNK_TOKENS,
                                 kb_top_k=DEMO_TOP_K) as services:
         builder = Builder(services, system_prompt, rng)
-        answering = answering_chunks(builder, items)
         for item in items:
             others = [q for topic, qs in by_topic.items() if topic != item["topic"] for q in qs]
             for question in [item["question"], *item["paraphrases"]]:
                 if prompt.is_small_talk(question):
                     continue
-                samples += builder.answerable(question, answering[item["id"]], others)
+                samples += builder.answerable(question, item["answer"], item["topic"], others)
         for dialogue in load_dialogues():
             samples += _dialogue_samples(builder, dialogue["messages"])
         for row in load_unanswerable():
@@ -264,6 +225,5 @@ def _dialogue_samples(builder: Builder, messages: list[dict]) -> list[Sample]:
     first_q, first_a, follow_q, follow_a = (m["content"] for m in messages)
     history = [{"role": "user", "content": first_q}, _assistant(first_a)]
     # the dialogues carry no topic: any section may hold the answer
-    sources = builder.sources_of(follow_a, "any")
-    return [s for s in builder.answerable(follow_q, sources, [], history, previous=first_q)
+    return [s for s in builder.answerable(follow_q, follow_a, "any", [], history, previous=first_q)
             if s.kind == "answer"]

@@ -6,7 +6,7 @@ bot answers without a knowledge base) and, mostly, as the worker asks with a kno
 the retrieved passages in the system message, the answer marked with the passage that holds it,
 "not found" when none does (`inference.demo.grounded`). Loss on the assistant's reply only, plus
 the DeepSeek-V3 MTP loss (depth d predicts the token d + 2 ahead) so that MTP drafts are accepted.
-Deterministic (fixed seed, deterministic algorithms, 2 threads); about 37 minutes on the 2-core CPU.
+Deterministic (fixed seed, deterministic algorithms, 2 threads); about 40 minutes on the 2-core CPU.
 
 Training runs the model's own modules in a batched, cache-free forward (`batched_forward`):
 every training sequence is shorter than the sliding window (1,024 tokens here, room for four
@@ -330,7 +330,7 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m inference.demo.train")
     parser.add_argument("--out", type=Path, default=Path("models/demo"))
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=9)
     parser.add_argument("--tokens-per-batch", type=int, default=3072)
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args(argv)

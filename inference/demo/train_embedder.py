@@ -5,9 +5,9 @@ cores, four fifths of it the validation folds; deterministic).
 What it learns: which chunk of the handbook each training question (``qa.jsonl``'s questions
 and paraphrases and ``embedder_questions.jsonl``'s more wordings of them, never the held-out ones
 or an evaluation set) is answered from, found as
-``inference.demo.grounded.answering_chunks`` finds it for the demo model (in each edition, the
-chunk its own-language answer finds searched as a question), as a softmax over every chunk of
-both editions (120 chunks: the whole handbook is each step's negatives). The questions the handbook
+``inference.demo.grounded`` finds it for the demo model (the answer searched as a question, the
+best chunk of each edition in the item's sections), as a softmax over every chunk of both
+editions (116 chunks: the whole handbook is each step's negatives). The questions the handbook
 does not answer (``unanswerable.jsonl``'s and ``embedder_questions.jsonl``'s) are pushed below a
 margin against every chunk, so that a similarity means "this chunk answers it", not "this
 sounds like the handbook".
@@ -33,8 +33,10 @@ from sqlalchemy import select
 
 from app.knowledge.evaluate import scratch_knowledge_base
 from app.knowledge.retrieval import Retriever
+from app.knowledge.store import CHUNK_ID_SPAN
 from app.models import KnowledgeChunk
 from inference.demo.corpus import (
+    COMPANY_ZH_PATH,
     HANDBOOKS,
     load_dialogues,
     load_embedder_questions,
@@ -47,10 +49,13 @@ from inference.demo.grounded import (
     DEMO_MIN_SCORE,
     UNGROUNDED_TOPICS,
     Builder,
-    answering_chunks,
 )
 from inference.embedder import Embedder, EmbedderConfig
 
+# the scratch knowledge base uploads HANDBOOKS in order into a fresh database: document 1, 2, ...
+# (a chunk's id is its document's id x CHUNK_ID_SPAN + its ordinal)
+EDITION_DOCUMENT = {"zh" if path == COMPANY_ZH_PATH else "en": number
+                    for number, (path, _) in enumerate(HANDBOOKS, 1)}
 TEMPERATURE = 0.1
 MARGIN = 0.3  # an unanswerable question's best chunk is pushed below this cosine
 EPOCHS = 30
@@ -77,6 +82,31 @@ class Data:
     unanswerable: list[str]
     held: list[tuple[str, set[int]]]  # a validation fold (empty when training on all)
     held_unanswerable: list[str]
+
+
+def twin_key(item_id: str) -> tuple[str, int]:
+    """``qa.jsonl`` writes each item twice, Chinese and English, with consecutive numbers
+    ("hr-marriage-045" and "-046"): the key the two share."""
+    name, number = item_id.rsplit("-", 1)
+    return name, (int(number) + 1) // 2
+
+
+def answering_chunks(builder: Builder, items: list[dict]) -> dict[str, set[int]]:
+    """The chunks that answer each item: in each edition, the one that edition's own-language
+    answer finds, the item's own in its language's edition and its twin's in the other.
+
+    Why not each edition's best match for the item's answer alone: across languages BM25 matches
+    little but glosses and numbers, and found the English "Annual leave 年假: 10 days" for "婚假为
+    10天" and "Referral bonus" for the sick-note rule: wrong chunks taught as right ones."""
+    own = {}
+    for item in items:
+        document = EDITION_DOCUMENT[item["lang"]]
+        own[item["id"]] = {c for c in builder.sources_of(item["answer"], item["topic"])
+                           if c // CHUNK_ID_SPAN == document}
+    by_key: dict[tuple[str, int], set[int]] = {}
+    for item in items:
+        by_key.setdefault(twin_key(item["id"]), set()).update(own[item["id"]])
+    return {item["id"]: by_key[twin_key(item["id"])] for item in items}
 
 
 def gather() -> Corpus:

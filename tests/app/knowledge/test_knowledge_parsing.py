@@ -176,30 +176,6 @@ def test_long_sections_are_packed_and_cut_at_sentences_within_the_size():
     assert all(f"第{i}条" in joined for i in range(40)) and "短段落" in joined
 
 
-def test_a_cut_table_repeats_its_header_and_keeps_its_rows():
-    rows = "\n".join(f"| 城市{i} | 每晚 {i}00 元 住宿上限说明文字 |" for i in range(12))
-    table = "| 城市 | 住宿标准 |\n|---|---|\n" + rows
-    chunks = chunk_blocks([Block("差旅", 1), Block(table)], max_tokens=60)
-    assert len(chunks) > 1 and all(c.tokens <= 60 for c in chunks)
-    for chunk in chunks:
-        lines = chunk.text.split("\n")
-        assert lines[:2] == ["| 城市 | 住宿标准 |", "|---|---|"], chunk.text
-        assert all(line.startswith("| 城市") and line.endswith("|") for line in lines[2:])  # whole rows
-    assert sum(len(c.text.split("\n")) - 2 for c in chunks) == 12  # every row once
-
-
-def test_a_cut_list_repeats_the_line_that_introduces_it():
-    """ "Outside mainland China: 1,500" alone says nothing: each piece keeps what it is a limit of,
-    and a sentence wrapped over two lines stays in one piece."""
-    items = "\n".join(f"  - 第{i}类城市（含周边各区县）：**{i}00 元**" for i in range(1, 9))
-    block = "- **住宿标准（每晚）**：\n" + items + "\n  - 中国大陆以外（含香港、澳门）：须在 **24 小时**内\n    报告并经批准"
-    chunks = chunk_blocks([Block("差旅", 1), Block(block)], max_tokens=60)
-    assert len(chunks) > 1 and all(c.tokens <= 60 for c in chunks)
-    assert all(c.text.startswith("- **住宿标准（每晚）**：\n  - ") for c in chunks)
-    assert "须在 **24 小时**内\n    报告并经批准" in chunks[-1].text
-    assert [c.text.count("元**") for c in chunks] != [8] and sum(c.text.count("元**") for c in chunks) == 8
-
-
 def test_count_tokens_cjk_chars_and_words():
     assert count_tokens("年假 annual leave 10 days") == 6
     assert count_tokens("") == 0
