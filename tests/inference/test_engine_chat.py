@@ -2,16 +2,31 @@
 
 One Celery worker process (threads pool) holds one engine; concurrent employees' questions are
 batched into it (with MTP speculative decoding, k=4: greedy answers are the plain ones), and the
-answers come from the handbook the demo model was trained on.
+answers come from the handbook in the knowledge base, loaded and read as `make run` does (the
+model chooses the passage that answers and quotes it): the path employees take. Not its
+recitation without a knowledge base, which this 7M-parameter model gets right for about one
+question in five (20 of the first 80, 7 Dec 2026), too few for 8 questions to tell.
 """
 
 import re
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from inference.demo.corpus import load_qa
+from inference.demo.corpus import HANDBOOKS, load_qa
+from inference.demo.grounded import (
+    DEMO_ANSWER_BY_QUOTING,
+    DEMO_CHUNK_TOKENS,
+    DEMO_DECLINE_BIAS,
+    DEMO_EMBEDDER,
+    DEMO_MIN_SCORE,
+    DEMO_MIN_SIMILARITY,
+    DEMO_TOP_K,
+)
+from inference.embedding_api import served_settings
 from tests.support.stack import ROOT, Stack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -21,12 +36,24 @@ MODEL_DIR = ROOT / "models" / "demo"
 
 @pytest.fixture(scope="module")
 def engine_stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("engine"), db_kind="postgres", redis_db=8, extra_env={
-        "INFERENCE_BACKEND": "engine", "MODEL_DIR": str(MODEL_DIR), "TEMPERATURE": "0",
-        "MAX_NEW_TOKENS": "96", "ENGINE_MAX_NUM_SEQS": "16",
-        "ENGINE_SPECULATIVE_K": "4"}).start()
-    yield s
-    s.stop()
+    # make run's knowledge base: both handbook editions, the demo embedder served over HTTP for
+    # dense retrieval, and the demo model's reading (quoting, its thresholds and decline bias)
+    with served_settings(ROOT / DEMO_EMBEDDER) as embeddings:
+        reading = {**embeddings, "kb_chunk_tokens": DEMO_CHUNK_TOKENS, "kb_top_k": DEMO_TOP_K,
+                   "kb_min_score": DEMO_MIN_SCORE, "kb_min_similarity": DEMO_MIN_SIMILARITY,
+                   "kb_answer_by_quoting": str(DEMO_ANSWER_BY_QUOTING).lower(),
+                   "kb_decline_bias": DEMO_DECLINE_BIAS}
+        s = Stack(tmp_path_factory.mktemp("engine"), db_kind="postgres", redis_db=8, extra_env={
+            "INFERENCE_BACKEND": "engine", "MODEL_DIR": str(MODEL_DIR), "TEMPERATURE": "0",
+            "MAX_NEW_TOKENS": "96", "ENGINE_MAX_NUM_SEQS": "16", "ENGINE_SPECULATIVE_K": "4",
+            **{key.upper(): str(value) for key, value in reading.items()}}).start()
+        try:
+            for path, title in HANDBOOKS:
+                subprocess.run([sys.executable, "-m", "app.cli", "kb", "add", str(path), "--title", title],
+                               env=s.env, check=True, capture_output=True)
+            yield s
+        finally:
+            s.stop()
 
 
 def key_facts(answer: str) -> set[str]:
@@ -52,7 +79,7 @@ def test_concurrent_employees_share_one_engine_and_get_handbook_answers(engine_s
         replies = stack.replies(user)
         assert len(replies) == 1 and replies[0].strip(), replies
         matched += bool(key_facts(item["answer"]) & key_facts(replies[0]))
-    assert matched >= len(items) // 2, f"only {matched} of {len(items)} answers carried the handbook's facts"
+    assert matched >= len(items) - 1, f"only {matched} of {len(items)} answers carried the handbook's facts"
     batch = [int(n) for n in re.findall(r"engine batch size reached (\d+)", stack.log("worker"))]
     assert batch and max(batch) >= 2, "concurrent chats were not batched into the one engine"
     assert "MTP speculative decoding, 4 drafts per step" in stack.log("worker")
