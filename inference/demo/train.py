@@ -330,7 +330,7 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m inference.demo.train")
     parser.add_argument("--out", type=Path, default=Path("models/demo"))
-    parser.add_argument("--epochs", type=int, default=9)
+    parser.add_argument("--epochs", type=int, default=7)
     parser.add_argument("--tokens-per-batch", type=int, default=3072)
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args(argv)
