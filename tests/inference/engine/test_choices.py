@@ -75,14 +75,18 @@ def test_a_reply_it_would_not_write_is_still_written_exactly(demo):
 
 
 def test_once_one_reply_is_left_it_is_written_in_the_same_step(demo):
-    engine, own = demo
-    request = engine.add_request(QUESTION, SamplingParams(temperature=0, max_tokens=200, choice=[own, *OTHERS]))
+    engine, _ = demo
+    # two long replies that part at their first token (not the model's own reply, whose length
+    # changes with each retrain of the demo model)
+    replies = [f"请联系 IT 服务台（分机 8100），工作日 08:30–19:00 有人接听。{OTHERS[0]}", OTHERS[1]]
+    request = engine.add_request(QUESTION, SamplingParams(temperature=0, max_tokens=200, choice=replies))
     steps, final = 0, None
     while final is None:
         steps += 1
         final = next((o for o in engine.step() if o.request_id == request and o.finished), None)
-    tokens = len(engine.tokenizer.reply_ids(own))
-    assert final.text.strip() == own and tokens > 10
+    assert final.text.strip() in replies
+    tokens = len(engine.tokenizer.reply_ids(final.text.strip()))
+    assert tokens > 10
     assert steps <= 4, f"{steps} steps for {tokens} tokens"  # the prompt, then the choice, then the rest at once
 
 
