@@ -5,7 +5,7 @@ batched into it (with MTP speculative decoding, k=4: greedy answers are the plai
 answers come from the handbook in the knowledge base, loaded and read as `make run` does (the
 model chooses the passage that answers and quotes it): the path employees take. Not its
 recitation without a knowledge base, which this 7M-parameter model gets right for about one
-question in five (20 of the first 80, 7 Dec 2026), too few for 8 questions to tell.
+question in five (15 of the first 80, 7 Dec 2026), too few for 8 questions to tell.
 """
 
 import re
