@@ -8,6 +8,7 @@ so the restart test's traffic never meets another run's.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -103,6 +104,10 @@ def test_the_broker_restarted_mid_traffic_loses_nothing_and_doubles_nothing(stac
     time.sleep(2)
     assert len(stack.outbox_rows()) - before == 16  # each message accepted once
     assert answered_once(stack, expected) == {}
-    log = stack.log("worker")  # the broker really went away, and the worker came back in-process
-    assert "Connection to broker lost" in log and log.count("Connected to amqp://") >= 2
+    # the broker really went away, and the worker came back in-process: Celery says the first in
+    # one of two words, as its consumer held a connection object when the error reached it or not
+    # (stop 48's CI saw the second once); the second connect is the same in both
+    log = stack.log("worker")
+    assert "Connection to broker lost" in log or "consumer: Cannot connect to amqp://" in log, log[-3000:]
+    assert len(re.findall(r"(?<!pidbox: )Connected to amqp://", log)) >= 2, log[-3000:]
     assert stack.procs["worker"].pid == worker_pid and stack.procs["worker"].poll() is None
