@@ -34,15 +34,7 @@ from pathlib import Path
 import requests
 
 from inference.demo.corpus import COMPANY_PATH, HANDBOOKS
-from inference.demo.grounded import (
-    DEMO_ANSWER_BY_QUOTING,
-    DEMO_CHUNK_TOKENS,
-    DEMO_DECLINE_BIAS,
-    DEMO_EMBEDDER,
-    DEMO_MIN_SCORE,
-    DEMO_MIN_SIMILARITY,
-    DEMO_TOP_K,
-)
+from inference.demo.grounded import DEMO_EMBEDDER, as_environment, demo_reading
 from inference.embedder import read_config
 from scripts.supervisor import Program, Supervisor
 
@@ -117,23 +109,22 @@ def stack_env() -> dict[str, str]:
         # The bundled demo model quotes the passage that answers: it was trained on short
         # passages, about one handbook bullet each, and is shown only fairly close matches
         # (inference/demo/grounded.py).
-        env.setdefault("KB_CHUNK_TOKENS", str(DEMO_CHUNK_TOKENS))
-        env.setdefault("KB_TOP_K", str(DEMO_TOP_K))
-        env.setdefault("KB_MIN_SCORE", str(DEMO_MIN_SCORE))  # the demo model's, over the embedder's own
         embedder = read_config(ROOT / DEMO_EMBEDDER)
-        if env.get("ENGINE_SERVED") and embedder is not None and not env.get("EMBEDDINGS_BASE_URL"):
+        dense = bool(env.get("ENGINE_SERVED")) and embedder is not None and not env.get("EMBEDDINGS_BASE_URL")
+        if dense:
             # Dense retrieval with the demo's embedder, served by the same engine process
-            # (inference/demo/train_embedder.py), with the similarity threshold its training chose.
+            # (inference/demo/train_embedder.py).
             env["ENGINE_EMBEDDINGS"] = str(ROOT / DEMO_EMBEDDER)
             env["EMBEDDINGS_BASE_URL"] = env["OPENAI_BASE_URL"]
             env["EMBEDDINGS_MODEL"] = Path(DEMO_EMBEDDER).name
             if env.get("OPENAI_API_KEY"):  # the same server: the key the worker sends it
                 env.setdefault("EMBEDDINGS_API_KEY", env["OPENAI_API_KEY"])
-            env.setdefault("KB_MIN_SIMILARITY", str(DEMO_MIN_SIMILARITY))  # the demo model's, over the embedder's
-            for name, value in embedder.chosen_settings().items():
-                env.setdefault(name.upper(), str(value))
-        env.setdefault("KB_ANSWER_BY_QUOTING", str(DEMO_ANSWER_BY_QUOTING).lower())
-        env.setdefault("KB_DECLINE_BIAS", str(DEMO_DECLINE_BIAS))
+        # the demo model's reading (its thresholds over those the embedder's training chose)
+        for name, value in as_environment(demo_reading(dense)).items():
+            env.setdefault(name, value)
+        if dense:
+            for name, value in as_environment(embedder.chosen_settings()).items():
+                env.setdefault(name, value)
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)

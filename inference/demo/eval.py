@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from inference.demo.corpus import HANDBOOKS, heldout_pairs, load_qa
-from inference.demo.grounded import DEMO_EMBEDDER
+from inference.demo.grounded import DEMO_EMBEDDER, demo_reading
 from inference.demo.train import SYSTEM_PROMPT
 from inference.llm import LLM
 from inference.sampling_params import SamplingParams
@@ -210,30 +210,19 @@ def knowledge_eval(args) -> None:
     import json
 
     from app.knowledge.evaluate import evaluate, load_questions  # noqa: PLC0415
-    from inference.demo.grounded import (
-        DEMO_ANSWER_BY_QUOTING,
-        DEMO_CHUNK_TOKENS,
-        DEMO_DECLINE_BIAS,
-        DEMO_MIN_SCORE,
-        DEMO_MIN_SIMILARITY,
-        DEMO_TOP_K,
-    )
-
     if args.questions == "heldout":
         questions = _spread(heldout_questions(), args.limit)
     else:
         questions = load_questions(args.questions)[: args.limit]
     passages = args.passages
-    reading = {"kb_chunk_tokens": args.chunk_tokens or DEMO_CHUNK_TOKENS, "kb_top_k": args.top_k or DEMO_TOP_K,
-               "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING if args.quoting is None else args.quoting,
-               "kb_decline_bias": DEMO_DECLINE_BIAS if args.decline_bias is None else args.decline_bias}
-    if args.choice_scoring:
-        reading["kb_choice_scoring"] = args.choice_scoring
-    reading["kb_min_score"] = DEMO_MIN_SCORE if args.min_score is None else args.min_score  # over the embedder's
-    if args.min_similarity is not None:
-        reading["kb_min_similarity"] = args.min_similarity
-    elif args.embeddings and Path(args.embeddings).resolve() == Path(DEMO_EMBEDDER).resolve():
-        reading["kb_min_similarity"] = DEMO_MIN_SIMILARITY  # the demo model's reading, as make run
+    # the demo model's reading, as make run (the similarity threshold with the demo's embedder
+    # only: another embedder keeps the one its training chose), then what the options change
+    demo_embedder = bool(args.embeddings) and Path(args.embeddings).resolve() == Path(DEMO_EMBEDDER).resolve()
+    reading = demo_reading(dense=demo_embedder)
+    options = {"kb_chunk_tokens": args.chunk_tokens, "kb_top_k": args.top_k, "kb_min_score": args.min_score,
+               "kb_min_similarity": args.min_similarity, "kb_answer_by_quoting": args.quoting,
+               "kb_decline_bias": args.decline_bias, "kb_choice_scoring": args.choice_scoring}
+    reading.update({name: value for name, value in options.items() if value is not None})
     tally = evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
                      **reading)  # both editions, as make run
     if args.json:

@@ -59,6 +59,26 @@ DEMO_DECLINE_BIAS = 0.6
 # The demo's embedder (inference/demo/train_embedder.py), served beside the model by make run:
 # dense retrieval (read with DEMO_MIN_SIMILARITY over the threshold its training chose)
 DEMO_EMBEDDER = "models/demo-embed"
+
+
+def demo_reading(dense: bool = True) -> dict[str, object]:
+    """The settings the demo model reads the knowledge base with (Settings field -> value), one
+    place for make run, the evaluation and the tests. ``dense``: with the demo's embedder, so
+    its similarity threshold too."""
+    reading: dict[str, object] = {
+        "kb_chunk_tokens": DEMO_CHUNK_TOKENS, "kb_top_k": DEMO_TOP_K, "kb_min_score": DEMO_MIN_SCORE,
+        "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING, "kb_decline_bias": DEMO_DECLINE_BIAS}
+    if dense:
+        reading["kb_min_similarity"] = DEMO_MIN_SIMILARITY
+    return reading
+
+
+def as_environment(settings: dict[str, object]) -> dict[str, str]:
+    """Settings fields as the environment spells them: KB_TOP_K="3", booleans "true" / "false"."""
+    return {name.upper(): str(value).lower() if isinstance(value, bool) else str(value)
+            for name, value in settings.items()}
+
+
 CONTACTS = (  # the team named in the rules varies, so that the model reads it, not learns it
     "IT服务台（分机 8100）/ the IT help desk (ext. 8100)", prompt.DEFAULT_CONTACT,
     "HR（分机 8000）/ HR (ext. 8000)", "行政（分机 8200）/ Admin (ext. 8200)",

@@ -17,15 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from inference.demo.corpus import HANDBOOKS, load_qa
-from inference.demo.grounded import (
-    DEMO_ANSWER_BY_QUOTING,
-    DEMO_CHUNK_TOKENS,
-    DEMO_DECLINE_BIAS,
-    DEMO_EMBEDDER,
-    DEMO_MIN_SCORE,
-    DEMO_MIN_SIMILARITY,
-    DEMO_TOP_K,
-)
+from inference.demo.grounded import DEMO_EMBEDDER, as_environment, demo_reading
 from inference.embedding_api import served_settings
 from tests.support.stack import ROOT, Stack, wait_for
 
@@ -39,14 +31,11 @@ def engine_stack(tmp_path_factory):
     # make run's knowledge base: both handbook editions, the demo embedder served over HTTP for
     # dense retrieval, and the demo model's reading (quoting, its thresholds and decline bias)
     with served_settings(ROOT / DEMO_EMBEDDER) as embeddings:
-        reading = {**embeddings, "kb_chunk_tokens": DEMO_CHUNK_TOKENS, "kb_top_k": DEMO_TOP_K,
-                   "kb_min_score": DEMO_MIN_SCORE, "kb_min_similarity": DEMO_MIN_SIMILARITY,
-                   "kb_answer_by_quoting": str(DEMO_ANSWER_BY_QUOTING).lower(),
-                   "kb_decline_bias": DEMO_DECLINE_BIAS}
+        reading = as_environment({**embeddings, **demo_reading()})
         s = Stack(tmp_path_factory.mktemp("engine"), db_kind="postgres", redis_db=8, extra_env={
             "INFERENCE_BACKEND": "engine", "MODEL_DIR": str(MODEL_DIR), "TEMPERATURE": "0",
             "MAX_NEW_TOKENS": "96", "ENGINE_MAX_NUM_SEQS": "16", "ENGINE_SPECULATIVE_K": "4",
-            **{key.upper(): str(value) for key, value in reading.items()}}).start()
+            **reading}).start()
         try:
             for path, title in HANDBOOKS:
                 subprocess.run([sys.executable, "-m", "app.cli", "kb", "add", str(path), "--title", title],
