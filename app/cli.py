@@ -529,22 +529,22 @@ def kb_reindex() -> None:
 def kb_search(question: str, departments: tuple[int, ...], everything: bool,
               previous: str | None, top: int) -> None:
     """Print the ranked passages for QUESTION with their scores."""
-    from app.knowledge.retrieval import EVERYTHING, Retriever
+    from app.knowledge.retrieval import EVERYTHING, Retriever, relevance_rule
 
     services = _services()
     result = Retriever(services).search(question, EVERYTHING if everything else list(departments),
                                         previous=previous, top_k=top)
-    threshold = services.settings.kb_min_score
     if result.query != question:
         click.echo(f"searched with the previous question: {result.query!r}")
     for rank, p in enumerate(result.candidates, 1):
-        mark = "" if p in result.passages else "  (not relevant: below KB_MIN_SCORE)"
+        mark = "" if p in result.passages else "  (not relevant)"
         cosine = "" if p.similarity is None else f" cosine {p.similarity:.2f}"
-        click.echo(f"#{rank} bm25 {p.score:.2f} coverage {p.coverage:.2f}{cosine}{mark}  "
+        reranked = "" if p.relevance is None else f" relevance {p.relevance:.2f}"
+        click.echo(f"#{rank} bm25 {p.score:.2f} coverage {p.coverage:.2f}{cosine}{reranked}{mark}  "
                    f"[{p.document_id}] {p.source}")
         click.echo("    " + p.text.replace("\n", "\n    "))
     if not result.found:
-        click.echo(f"nothing relevant (no passage reaches KB_MIN_SCORE {threshold}): "
+        click.echo(f"nothing relevant (no passage reaches {relevance_rule(services.settings, result)}): "
                    "the bot would say it could not find it")
 
 

@@ -335,6 +335,16 @@ class Settings(BaseSettings):
     embeddings_api_key: SecretStr = SecretStr("")
     embeddings_model: str = ""
     embeddings_timeout_s: float = Field(default=30.0, gt=0)
+    rerank_base_url: str = Field(default="", description="a /v1 serving /rerank (Jina / Cohere format, e.g. vLLM "
+                                                         "with bge-reranker-v2-m3); empty: no reranking")
+    rerank_api_key: SecretStr = SecretStr("")
+    rerank_model: str = ""
+    rerank_timeout_s: float = Field(default=10.0, gt=0)
+    rerank_candidates: int = Field(default=20, ge=1, le=100,
+                                   description="the best fused passages the reranker scores")
+    kb_min_relevance: float = Field(default=0.5, ge=-100, le=100,
+                                    description="with a reranker: its score from which a passage is relevant "
+                                                "(instead of KB_MIN_SCORE / KB_MIN_SIMILARITY)")
 
     # -- voice, images and files (worker/media.py, README "Voice, images and files") -----------
     media_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024,

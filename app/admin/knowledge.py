@@ -56,9 +56,11 @@ def _store():
 
 
 def _page(upload: UploadForm | None = None, search: SearchForm | None = None, result=None, status: int = 200):
+    from app.knowledge.retrieval import relevance_rule
+
     return render_template("admin/knowledge.html", documents=_store().list(), upload=upload or UploadForm(),
                            search=search or SearchForm(), result=result,
-                           threshold=services().settings.kb_min_score,
+                           rule=relevance_rule(services().settings, result) if result is not None else "",
                            max_mb=services().settings.kb_max_upload_bytes / 2**20), status
 
 

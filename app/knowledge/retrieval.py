@@ -16,6 +16,10 @@ most (it is the specific thing asked about: "dog" in "can I bring my dog to the 
 but count half in coverage: a question's incidental pairs ("年能", "休几") would otherwise pull
 good matches down.
 
+With a reranking server (``RERANK_BASE_URL``, ``app.knowledge.rerank``) the best
+``RERANK_CANDIDATES`` of that ranking go to it, and its scores alone order them and decide what
+is relevant (``KB_MIN_RELEVANCE``); the thresholds above decide only when it fails.
+
 A follow-up ("那北京呢？", "and in Beijing?"): a short question, or one that opens like a
 follow-up, is searched together with the conversation's previous question.
 """
@@ -32,6 +36,8 @@ from sqlalchemy import case, func, or_, select
 
 from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
 from app.knowledge.glossary import equivalents
+from app.knowledge.rerank import RerankError
+from app.knowledge.rerank import client_from as reranker_from
 from app.knowledge.terms import CJK as CJK_CHAR
 from app.knowledge.terms import terms
 from app.models import (
@@ -63,6 +69,7 @@ class Passage:
     score: float  # BM25
     coverage: float  # 0..1, compared with KB_MIN_SCORE
     similarity: float | None = None  # cosine of the dense vectors, when they are on
+    relevance: float | None = None  # the reranker's score, when one answered (KB_MIN_RELEVANCE)
 
     @property
     def source(self) -> str:
@@ -72,12 +79,21 @@ class Passage:
 @dataclass
 class SearchResult:
     query: str
-    passages: list[Passage]  # best first, every one at or over the threshold
-    candidates: list[Passage]  # best first, threshold not applied (for the admin's test view)
+    passages: list[Passage]  # best first, every one relevant (over a threshold)
+    candidates: list[Passage]  # best first, thresholds not applied (for the admin's test view)
 
     @property
     def found(self) -> bool:
         return bool(self.passages)
+
+
+def relevance_rule(settings, result: SearchResult) -> str:
+    """What a passage had to reach to be relevant in ``result``, in the settings' names."""
+    if any(p.relevance is not None for p in result.candidates):
+        return f"KB_MIN_RELEVANCE {settings.kb_min_relevance} (the reranker's score)"
+    if any(p.similarity is not None for p in result.candidates):
+        return f"KB_MIN_SCORE {settings.kb_min_score} or KB_MIN_SIMILARITY {settings.kb_min_similarity}"
+    return f"KB_MIN_SCORE {settings.kb_min_score}"
 
 
 def is_follow_up(question: str) -> bool:
@@ -172,6 +188,7 @@ class Retriever:
         self.cipher = services.cipher
         self.hashers = term_hashers(services)
         self.embedder = client_from(self.settings)
+        self.reranker = reranker_from(self.settings)
         self.vectors = vector_index(services)
 
     def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
@@ -245,7 +262,7 @@ class Retriever:
                     .where(KnowledgePosting.term.in_(list(factor)), in_scope[1])
                     .group_by(KnowledgePosting.chunk_id)
                     .order_by(bm25.desc(), KnowledgePosting.chunk_id)
-                    .limit(max(top_k * 5, 20))).all()
+                    .limit(max(top_k * 5, 20, self._rerank_pool()))).all()
                 scores = {chunk_id: float(score) for chunk_id, score in rows}
                 ranked = [chunk_id for chunk_id, _ in rows]
 
@@ -260,8 +277,15 @@ class Retriever:
                         found.setdefault(chunk_id, set()).add(term_of[term_hash])
                 return found
 
-            dense = self._dense(session, query, visible, top_k * 5)
+            dense = self._dense(session, query, visible, max(top_k * 5, self._rerank_pool()))
             if dense is None:
+                if self.reranker is not None:
+                    pool = ranked[:self._rerank_pool()]
+                    matched = matched_in(pool)
+                    coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in pool}
+                    reranked = self._reranked(query, self._passages(session, pool, scores, coverage), top_k)
+                    if reranked is not None:
+                        return reranked
                 best = ranked[:top_k]
                 matched = matched_in(best)
                 coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in best}
@@ -284,12 +308,37 @@ class Retriever:
             def relevant(chunk_id: int) -> bool:
                 return coverage[chunk_id] >= threshold or cosine.get(chunk_id, -1.0) >= minimum
 
-            best = sorted(fused, key=lambda c: (not relevant(c), -fused[c], c))[:top_k]
+            order = sorted(fused, key=lambda c: (not relevant(c), -fused[c], c))
+            if self.reranker is not None:
+                pool = order[:self._rerank_pool()]
+                reranked = self._reranked(query, self._passages(
+                    session, pool, {c: scores.get(c, 0.0) for c in pool}, coverage, cosine), top_k)
+                if reranked is not None:
+                    return reranked
+            best = order[:top_k]
             passages = self._passages(session, best, {c: scores.get(c, 0.0) for c in best},
                                       coverage, cosine)
         return SearchResult(query, [p for p in passages if p.coverage >= threshold
                                     or (p.similarity is not None and p.similarity >= minimum)],
                             passages)
+
+    def _rerank_pool(self) -> int:
+        return self.settings.rerank_candidates if self.reranker is not None else 0
+
+    def _reranked(self, query: str, pool: list[Passage], top_k: int) -> SearchResult | None:
+        """The pool ordered by the reranker's scores, relevant from ``KB_MIN_RELEVANCE``; None
+        when the reranker fails (the thresholds decide then, and the log says so)."""
+        try:
+            relevance = self.reranker.scores(query, [f"{p.section}\n{p.text}" if p.section else p.text
+                                                     for p in pool])
+        except RerankError as exc:
+            log.warning("reranking skipped: %s", exc)
+            return None
+        for passage, score in zip(pool, relevance, strict=True):
+            passage.relevance = score
+        best = sorted(pool, key=lambda p: -p.relevance)[:top_k]  # stable: fused order breaks ties
+        minimum = self.settings.kb_min_relevance
+        return SearchResult(query, [p for p in best if p.relevance >= minimum], best)
 
     def _dense(self, session, query: str, visible, limit: int) -> list[tuple[int, float]] | None:
         """The dense ranking, or None without an embeddings server (or when it fails: BM25

@@ -26,7 +26,10 @@ from flask import Flask, Response, jsonify, request
 from emulator.http_server import WSGIServer
 
 
-class _Server:
+class StandInServer:
+    """What every stand-in model server here shares: a thread serving ``app`` on a free port,
+    the calls counted, failures and delays injected, refusals kept."""
+
     def __init__(self):
         self.lock = threading.Lock()
         self.calls = 0
@@ -64,7 +67,7 @@ class _Server:
         raise NotImplementedError
 
 
-class FakeASRServer(_Server):
+class FakeASRServer(StandInServer):
     def __init__(self, text: str = "年假有几天", model: str = "test-asr", min_seconds: float = 0.5):
         self.text, self.model, self.min_seconds = text, model, min_seconds
         self.received: list[dict] = []
@@ -113,7 +116,7 @@ def _image_shape(data: bytes) -> str:
     raise ValueError("not an image")
 
 
-class FakeVisionServer(_Server):
+class FakeVisionServer(StandInServer):
     def __init__(self, model: str = "test-vision"):
         self.model = model
         self.bodies: list[dict] = []
