@@ -169,6 +169,12 @@ def main(argv: list[str] | None = None) -> None:
                              "embedder, as make run; another embedder's training's own)")
     parser.add_argument("--decline-bias", type=float, default=None,
                         help="with --questions: KB_DECLINE_BIAS (default: the demo model's, as make run)")
+    parser.add_argument("--rerank-url", default=None,
+                        help="with --questions: RERANK_BASE_URL, a /v1 serving /rerank (a cross-encoder decides "
+                             "relevance from --min-relevance)")
+    parser.add_argument("--rerank-model", default="", help="with --rerank-url: RERANK_MODEL")
+    parser.add_argument("--min-relevance", type=float, default=None,
+                        help="with --rerank-url: KB_MIN_RELEVANCE (default: the setting's)")
     args = parser.parse_args(argv)
     if args.questions:
         return knowledge_eval(args)
@@ -221,7 +227,9 @@ def knowledge_eval(args) -> None:
     reading = demo_reading(dense=demo_embedder)
     options = {"kb_chunk_tokens": args.chunk_tokens, "kb_top_k": args.top_k, "kb_min_score": args.min_score,
                "kb_min_similarity": args.min_similarity, "kb_answer_by_quoting": args.quoting,
-               "kb_decline_bias": args.decline_bias, "kb_choice_scoring": args.choice_scoring}
+               "kb_decline_bias": args.decline_bias, "kb_choice_scoring": args.choice_scoring,
+               "rerank_base_url": args.rerank_url, "rerank_model": args.rerank_model or None,
+               "kb_min_relevance": args.min_relevance}
     reading.update({name: value for name, value in options.items() if value is not None})
     tally = evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
                      **reading)  # both editions, as make run

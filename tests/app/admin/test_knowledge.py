@@ -103,6 +103,23 @@ def test_an_upload_over_the_limit_is_refused_before_parsing(as_role, services, a
         assert session.scalars(select(KnowledgeDocument)).first() is None
 
 
+def test_the_test_box_shows_the_rerankers_scores_and_what_decided(as_role, services, monkeypatch):
+    from tests.support.rerank_server import FakeRerankServer
+
+    server = FakeRerankServer(lambda query, doc: 0.9 if "VPN" in doc and "VPN" in query else 0.1).start()
+    try:
+        monkeypatch.setattr(services.settings, "rerank_base_url", server.url)
+        monkeypatch.setattr(services.settings, "rerank_model", "test-reranker")
+        client = as_role("admin")
+        assert upload(client, HANDBOOK, "员工手册").status_code == 302
+        found = search(client, "VPN 密码忘了怎么办")
+        assert "relevance 0.90" in found and "could not find it" not in found
+        declined = search(client, "年假在 OA 系统怎么申请")  # its words match; the reranker: no
+        assert "relevance 0.10" in declined and "no passage reaches KB_MIN_RELEVANCE 0.5" in declined
+    finally:
+        server.stop()
+
+
 def test_only_admins_reach_the_knowledge_base(as_role):
     client = as_role("finance")
     assert client.get(PAGE).status_code == 403

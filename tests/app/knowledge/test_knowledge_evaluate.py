@@ -96,3 +96,21 @@ def test_held_out_facts_leave_out_words_capitalised_only_as_a_sentence_start():
 def test_held_out_facts_name_an_app_without_its_corner_brackets():
     """The reference's 「打卡」 is the app the handbook calls 企业微信打卡: the name is the fact."""
     assert demo_eval.reference_facts("请在企业微信「打卡」里补卡，每月3次。", set()) == {"打卡", "3"}
+
+
+def test_a_reranker_decides_relevance_in_the_evaluation_too(tmp_path, capsys):
+    from tests.support.rerank_server import FakeRerankServer
+
+    questions = tmp_path / "q.jsonl"
+    questions.write_text(json.dumps({"question": "域账号的密码最少要几个字符？", "facts": [["12"]]},
+                                    ensure_ascii=False) + "\n")
+    server = FakeRerankServer(lambda query, doc: 0.01).start()  # it finds nothing relevant
+    try:
+        demo_eval.main(["--questions", str(questions), "--json", "--rerank-url", server.url,
+                        "--rerank-model", "test-reranker", "--min-relevance", "0.2"])
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert server.calls == 1 and server.problems == []
+    assert lines[0]["declined"] is True  # answered without it (the test above)
+    assert lines[-1]["rerank_base_url"] == server.url and lines[-1]["kb_min_relevance"] == 0.2

@@ -162,3 +162,15 @@ def test_the_client_reads_the_tei_answer_and_refuses_a_wrong_one():
         assert server.problems == ["model 'another-model' is not 'test-reranker'"]
     finally:
         server.stop()
+
+
+def test_kb_search_prints_the_rerankers_score_and_what_decided(services, canteen, reranker, monkeypatch):
+    from click.testing import CliRunner
+
+    from app import cli
+
+    monkeypatch.setattr(cli, "_services", lambda: services)
+    out = CliRunner().invoke(cli.cli, ["kb", "search", "what is for lunch today in the canteen"]).output
+    assert out.startswith("#1 bm25 ") and "relevance 0.92  [" in out and "(not relevant)" in out
+    out = CliRunner().invoke(cli.cli, ["kb", "search", "canteen dinner hours on the B2 parking level"]).output
+    assert "no passage reaches KB_MIN_RELEVANCE 0.5 (the reranker's score)" in out
