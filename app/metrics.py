@@ -38,6 +38,14 @@ USER_RATE_LIMITED = Counter(
     "wecom_bot_user_rate_limited",
     "Messages refused by the per-WeCom-user rate limit (notified: the polite reply went out)",
     ["notified"])
+KNOWLEDGE_SEARCHES = Counter(
+    "wecom_bot_knowledge_searches",
+    "Questions the worker searched the knowledge base for, by outcome (found: passages went to the "
+    "model; not_found: the 'could not find it' reply without the model)", ["outcome"])
+KNOWLEDGE_DEGRADED = Counter(
+    "wecom_bot_knowledge_degraded",
+    "Knowledge-base searches that went on without a configured model server that failed "
+    "(part: embeddings, rerank)", ["part"])
 
 # Reasons a callback is refused: a fixed vocabulary, so the label set stays small.
 REJECT_REASONS = ("too_large", "missing_param", "bad_timestamp", "stale_timestamp", "signature",

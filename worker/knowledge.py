@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
+from app import metrics
 from app.knowledge import prompt
 from app.knowledge.retrieval import Passage, Retriever
 from app.models import KnowledgeDocument
@@ -95,4 +96,5 @@ class Grounder:
         departments = self.departments_of(user_hash, user_id) if user_id else []
         result = self.retriever.search(question, departments, previous=previous)
         log.info("knowledge base search found=%s passages=%d", result.found, len(result.passages))
+        metrics.KNOWLEDGE_SEARCHES.labels(outcome="found" if result.found else "not_found").inc()
         return Grounding(question, result.passages, prompt.contact_of(self.settings))

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import case, func, or_, select
 
+from app import metrics
 from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
@@ -333,6 +334,7 @@ class Retriever:
                                                      for p in pool])
         except RerankError as exc:
             log.warning("reranking skipped: %s", exc)
+            metrics.KNOWLEDGE_DEGRADED.labels(part="rerank").inc()
             return None
         for passage, score in zip(pool, relevance, strict=True):
             passage.relevance = score
@@ -349,6 +351,7 @@ class Retriever:
             [vector] = self.embedder.embed([query])
         except EmbeddingError as exc:
             log.warning("dense retrieval skipped: %s", exc)
+            metrics.KNOWLEDGE_DEGRADED.labels(part="embeddings").inc()
             return None
         ids = set(session.scalars(visible))
         return self.vectors.search(session, vector, ids, limit)

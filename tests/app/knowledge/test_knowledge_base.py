@@ -450,7 +450,14 @@ def test_dense_vectors_are_sealed_fused_and_scoped(services, monkeypatch):
         raise embeddings.EmbeddingError("embeddings server: ConnectionError")
 
     monkeypatch.setattr(embeddings.EmbeddingClient, "embed", down)
+    from prometheus_client import REGISTRY
+
+    def degraded():
+        return REGISTRY.get_sample_value("wecom_bot_knowledge_degraded_total", {"part": "embeddings"}) or 0
+
+    before = degraded()
     assert Retriever(services).search("Dogs office Fridays", []).passages[0].section == "Pets"
+    assert degraded() == before + 1  # and the metric says so
     with pytest.raises(UploadError, match="embeddings server"):
         store.add(b"# New\n\ntext here\n", "New doc")
 

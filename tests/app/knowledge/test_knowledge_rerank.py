@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from prometheus_client import REGISTRY
 
 from app.knowledge.rerank import RerankClient, RerankError
 from app.knowledge.retrieval import Retriever
@@ -108,8 +109,15 @@ def test_the_reranker_never_sees_another_departments_passage(services, canteen, 
     assert any(SENTINEL in d for d in reranker.bodies[-1]["documents"])
 
 
+def degraded(part: str) -> float:
+    return REGISTRY.get_sample_value("wecom_bot_knowledge_degraded_total", {"part": part}) or 0.0
+
+
 def test_a_failing_reranker_leaves_the_thresholds_to_decide(services, canteen, reranker, caplog):
     question = "canteen lunch hours"
+    before = degraded("rerank")
+    Retriever(services).search(question, [])
+    assert degraded("rerank") == before  # it answered: nothing to count
     reranker.fail_next = 1
     with caplog.at_level(logging.WARNING, logger="app.knowledge.retrieval"):
         result = Retriever(services).search(question, [])
@@ -130,15 +138,23 @@ def test_a_failing_reranker_leaves_the_thresholds_to_decide(services, canteen, r
     reranker.stop()
     result = Retriever(services).search(question, [])  # nobody listening: the same
     assert result.found and stopped
+    assert degraded("rerank") == before + 7  # each time it failed, the metric says so
 
 
 def test_the_worker_puts_the_rerankers_best_passage_first_in_the_prompt(app, services, canteen,  # noqa: F811
                                                                         reranker):
+    searches = {o: REGISTRY.get_sample_value("wecom_bot_knowledge_searches_total", {"outcome": o}) or 0.0
+                for o in ("found", "not_found")}
     llm = PromptLLM()
     reply = ask(app, services, processor_with(services, llm), "bob-sales", "今天中午吃什么 lunch", "rr-1")
     system = llm.prompts[-1][0]["content"]
     assert "[1] Canteen rules › Menu" in system and "Hours" not in system
     assert "Canteen rules › Menu" in reply
+    assert REGISTRY.get_sample_value("wecom_bot_knowledge_searches_total", {"outcome": "found"}) == \
+        searches["found"] + 1
+    ask(app, services, processor_with(services, llm), "bob-sales", "canteen dinner hours on level B2", "rr-2")
+    assert REGISTRY.get_sample_value("wecom_bot_knowledge_searches_total", {"outcome": "not_found"}) == \
+        searches["not_found"] + 1
 
 
 def test_the_client_reads_the_tei_answer_and_refuses_a_wrong_one():
