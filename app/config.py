@@ -342,6 +342,9 @@ class Settings(BaseSettings):
     rerank_timeout_s: float = Field(default=10.0, gt=0)
     rerank_candidates: int = Field(default=20, ge=1, le=100,
                                    description="the best fused passages the reranker scores")
+    kb_server_retry_s: float = Field(default=30.0, ge=0,
+                                     description="after the embeddings or reranking server fails, search "
+                                                 "without it for this long before trying it again")
     kb_min_relevance: float = Field(default=0.5, ge=-100, le=100,
                                     description="with a reranker: its score from which a passage is relevant "
                                                 "(instead of KB_MIN_SCORE / KB_MIN_SIMILARITY)")

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, or_, select
 
 from app import metrics
+from app.knowledge.breaker import breaker_of
 from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
@@ -58,6 +59,7 @@ EVERYTHING = None  # departments=EVERYTHING: no visibility filter (an admin's te
 FOLLOW_UP = re.compile(r"^\s*(那|那么|那如果|还有|另外|and\b|what about\b|how about\b|and in\b|what if\b)",
                        re.I)
 SHORT_QUESTION_WORDS = 3
+SKIPPED_WHAT = {"embeddings": "dense retrieval", "rerank": "reranking"}  # "... skipped" in the log
 
 
 @dataclass
@@ -191,6 +193,7 @@ class Retriever:
         self.embedder = client_from(self.settings)
         self.reranker = reranker_from(self.settings)
         self.vectors = vector_index(services)
+        self.breaker = breaker_of(services)
 
     def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
                top_k: int | None = None, min_score: float | None = None) -> SearchResult:
@@ -323,18 +326,33 @@ class Retriever:
                                     or (p.similarity is not None and p.similarity >= minimum)],
                             passages)
 
+    def _ask(self, part: str, url: str, call, errors):
+        """``call()``'s answer, or None when the ``part`` server (embeddings, rerank) fails now or
+        failed less than ``KB_SERVER_RETRY_S`` ago (``app.knowledge.breaker``): logged, counted."""
+        server, retry_s = f"{part} {url}", self.settings.kb_server_retry_s
+        if not self.breaker.allows(server, retry_s):
+            metrics.KNOWLEDGE_DEGRADED.labels(part=part).inc()
+            return None
+        try:
+            answer = call()
+        except errors as exc:
+            self.breaker.failed(server, retry_s)
+            log.warning("%s skipped: %s (tried again in %.0f s)", SKIPPED_WHAT[part], exc, retry_s)
+            metrics.KNOWLEDGE_DEGRADED.labels(part=part).inc()
+            return None
+        self.breaker.succeeded(server)
+        return answer
+
     def _rerank_pool(self) -> int:
         return self.settings.rerank_candidates if self.reranker is not None else 0
 
     def _reranked(self, query: str, pool: list[Passage], top_k: int) -> SearchResult | None:
         """The pool ordered by the reranker's scores, relevant from ``KB_MIN_RELEVANCE``; None
         when the reranker fails (the thresholds decide then, and the log says so)."""
-        try:
-            relevance = self.reranker.scores(query, [f"{p.section}\n{p.text}" if p.section else p.text
-                                                     for p in pool])
-        except RerankError as exc:
-            log.warning("reranking skipped: %s", exc)
-            metrics.KNOWLEDGE_DEGRADED.labels(part="rerank").inc()
+        documents = [f"{p.section}\n{p.text}" if p.section else p.text for p in pool]
+        relevance = self._ask("rerank", self.reranker.url, lambda: self.reranker.scores(query, documents),
+                              RerankError)
+        if relevance is None:
             return None
         for passage, score in zip(pool, relevance, strict=True):
             passage.relevance = score
@@ -347,12 +365,11 @@ class Retriever:
         alone answers then, and the log says so)."""
         if self.embedder is None:
             return None
-        try:
-            [vector] = self.embedder.embed([query])
-        except EmbeddingError as exc:
-            log.warning("dense retrieval skipped: %s", exc)
-            metrics.KNOWLEDGE_DEGRADED.labels(part="embeddings").inc()
+        vectors = self._ask("embeddings", self.embedder.url, lambda: self.embedder.embed([query]),
+                            EmbeddingError)
+        if vectors is None:
             return None
+        [vector] = vectors
         ids = set(session.scalars(visible))
         return self.vectors.search(session, vector, ids, limit)
 

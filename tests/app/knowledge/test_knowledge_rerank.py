@@ -113,7 +113,8 @@ def degraded(part: str) -> float:
     return REGISTRY.get_sample_value("wecom_bot_knowledge_degraded_total", {"part": part}) or 0.0
 
 
-def test_a_failing_reranker_leaves_the_thresholds_to_decide(services, canteen, reranker, caplog):
+def test_a_failing_reranker_leaves_the_thresholds_to_decide(services, canteen, reranker, caplog, monkeypatch):
+    monkeypatch.setattr(services.settings, "kb_server_retry_s", 0.0)  # tried again every question
     question = "canteen lunch hours"
     before = degraded("rerank")
     Retriever(services).search(question, [])
@@ -190,3 +191,41 @@ def test_kb_search_prints_the_rerankers_score_and_what_decided(services, canteen
     assert out.startswith("#1 bm25 ") and "relevance 0.92  [" in out and "(not relevant)" in out
     out = CliRunner().invoke(cli.cli, ["kb", "search", "canteen dinner hours on the B2 parking level"]).output
     assert "no passage reaches KB_MIN_RELEVANCE 0.5 (the reranker's score)" in out
+
+
+def test_a_server_that_hangs_is_left_alone_for_a_while(services, canteen, reranker, monkeypatch):
+    """A reranker that does not answer costs one question its timeout, not every question's."""
+    import time
+
+    monkeypatch.setattr(services.settings, "rerank_timeout_s", 0.3)
+    monkeypatch.setattr(services.settings, "kb_server_retry_s", 1.0)
+    reranker.delay_s = 1.0
+    question = "what is for lunch today in the canteen"
+    started = time.monotonic()
+    first = Retriever(services).search(question, [])
+    assert time.monotonic() - started >= 0.3 and first.passages[0].relevance is None
+    calls = reranker.calls
+    started = time.monotonic()
+    for _ in range(3):  # other questions, other Retrievers of the same process: straight on
+        assert Retriever(services).search(question, []).passages[0].relevance is None
+    assert reranker.calls == calls and time.monotonic() - started < 0.3
+    reranker.delay_s = 0.0
+    time.sleep(1.1)
+    assert Retriever(services).search(question, []).passages[0].relevance == pytest.approx(0.92)
+    assert Retriever(services).search(question, []).passages[0].relevance == pytest.approx(0.92)
+    assert reranker.calls == calls + 2  # tried again after KB_SERVER_RETRY_S, and closed again
+
+
+def test_the_breaker_lets_one_trial_through_after_the_wait():
+    from app.knowledge.breaker import Breaker
+
+    now = [100.0]
+    breaker = Breaker(clock=lambda: now[0])
+    assert breaker.allows("rerank x", 30)
+    breaker.failed("rerank x", 30)
+    assert not breaker.allows("rerank x", 30) and breaker.allows("embeddings x", 30)
+    now[0] += 30
+    assert breaker.allows("rerank x", 30)  # the trial
+    assert not breaker.allows("rerank x", 30)  # the others wait while it runs
+    breaker.succeeded("rerank x")
+    assert breaker.allows("rerank x", 30) and breaker.allows("rerank x", 30)
