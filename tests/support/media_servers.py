@@ -58,6 +58,17 @@ class StandInServer:
             time.sleep(self.delay_s)
         return None
 
+    def _json_body(self):
+        """(the request's JSON body, kept in ``bodies``, None), or (None, the failure to answer)
+        when a failure is queued."""
+        failed = self._enter()
+        if failed is not None:
+            return None, failed
+        body = request.get_json(force=True)
+        with self.lock:
+            self.bodies.append(body)
+        return body, None
+
     def _refuse(self, problem: str):
         with self.lock:
             self.problems.append(problem)
@@ -127,12 +138,9 @@ class FakeVisionServer(StandInServer):
 
         @app.post("/v1/chat/completions")
         def completions():
-            failed = self._enter()
+            body, failed = self._json_body()
             if failed is not None:
                 return failed
-            body = request.get_json(force=True)
-            with self.lock:
-                self.bodies.append(body)
             if body.get("model") != self.model:
                 return self._refuse(f"model {body.get('model')!r} is not {self.model!r}")
             last = body["messages"][-1]

@@ -32,12 +32,9 @@ class FakeRerankServer(StandInServer):
 
         @app.post("/v1/rerank")
         def rerank():
-            failed = self._enter()
+            body, failed = self._json_body()
             if failed is not None:
                 return failed
-            body = request.get_json(force=True)
-            with self.lock:
-                self.bodies.append(body)
             if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
                 return self._refuse("no or wrong bearer token")
             if body.get("model") != self.model:
