@@ -51,13 +51,12 @@ def judge_by_topic(query: str, document: str) -> float:
 
 @pytest.fixture
 def reranker(services, monkeypatch):
-    server = FakeRerankServer(judge_by_topic, api_key=KEY).start()
-    for name, value in {"rerank_base_url": server.url, "rerank_model": "test-reranker",
-                        "rerank_api_key": KEY, "kb_min_relevance": 0.5}.items():
-        monkeypatch.setattr(services.settings, name, value)
     from pydantic import SecretStr
 
-    monkeypatch.setattr(services.settings, "rerank_api_key", SecretStr(KEY))
+    server = FakeRerankServer(judge_by_topic, api_key=KEY).start()
+    for name, value in {"rerank_base_url": server.url, "rerank_model": "test-reranker",
+                        "rerank_api_key": SecretStr(KEY), "kb_min_relevance": 0.5}.items():
+        monkeypatch.setattr(services.settings, name, value)
     yield server
     server.stop()
 
