@@ -19,6 +19,7 @@ import redis
 
 from app.aibot_connection import LEASE_KEY, PENDING_KEY
 from scripts.dev_env import random_aes_key
+from tests.support.env import redis_url
 from tests.support.media_servers import FakeVisionServer
 from tests.support.stack import Stack, select_rows, wait_for
 
@@ -261,9 +262,9 @@ def test_unanswered_pings_end_the_connection_and_it_reconnects(stack):
 def test_a_wrong_secret_is_refused_and_retried_with_backoff(stack):
     # a replica with its own Redis DB (its own lease) and the wrong secret
     stack.env_backup = dict(stack.env)
-    stack.env.update({"AIBOT_SECRET": "not-the-bots-secret-at-all-0123", "REDIS_URL": "redis://127.0.0.1:6379/6",
-                      "CELERY_BROKER_URL": "redis://127.0.0.1:6379/6"})
-    redis.Redis.from_url("redis://127.0.0.1:6379/6").flushdb()
+    stack.env.update({"AIBOT_SECRET": "not-the-bots-secret-at-all-0123", "REDIS_URL": redis_url(6),
+                      "CELERY_BROKER_URL": redis_url(6)})
+    redis.Redis.from_url(redis_url(6)).flushdb()
     try:
         stack.start_connection("aibot-ws-wrong")
     finally:
@@ -272,7 +273,7 @@ def test_a_wrong_secret_is_refused_and_retried_with_backoff(stack):
     time.sleep(6)
     refused = ws_status(stack)["stats"].get("subscribe_refused", 0)
     stack.kill("aibot-ws-wrong")
-    redis.Redis.from_url("redis://127.0.0.1:6379/6").flushdb()
+    redis.Redis.from_url(redis_url(6)).flushdb()
     assert 2 <= refused <= 6, refused  # 1 s doubling with jitter: a few tries, not a tight loop
     log = stack.log("aibot-ws-wrong")
     assert "subscription refused errcode=40001" in log and "not-the-bots-secret" not in log

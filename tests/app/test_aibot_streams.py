@@ -8,6 +8,7 @@ import redis
 from app.aibot_streams import StreamStore
 from app.llm import Generation, GenerationParams, StreamDelta
 from app.security import FieldCipher
+from tests.support.env import redis_url
 from worker.delivery import DEADLINE, stream_generation
 from worker.stream_reply import StreamWriter
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def store():
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/4")
+    client = redis.Redis.from_url(redis_url(4))
     client.flushdb()
     yield StreamStore(client, FieldCipher({"k1": os.urandom(32)}), 900)
     client.flushdb()

@@ -8,12 +8,13 @@ import redis
 
 from app.broker import Channel
 from app.config import Settings
+from tests.support.env import redis_url
 from tests.support.stack import make_env
 from worker.celery_app import HANDLE_MESSAGE, make_celery
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = redis_url(10)  # not 0: a running make run stack keeps its queues there
 
 
 def _celery():

@@ -31,7 +31,7 @@ from app.wecom.crypto import WeComCrypto
 from app.wecom.exceptions import ValidateSignatureError, WeComCryptoError
 from app.wecom.messages import MessageParseError, parse_message
 from tests.support.callbacks import CallbackForger
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.faults import WECOM_DB
 from tests.support.openai_server import FakeOpenAIServer
 
@@ -102,7 +102,7 @@ def env(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'fuzz.sqlite3'}"
     migrate.upgrade(url)
     model = FakeOpenAIServer().start()
-    values = make_env(DATABASE_URL=url, REDIS_URL=f"redis://127.0.0.1:6379/{WECOM_DB}",
+    values = make_env(DATABASE_URL=url, REDIS_URL=redis_url(WECOM_DB),
                       INFERENCE_BACKEND="openai", OPENAI_BASE_URL=model.url, OPENAI_MODEL="fake-glm",
                       CELERY_BROKER_URL="redis://127.0.0.1:1/0")  # publishing fails fast: rows stay queued
     yield values

@@ -16,7 +16,7 @@ from app.metrics_collectors import BudgetSpendCollector, QueueDepthCollector
 from app.models import InboundMessage, UsageRecord
 from app.services import Services
 from app.wecom.exceptions import WeComTransientError
-from tests.support.env import make_env
+from tests.support.env import make_env, redis_url
 from tests.worker.test_processor_data import (
     SENTINEL_REPLY,
     FakeLLM,
@@ -29,7 +29,7 @@ from worker.processor import MessageProcessor
 from worker.reply import RATE_LIMIT_NOTICE
 from worker.user_limit import UserRateLimit
 
-REDIS_URL = "redis://127.0.0.1:6379/5"
+REDIS_URL = redis_url(5)
 TOKEN = "scrape-token-0123456789"
 
 

@@ -17,6 +17,7 @@ import pytest
 from app.config import Settings
 from app.outbox.publisher import TaskPublisher
 from app.task_queue import HANDLE_MESSAGE, chat_queue, make_celery
+from tests.support.env import redis_url
 from tests.support.faults import answered_once, wait_answered
 from tests.support.rabbitmq import rabbitmq_vhost, rabbitmqctl
 from tests.support.stack import Stack, make_env, wait_for
@@ -31,7 +32,7 @@ def vhost():
 
 
 def celery_on(url: str):
-    env = make_env(DATABASE_URL="sqlite://", REDIS_URL="redis://127.0.0.1:6379/0", CELERY_BROKER_URL=url)
+    env = make_env(DATABASE_URL="sqlite://", REDIS_URL=redis_url(11), CELERY_BROKER_URL=url)
     return make_celery(Settings(**{k.lower(): v for k, v in env.items()}))
 
 

@@ -13,12 +13,12 @@ import redis
 
 from app import create_app
 from tests.support import postgres
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import ROOT, TempDatabase, free_port, wait_for
 from worker.heartbeat import Heartbeat, default_node, heartbeat_key, live_nodes, redis_now
 
 pytestmark = pytest.mark.integration
-REDIS_URL = "redis://127.0.0.1:6379/6"
+REDIS_URL = redis_url(6)
 
 
 @pytest.fixture

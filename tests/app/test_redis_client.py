@@ -21,13 +21,13 @@ from app.redis_client import (
     parse,
     slot,
 )
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 
 
 def test_a_plain_url_is_one_server_as_before():
     target = parse("redis://:pw@10.0.0.1:6380/3")
     assert target.kind == "single" and target.url == "redis://:pw@10.0.0.1:6380/3"
-    client = redis_client.from_url("redis://127.0.0.1:6379/13")
+    client = redis_client.from_url(redis_url(13))
     assert type(client) is redis.Redis
     assert client.connection_pool.connection_kwargs["socket_timeout"] == 2
     assert client.connection_pool.connection_kwargs["db"] == 13

@@ -21,7 +21,7 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from app.admin import csrf
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.nginx import NGINX, Nginx
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ class Gate:
 def proxy(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nginx")
     app = create_app(settings_from(make_env(DATABASE_URL=f"sqlite:///{tmp / 'bot.sqlite3'}",
-                                            REDIS_URL="redis://127.0.0.1:6379/6", TRUSTED_PROXIES="1")))
+                                            REDIS_URL=redis_url(6), TRUSTED_PROXIES="1")))
     gate = Gate()
     app.add_url_rule("/v1/_gated", "gated", gate.view)
     arrived: list[int] = []  # the body length of each upload the backend was handed

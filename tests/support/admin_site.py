@@ -22,12 +22,12 @@ from app.db import utcnow
 from app.models import InboundMessage
 from app.outbox.rows import user_hash
 from app.services import Services
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for
 
 PASSWORD = "correct horse battery"
 USERS = {"admin": "alice", "finance": "fiona", "auditor": "otto"}
-REDIS_URL = "redis://127.0.0.1:6379/1"
+REDIS_URL = redis_url(1)
 DEPARTMENTS = {"rd": 8, "sales": 5, "finance": 3, "legal": 2}  # department: people
 MODELS = [("glm-4", 10, 2, 30, 0.6), ("glm-4-air", 1, 0.5, 2, 0.3), ("glm-5", 20, 4, 60, 0.1)]
 DAYS = 21

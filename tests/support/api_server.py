@@ -17,12 +17,12 @@ from app import migrate
 from app.api.keys import create_key
 from app.db import Database
 from app.security import BlindIndex
-from tests.support.env import make_env
+from tests.support.env import make_env, redis_url
 from tests.support.openai_server import FakeOpenAIServer
 from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for
 
 MODEL = "fake-glm"
-REDIS_URL = "redis://127.0.0.1:6379/13"
+REDIS_URL = redis_url(13)
 
 
 class ApiServer:

@@ -21,10 +21,10 @@ from app import migrate
 from app.db import Database
 from app.services import Services
 from tests.support import postgres
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 
 PG_SERVER = postgres.SERVER
-REDIS_URL = os.environ.get("DATA_TEST_REDIS", "redis://127.0.0.1:6379/14")
+REDIS_URL = os.environ.get("DATA_TEST_REDIS", redis_url(14))
 
 
 def _admin_engine():

@@ -26,6 +26,7 @@ from app import redis_client
 from emulator import EmulatorConfig, EmulatorServer
 from tests.support import postgres
 from tests.support.env import make_env
+from tests.support.env import redis_url as test_redis_url
 from tests.support.openai_server import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +132,7 @@ class Stack:
         ``worker_nice`` runs the Celery worker at a lower CPU priority (``nice -n``)."""
         self.tmp = tmp
         self.db = TempDatabase(db_kind, tmp, pg_admin)
-        self.redis_url = redis_url or f"redis://127.0.0.1:6379/{redis_db}"
+        self.redis_url = redis_url or test_redis_url(redis_db)
         self.redis = redis_client.from_url(self.redis_url)  # a Redis Cluster too (--redis cluster)
         self.redis.flushdb()
         broker = (extra_env or {}).get("CELERY_BROKER_URL", "")

@@ -4,6 +4,7 @@ that ``--broker`` and ``--redis`` choose (``broker_env``, ``redis_env``)."""
 
 import pytest
 
+from tests.support.env import redis_url
 from tests.support.rabbitmq import rabbitmq_vhost
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.redis_sentinel import LocalRedisSentinel
@@ -33,7 +34,7 @@ def redis_env(request, broker_env):
         return
     if topology == "cluster":
         servers = LocalRedisCluster().start()
-        env = {"REDIS_URL": servers.url, "CELERY_BROKER_URL": "redis://127.0.0.1:6379/9"}
+        env = {"REDIS_URL": servers.url, "CELERY_BROKER_URL": redis_url(9)}
     else:
         servers = LocalRedisSentinel().start()
         env = {"REDIS_URL": servers.url(0), "CELERY_BROKER_URL": servers.url(1)}

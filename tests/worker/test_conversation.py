@@ -12,9 +12,10 @@ import redis
 
 from app.redis_client import slot
 from app.security import FieldCipher
+from tests.support.env import redis_url
 from worker.conversation import ConversationStore
 
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = redis_url(12)
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ from app.security import FieldCipher
 from app.wecom.client import Media
 from app.wecom.exceptions import InvalidMediaError, MediaRejectedError, WeComTransientError
 from emulator import media as samples
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.media_servers import FakeASRServer, FakeVisionServer
 from worker import commands, media
 from worker.reply import Reply
 
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = redis_url(12)
 
 
 # -- pure parts ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from app.models import MessageStatus
 from app.services import Services
 from emulator import EmulatorConfig, EmulatorServer
 from tests.support.callbacks import CallbackForger
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from worker.tasks import build_processor
 
 pytestmark = pytest.mark.integration
@@ -22,7 +22,7 @@ def test_missing_model_fails_with_a_notice(tmp_path):
     r = redis.Redis(db=REDIS_DB)
     r.flushdb()
     env = make_env(DATABASE_URL=f"sqlite:///{tmp_path / 'bot.sqlite3'}",
-                   REDIS_URL=f"redis://127.0.0.1:6379/{REDIS_DB}")
+                   REDIS_URL=redis_url(REDIS_DB))
     migrate.upgrade(env["DATABASE_URL"])
     with EmulatorServer(EmulatorConfig(corp_id=env["WECOM_CORP_ID"], secret=env["WECOM_SECRET"],
                                        agent_id=int(env["WECOM_AGENT_ID"]), token=env["WECOM_TOKEN"],

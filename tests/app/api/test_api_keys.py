@@ -9,6 +9,7 @@ from app.api.keys import authenticate, create_key, disable_key, key_hash, list_k
 from app.db import Database
 from app.models import ApiKey
 from app.security import BlindIndex
+from tests.support.env import redis_url
 
 INDEX = BlindIndex("k" * 32)
 
@@ -86,7 +87,7 @@ def test_rate_limit_window_and_fail_open():
 
     from app.api import ratelimit
 
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/13")
+    client = redis.Redis.from_url(redis_url(13))
     client.delete("ratelimit:api:999:100")
     now = 100 * 60 + 15.0
     assert [ratelimit.check(client, 999, 2, now).allowed for _ in range(3)] == [True, True, False]

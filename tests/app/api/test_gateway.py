@@ -15,7 +15,7 @@ from app.api.keys import create_key
 from app.llm import Generation, LLMError, StreamDelta
 from app.models import AuditEvent, UsageRecord
 from app.services import Services
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -44,7 +44,7 @@ class ScriptedBackend:
 def setup(tmp_path):
     url = f"sqlite:///{tmp_path / 'gw.sqlite3'}"
     migrate.upgrade(url)
-    settings = settings_from(make_env(DATABASE_URL=url, REDIS_URL="redis://127.0.0.1:6379/13",
+    settings = settings_from(make_env(DATABASE_URL=url, REDIS_URL=redis_url(13),
                                       INFERENCE_BACKEND="openai", OPENAI_MODEL="fake-glm"))
     services = Services(settings)
     app = create_app(settings, services)

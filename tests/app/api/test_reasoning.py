@@ -17,7 +17,7 @@ from app import create_app, migrate
 from app.api.keys import create_key
 from app.models import UsageRecord
 from app.services import Services
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.openai_server import THINKING, FakeOpenAIServer, reply_for, written
 
 MODEL = "fake-glm"
@@ -35,7 +35,7 @@ def api(request, tmp_path, model):
     url = f"sqlite:///{tmp_path / 'api.sqlite3'}"
     migrate.upgrade(url)
     settings = settings_from(make_env(
-        DATABASE_URL=url, REDIS_URL="redis://127.0.0.1:6379/13", INFERENCE_BACKEND="openai",
+        DATABASE_URL=url, REDIS_URL=redis_url(13), INFERENCE_BACKEND="openai",
         OPENAI_BASE_URL=model.url, OPENAI_MODEL=MODEL, OPENAI_TIMEOUT_S="10",
         API_REASONING=request.param))
     services = Services(settings)

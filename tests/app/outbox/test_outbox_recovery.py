@@ -13,7 +13,7 @@ from app.models import InboundMessage, MessageStatus
 from app.outbox.rows import ClaimResult, claim
 from app.services import Services
 from tests.support.callbacks import CallbackForger
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import TempDatabase
 from worker.celery_app import HANDLE_MESSAGE
 from worker.sweeper import LOCK_KEY, lock_timeout_s, sweep
@@ -36,7 +36,7 @@ def database(request, tmp_path):
 def env(database):
     r = redis.Redis(db=REDIS_DB)
     r.flushdb()
-    yield make_env(DATABASE_URL=database.url, REDIS_URL=f"redis://127.0.0.1:6379/{REDIS_DB}")
+    yield make_env(DATABASE_URL=database.url, REDIS_URL=redis_url(REDIS_DB))
     r.flushdb()
 
 

@@ -13,10 +13,10 @@ import pytest
 import redis
 
 from app.outbox.publisher import TaskPublisher
-from tests.support.env import make_env, settings_from
+from tests.support.env import make_env, redis_url, settings_from
 from worker.celery_app import HANDLE_MESSAGE, make_celery
 
-REDIS_URL = "redis://127.0.0.1:6379/15"
+REDIS_URL = redis_url(15)
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 

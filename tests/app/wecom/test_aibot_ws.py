@@ -12,6 +12,7 @@ import redis
 
 from app.aibot_connection import Lease
 from app.wecom import aibot_ws as ws
+from tests.support.env import TEST_REDIS, redis_url
 
 
 def test_frames_have_the_sdk_shape():
@@ -79,11 +80,11 @@ def test_backoff_grows_is_capped_jittered_and_resets():
 
 @pytest.fixture
 def client():
-    c = redis.Redis.from_url("redis://127.0.0.1:6379/13")
+    c = redis.Redis.from_url(redis_url(13))
     try:
         c.ping()
     except redis.RedisError as exc:  # a service that is down fails the test, never skips it
-        pytest.fail(f"no Redis on 127.0.0.1:6379 (make services): {exc}", pytrace=False)
+        pytest.fail(f"no Redis at {TEST_REDIS} (make services): {exc}", pytrace=False)
     c.flushdb()
     yield c
     c.flushdb()

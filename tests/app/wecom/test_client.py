@@ -13,6 +13,7 @@ from werkzeug.serving import make_server
 
 from app.wecom import exceptions as exc
 from app.wecom.client import WeComClient, redact
+from tests.support.env import redis_url
 from tests.support.stack import free_port
 
 SECRET = "s3cr3t-app-secret"
@@ -102,7 +103,7 @@ def wecom(server):
 
 @pytest.fixture
 def r():
-    client = redis.Redis(host="127.0.0.1", port=6379, db=15)
+    client = redis.Redis.from_url(redis_url(15))
     client.flushdb()
     yield client
     client.flushdb()
