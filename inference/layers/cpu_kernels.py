@@ -131,9 +131,11 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ("wecom_silu_mul", [pointer] * 3 + [ctypes.c_long]),
         ("wecom_moe_experts", [pointer] * 6),
         ("wecom_dsa_select", [pointer] * 3 + [ctypes.c_long, pointer] + [ctypes.c_long] * 4
-         + [ctypes.c_float, pointer, ctypes.c_int]),
-        ("wecom_dsa_top_rows", [pointer, ctypes.c_long, pointer, ctypes.c_long, ctypes.c_long, pointer, ctypes.c_int]),
-        ("wecom_dsa_select_rows", [pointer] * 5 + [ctypes.c_long] * 4 + [ctypes.c_float, pointer, ctypes.c_int]),
+         + [ctypes.c_float, pointer, pointer, ctypes.c_int]),
+        ("wecom_dsa_top_rows", [pointer, ctypes.c_long, pointer, ctypes.c_long, ctypes.c_long, pointer, pointer,
+                                ctypes.c_int]),
+        ("wecom_dsa_select_rows", [pointer] * 5 + [ctypes.c_long] * 4 + [ctypes.c_float, pointer, pointer,
+                                                                        ctypes.c_int]),
         ("wecom_dsa_attend", [pointer, ctypes.c_long, ctypes.c_long] + [pointer] * 4 + [ctypes.c_long] * 5
          + [ctypes.c_float, pointer, ctypes.c_int]),
     ):

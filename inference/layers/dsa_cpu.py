@@ -28,15 +28,20 @@ def usable(*tensors: torch.Tensor) -> bool:
 
 
 def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor, count: int,
-           scale: float, slots: torch.Tensor | None = None) -> torch.Tensor:
+           scale: float, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The indexer's choice `[n, count]` for queries `q [n, H, D]` (rotated) with head weights
     `weights [n, H]` against `keys [T, D]` (with `slots [T]`: position p's key is
     `keys[slots[p]]`, a paged pool): as `Indexer.select`, a query's own and earlier positions
-    first (in position order), filler after them where it has fewer than `count`."""
+    first (in position order), filler after them where it has fewer than `count`; and
+    `tied [n]` (bool): the queries whose `count`-th best score is equal to one left out. The
+    kernel does not choose among such equal scores as torch's top-k (the reference) does, whose
+    choice follows where its selection algorithm leaves them: their rows are refused, the caller
+    chooses them with torch."""
     n, heads, dim = q.shape
     q, weights = q.contiguous(), weights.contiguous()
     positions = positions.to(torch.long).contiguous()
     out = torch.empty(n, count, dtype=torch.long)
+    tied = torch.zeros(n, dtype=torch.bool)
     threads, lib = torch.get_num_threads(), cpu_kernels.library()
     if n < TRANSPOSE_ROWS and slots is None and heads < KERNEL_HEADS:
         # A few queries of few heads against keys held in one piece: the library's product scores
@@ -44,15 +49,15 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
         scores = torch.matmul(q.reshape(n * heads, dim), keys.t()).mul_(scale).relu_()
         scores = torch.bmm(weights[:, None], scores.view(n, heads, -1))[:, 0].contiguous()  # [n, T]
         lib.wecom_dsa_top_rows(scores.data_ptr(), scores.shape[1], positions.data_ptr(), n, count, out.data_ptr(),
-                               threads)
-        return out
+                               tied.data_ptr(), threads)
+        return out, tied
     if n < TRANSPOSE_ROWS:
         keys = keys.contiguous()
         slots = None if slots is None else slots.to(torch.long).contiguous()
         lib.wecom_dsa_select_rows(q.data_ptr(), weights.data_ptr(), keys.data_ptr(),
                                   None if slots is None else slots.data_ptr(), positions.data_ptr(), n, heads,
-                                  dim, count, scale, out.data_ptr(), threads)
-        return out
+                                  dim, count, scale, out.data_ptr(), tied.data_ptr(), threads)
+        return out, tied
     if slots is not None:
         keys = keys[slots]
     total = keys.shape[0]
@@ -61,8 +66,8 @@ def select(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions
     padded[:total] = keys
     transposed = padded.view(panels, PANEL, dim).transpose(1, 2).contiguous()
     lib.wecom_dsa_select(q.data_ptr(), weights.data_ptr(), transposed.data_ptr(), panels * PANEL,
-                         positions.data_ptr(), n, heads, dim, count, scale, out.data_ptr(), threads)
-    return out
+                         positions.data_ptr(), n, heads, dim, count, scale, out.data_ptr(), tied.data_ptr(), threads)
+    return out, tied
 
 
 def attend(query: torch.Tensor, latents: torch.Tensor, picked: torch.Tensor, positions: torch.Tensor, rank: int,

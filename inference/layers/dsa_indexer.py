@@ -63,8 +63,18 @@ class Indexer(nn.Module):
         count = min(self.topk, keys.shape[0] if slots is None else slots.shape[0])
         scale = self.head_dim**-0.5
         if dsa_cpu.usable(q, keys):
-            return dsa_cpu.select(q, weights, keys, positions, count, scale, slots)
-        out = torch.empty(n, count, dtype=torch.long, device=x.device)
+            out, tied = dsa_cpu.select(q, weights, keys, positions, count, scale, slots)
+            if tied.any():  # rows the kernel refused: an equal score on either side of the boundary
+                keys = keys if slots is None else keys[slots]
+                out[tied] = self._choose(q[tied], weights[tied], keys, positions[tied], count, scale)
+            return out
+        return self._choose(q, weights, keys, positions, count, scale)
+
+    def _choose(self, q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
+                count: int, scale: float) -> torch.Tensor:
+        """`select`'s choice with torch's ops (transformers' own: the same top-k, ties included)."""
+        n = q.shape[0]
+        out = torch.empty(n, count, dtype=torch.long, device=q.device)
         key_positions = None
         last = keys.shape[0] - 1
         for a in range(0, n, QUERY_TILE):
@@ -73,7 +83,7 @@ class Indexer(nn.Module):
             index = torch.bmm(weights[a:b, None], scores.view(b - a, self.heads, -1))[:, 0]  # [t, T]
             if int(positions[a:b].min()) < last:  # some query has later positions to hide (not decode)
                 if key_positions is None:
-                    key_positions = torch.arange(keys.shape[0], device=x.device)
+                    key_positions = torch.arange(keys.shape[0], device=q.device)
                 index.masked_fill_(key_positions[None] > positions[a:b, None], float("-inf"))
             out[a:b] = index.topk(count, dim=-1).indices
         return out

@@ -96,8 +96,10 @@ static void index_scores(const float *q, const float *w, const float *kT, long m
     }
 }
 
-/* a float's bits, mapped so that unsigned order is the floats' order */
+/* a float's bits, mapped so that unsigned order is the floats' order; -0 counts as +0 (a head
+ * weight below zero times a ReLU's 0 is -0, which torch's top-k holds equal to 0) */
 static inline uint32_t ordered(float f) {
+    f += 0.0f; /* -0 + 0 = +0 (not folded away: without -ffast-math the compiler keeps it) */
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -162,8 +164,10 @@ static long at_least(const float *s, long m, uint32_t floor, uint32_t *cand) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u), ones = _mm512_set1_epi32(-1);
     const __m512i bound = _mm512_set1_epi32((int)floor), step = _mm512_set1_epi32(16);
     __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 zero = _mm512_setzero_ps();
     for (; i + 16 <= m; i += 16) {
-        const __m512i u = _mm512_loadu_si512((const void *)(s + i));
+        /* + 0: -0 becomes +0, as in `ordered` */
+        const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_loadu_ps(s + i), zero));
         const __mmask16 negative = _mm512_test_epi32_mask(u, sign);
         const __m512i bits = _mm512_mask_xor_epi32(_mm512_or_si512(u, sign), negative, u, ones);
         const __mmask16 keep = _mm512_cmpge_epu32_mask(bits, bound);
@@ -182,12 +186,15 @@ static long at_least(const float *s, long m, uint32_t floor, uint32_t *cand) {
 #define SAMPLE_STRIDE 8 /* one score in 8 estimates where the top `count` begins */
 
 /* The indices of the `count` largest of s[0, m) (count < m), in increasing order, into out;
- * equal scores at the boundary: the first. Where m is large against count, a sample of the
+ * equal scores at the boundary: the first. Returns 1 where that was a choice (more scores equal
+ * to the count-th largest than places left for them): torch's top-k, the reference, breaks such
+ * a tie by where its selection algorithm happens to leave the equal entries, which no rule here
+ * reproduces, so the caller must not use this row (it recomputes it with torch). Where m is large against count, a sample of the
  * scores sets a floor that about 1.2 x count of them pass (one pass keeps those, in order); the
  * exact boundary is then selected among them alone, and a last pass over them writes the chosen
  * in position order. A floor too high (fewer than count pass) falls back to every position.
  * bits and cand: m entries of scratch each (positions fit 32 bits, as the scores' bits do). */
-static void top_count(const float *s, long m, long count, uint32_t *bits, uint32_t *cand, long *out) {
+static int top_count(const float *s, long m, long count, uint32_t *bits, uint32_t *cand, long *out) {
     long nc = 0;
     const long samples = m / SAMPLE_STRIDE, rank = count / SAMPLE_STRIDE + count / (5 * SAMPLE_STRIDE) + 8;
     if (rank < samples) {
@@ -205,16 +212,18 @@ static void top_count(const float *s, long m, long count, uint32_t *bits, uint32
         bits[c] = ordered(s[cand[c]]);
     long larger;
     const uint32_t boundary = kth_largest(bits, nc, count, &larger);
-    long equal = count - larger, taken = 0;
+    long equal = count - larger, taken = 0, ties = 0;
     for (long c = 0; c < nc; c++) { /* branch-free, the chosen packed to the front of cand */
         const uint32_t b = ordered(s[cand[c]]);
         const long tie = b == boundary, take = (b > boundary) | (tie & (equal > 0));
         cand[taken] = cand[c];
         taken += take;
         equal -= take & tie;
+        ties += tie;
     }
     for (long c = 0; c < count; c++)
         out[c] = cand[c];
+    return ties > count - larger; /* every score >= the floor is a candidate: all the equal ones counted */
 }
 
 /* A query with no more than `count` positions (m) keeps them all: 0..count-1 into row (those
@@ -231,9 +240,10 @@ static int all_earlier(long *row, long m, long count) {
  * weights, already scaled), the keys transposed in panels kT [ldk / PANEL, D, PANEL]; query i sees positions
  * 0..positions[i] and keeps the `count` best. out [n, count]: the chosen positions in increasing
  * order; a query with fewer than `count` earlier positions lists them all, then filler after its
- * own (the caller masks positions after a query's). */
+ * own (the caller masks positions after a query's). tied [n]: 1 where a query's boundary was a
+ * tie (`top_count`), its row not to be used. */
 void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk, const long *positions, long n,
-                      long H, long D, long count, float scale, long *out, int threads) {
+                      long H, long D, long count, float scale, long *out, unsigned char *tied, int threads) {
 #pragma omp parallel num_threads(threads)
     {
         float *s = malloc((size_t)QUERY_BLOCK * ldk * sizeof(float));
@@ -246,6 +256,7 @@ void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk,
              * up to the furthest one's positions (a query ignores the scores past its own) */
             long rows[QUERY_BLOCK], nr = 0, m = 0;
             for (long i = i0; i < i0 + QUERY_BLOCK && i < n; i++) {
+                tied[i] = 0;
                 if (all_earlier(out + i * count, positions[i] + 1, count))
                     continue;
                 memcpy(qb + nr * H * D, q + i * H * D, (size_t)H * D * sizeof(float));
@@ -261,7 +272,8 @@ void wecom_dsa_select(const float *q, const float *w, const float *kT, long ldk,
             }
             index_scores(qb, wb, kT, m, H, D, scale, s, ldk);
             for (long a = 0; a < nr; a++)
-                top_count(s + a * ldk, positions[rows[a]] + 1, count, bits, cand, out + rows[a] * count);
+                tied[rows[a]] = (unsigned char)top_count(s + a * ldk, positions[rows[a]] + 1, count, bits, cand,
+                                                         out + rows[a] * count);
         }
         free(s);
         free(qb);
@@ -313,9 +325,10 @@ static void index_scores_rows(const float *qT, const float *w, const float *keys
 
 /* The top `count` of each query's scores row (scores [n, ld], query i's first positions[i] + 1
  * entries), in position order, into out [n, count]; a query with no more than `count` of them
- * lists them all, then filler after its own position. For scores a library product made. */
+ * lists them all, then filler after its own position; tied [n] as `wecom_dsa_select`'s. For scores a
+ * library product made. */
 void wecom_dsa_top_rows(const float *scores, long ld, const long *positions, long n, long count, long *out,
-                        int threads) {
+                        unsigned char *tied, int threads) {
 #pragma omp parallel num_threads(threads)
     {
         uint32_t *bits = malloc((size_t)ld * sizeof(uint32_t));
@@ -323,9 +336,10 @@ void wecom_dsa_top_rows(const float *scores, long ld, const long *positions, lon
 #pragma omp for schedule(dynamic, 1)
         for (long i = 0; i < n; i++) {
             long m = positions[i] + 1, *row = out + i * count;
+            tied[i] = 0;
             if (all_earlier(row, m, count))
                 continue;
-            top_count(scores + i * ld, m, count, bits, cand, row);
+            tied[i] = (unsigned char)top_count(scores + i * ld, m, count, bits, cand, row);
         }
         free(bits);
         free(cand);
@@ -339,7 +353,7 @@ void wecom_dsa_top_rows(const float *scores, long ld, const long *positions, lon
  * each query's keys shared out among the threads. */
 void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, const long *slots,
                            const long *positions, long n, long H, long D, long count, float scale, long *out,
-                           int threads) {
+                           unsigned char *tied, int threads) {
     const long Hp = (H + LANES - 1) / LANES * LANES;
     long most = 0;
     for (long i = 0; i < n; i++)
@@ -350,6 +364,7 @@ void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, co
     uint32_t *cand = malloc((size_t)most * sizeof(uint32_t));
     for (long i = 0; i < n; i++) {
         long m = positions[i] + 1, *row = out + i * count;
+        tied[i] = 0;
         if (all_earlier(row, m, count))
             continue;
         for (long d = 0; d < D; d++)
@@ -360,7 +375,7 @@ void wecom_dsa_select_rows(const float *q, const float *w, const float *keys, co
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (long lo = 0; lo < m; lo += SPLIT_KEYS)
             index_scores_rows(qT, wp, keys, slots, lo, lo + SPLIT_KEYS < m ? lo + SPLIT_KEYS : m, Hp, D, scale, s);
-        top_count(s, m, count, bits, cand, row);
+        tied[i] = (unsigned char)top_count(s, m, count, bits, cand, row);
     }
     free(s);
     free(qT);

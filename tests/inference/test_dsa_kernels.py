@@ -25,24 +25,63 @@ def test_select_keeps_the_best_earlier_positions(n, heads, dim):
     keys = torch.randn(total, dim, generator=gen)
     positions = torch.sort(torch.randint(0, total, (n,), generator=gen)).values
     positions[0] = 10  # fewer earlier positions than count
-    got = dsa_cpu.select(q, w, keys, positions, count, 0.3)
+    got, tied = dsa_cpu.select(q, w, keys, positions, count, 0.3)
     scores = index_scores(q, w, keys, 0.3)
     for i, pos in enumerate(positions.tolist()):
         row = got[i].tolist()
         if pos + 1 <= count:
             assert row[: pos + 1] == list(range(pos + 1)) and all(p > pos for p in row[pos + 1 :])
+            assert not tied[i]
             continue
-        # the k best scores (ties, e.g. at 0 where every head's ReLU is 0, may pick either)
-        best = scores[i, : pos + 1].topk(count).values
-        torch.testing.assert_close(scores[i, row].sort(descending=True).values, best, atol=1e-5, rtol=1e-5)
+        ranked = scores[i, : pos + 1].sort(descending=True).values
+        boundary_tie = bool(ranked[count - 1] == ranked[count])  # e.g. at 0, where every head's ReLU is 0
+        assert bool(tied[i]) == boundary_tie, i
+        if boundary_tie:
+            continue  # refused: the caller chooses that row with torch
+        assert set(row) == set(scores[i, : pos + 1].topk(count).indices.tolist()), i
         assert row == sorted(set(row)) and row[-1] <= pos, i  # distinct, earlier, in position order
 
 
 def test_select_with_tied_scores_takes_exactly_k():
     q, w = torch.zeros(2, 4, 16), torch.ones(2, 4)  # every score 0
-    got = dsa_cpu.select(q, w, torch.randn(100, 16), torch.tensor([99, 60]), 10, 1.0)
+    got, tied = dsa_cpu.select(q, w, torch.randn(100, 16), torch.tensor([99, 60]), 10, 1.0)
     for row, pos in zip(got.tolist(), (99, 60)):
         assert len(set(row)) == 10 and all(p <= pos for p in row)
+    assert tied.tolist() == [True, True]  # which 10 of the equal scores torch's top-k takes: refused
+
+
+@pytest.mark.parametrize("n, heads, pool", [(1, 4, False), (3, 20, False), (2, 4, True), (20, 4, False)],
+                         ids=["library-scores", "kernel-scores", "paged-pool", "transposed-keys"])
+def test_a_tie_at_the_boundary_is_refused_on_every_kernel_path(n, heads, pool):
+    """Negative head weights turn the keys every head's ReLU zeroes into the best scores: 0 (or
+    -0, which torch holds equal to 0) at far more positions than `count`. The kernel's "the
+    earliest of the equal scores" is not torch's top-k's choice (transformers, the reference,
+    #54): each such row is flagged for torch; a row with a clear boundary is not."""
+    gen = torch.Generator().manual_seed(heads + n)
+    total, dim, count = 60, 16, 5
+    # every head of a query the same: the keys on the wrong side of it are 0 for all of them
+    q = torch.randn(n, 1, dim, generator=gen).expand(n, heads, dim).contiguous()
+    keys = torch.randn(total, dim, generator=gen)
+    w = -torch.rand(n, heads, generator=gen) - 0.1
+    w[0] = torch.rand(heads, generator=gen) + 0.1  # the first query: positive weights, distinct scores
+    positions = torch.full((n,), total - 1)
+    slots = None
+    if pool:
+        slots = torch.randperm(200, generator=gen)[:total]
+        keys = torch.zeros(200, dim).index_copy_(0, slots, keys)
+    _, tied = dsa_cpu.select(q, w, keys, positions, count, 0.5, slots)
+    assert tied.tolist() == [False] + [True] * (n - 1)
+
+
+def test_minus_zero_ties_with_zero():
+    """One head with a negative weight scores -0 where its ReLU is 0; a +0 elsewhere is equal."""
+    from inference.layers import cpu_kernels
+
+    scores = torch.tensor([[-0.0, 0.0, -1.0, -0.0, 0.0, -2.0, 0.0]])
+    out, tied, positions = torch.empty(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), torch.tensor([6])
+    cpu_kernels.library().wecom_dsa_top_rows(scores.data_ptr(), 7, positions.data_ptr(), 1, 3, out.data_ptr(),
+                                             tied.data_ptr(), 1)
+    assert out[0].tolist() == [0, 1, 3] and tied.tolist() == [True]
 
 
 @pytest.mark.parametrize("case", ["random", "spikes the sample sees alone", "three values"])
@@ -57,7 +96,9 @@ def test_the_top_k_is_exact_whatever_its_sample_of_the_scores_says(case):
     scores = {"random": torch.randn(m), "spikes the sample sees alone": (torch.arange(m) % 8 == 0).float(),
               "three values": torch.randint(0, 3, (m,)).float()}[case]
     out, positions = torch.empty(1, count, dtype=torch.long), torch.tensor([m - 1])
-    cpu_kernels.library().wecom_dsa_top_rows(scores.data_ptr(), m, positions.data_ptr(), 1, count, out.data_ptr(), 1)
+    tied = torch.zeros(1, dtype=torch.bool)
+    cpu_kernels.library().wecom_dsa_top_rows(scores.data_ptr(), m, positions.data_ptr(), 1, count, out.data_ptr(),
+                                             tied.data_ptr(), 1)
     values = scores.tolist()
     expected = sorted(sorted(range(m), key=lambda i: (-values[i], i))[:count])
     assert out[0].tolist() == expected
@@ -136,5 +177,6 @@ def test_select_reads_each_key_from_its_row_of_a_pool():
     pool[slots] = keys
     q, w = torch.randn(2, heads, dim, generator=gen), torch.randn(2, heads, generator=gen)
     positions = torch.tensor([150, 299])
-    assert torch.equal(dsa_cpu.select(q, w, pool, positions, count, 0.2, slots),
-                       dsa_cpu.select(q, w, keys, positions, count, 0.2))
+    (in_pool, tied_pool), (in_place, tied) = (dsa_cpu.select(q, w, pool, positions, count, 0.2, slots),
+                                              dsa_cpu.select(q, w, keys, positions, count, 0.2))
+    assert torch.equal(in_pool, in_place) and torch.equal(tied_pool, tied)

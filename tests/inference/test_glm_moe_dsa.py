@@ -162,3 +162,33 @@ def test_int8_stays_close(checkpoint, model):
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = random_prompts(3, 10, 40, seed=24)
     assert [o.token_ids for o in engine_for(int8).generate(prompts, params)] == reference(int8, prompts, params)
+
+
+@pytest.mark.parametrize("heads, topk, seed", [(1, 5, 0), (2, 8, 2), (4, 6, 1)])
+def test_few_indexer_heads_match_transformers_where_scores_tie(heads, topk, seed, tmp_path):
+    """With 1, 2 or 4 indexer heads many keys score exactly 0 (every head's ReLU zero), and
+    often more of them than places left at the top-k boundary. Which of those torch's top-k keeps
+    (transformers) is where its selection algorithm leaves them; the compiled kernel kept the
+    earliest, another choice: logits 0.5-4 off from the first tied position on (#54). The kernel
+    now refuses those rows and torch chooses them: prefill and one-step decode both match."""
+    hf = make_hf(seed=seed, index_n_heads=heads, index_topk=topk)
+    hf.save_pretrained(tmp_path)
+    model = load_model(tmp_path, ModelConfig.from_pretrained(tmp_path), "cpu")
+    torch.manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (40,))
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0]
+    torch.testing.assert_close(logits_of(model, ids), expected, atol=1e-4, rtol=0)
+    cache, steps = model.new_cache(), []
+    with torch.inference_mode():
+        model(ids[:30], torch.arange(30), cache)
+        for t in range(30, 40):  # a decode row scores the keys of 0..t: the kernel's other path
+            steps.append(model.compute_logits(model(ids[t : t + 1], torch.tensor([t]), cache)))
+    with torch.no_grad():
+        out = hf(ids[None, :30], use_cache=True)
+        past, hf_steps = out.past_key_values, []
+        for t in range(30, 40):
+            out = hf(ids[None, t : t + 1], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            hf_steps.append(out.logits[0])
+    torch.testing.assert_close(torch.cat(steps), torch.cat(hf_steps), atol=1e-4, rtol=0)
