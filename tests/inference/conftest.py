@@ -24,3 +24,19 @@ def cpu_kernels_built():
     if cpu_kernels.library() is None:
         pytest.fail(f"the CPU kernels did not build with {cpu_kernels._compiler()}: "
                     f"{cpu_kernels.describe()}", pytrace=False)
+
+
+def pytest_report_header(config):
+    """The shape sweep's seed, where this conftest is loaded before collection (a run of
+    tests/inference or below); the terminal summary says it in every run."""
+    from tests.inference import shape_sweep
+
+    return shape_sweep.rerun_hint()
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    sweep = sys.modules.get("tests.inference.shape_sweep")
+    if sweep is not None:  # the sweep's module was collected
+        terminalreporter.write_line(sweep.TALLY.summary())
