@@ -17,8 +17,8 @@ _DTYPES = {
     "fp16": torch.float16,
 }
 
-MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
-MOE_TYPES = ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
+MODEL_TYPES = ("glm5_sparse", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "glm5_next")
+MOE_TYPES = ("glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "glm5_next")
 MLA_TYPES = ("glm4_moe_lite", "glm_moe_dsa")  # Multi-head Latent Attention
 INDEXER_TYPES = ("full", "shared")
 MLP_LAYER_TYPES = ("dense", "sparse")
@@ -127,6 +127,21 @@ class ModelConfig:
     # MTP layers a glm4_moe / glm4_moe_lite / glm_moe_dsa checkpoint may ship after the decoder
     # layers (layer num_hidden_layers onwards); the loader sets num_mtp_heads to those present
     num_nextn_predict_layers: int = 0
+    # GLM-5.3-Flash (glm5_next, inference/models/glm5_next.py): per layer "linear_attention" (KDA)
+    # or "indexed_attention" (pooled DSA over MLA without rotary), hyper-connection streams,
+    # clamped SwiGLU, where its tensors sit ("model.language_model." in the published checkpoint)
+    layer_types: list[str] = field(default_factory=list)
+    linear_num_heads: int = 0
+    linear_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    linear_lower_bound: float | None = None
+    hc_mult: int = 0
+    hc_eps: float = 1e-6
+    hc_sinkhorn_iters: int = 20
+    swiglu_limit: float | None = None
+    index_kpool: int = 1
+    index_kpool_always_select_tail: bool = False
+    checkpoint_prefix: str = "model."
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -174,6 +189,10 @@ class ModelConfig:
                     and self.q_lora_rank is not None):
                 raise ValueError("DeepSeek Sparse Attention needs index_topk, index_n_heads > 0, index_head_dim >= "
                                  "qk_rope_head_dim and a q_lora_rank")
+        if self.model_type == "glm5_next":
+            from inference.config_glm5_next import validate
+
+            validate(self)
         if self.rope_scaling is not None and self.rope_scaling.get("rope_type", "default") not in ("default", "yarn"):
             raise ValueError(f"unsupported rope_type {self.rope_scaling.get('rope_type')!r}; use default or yarn")
         if self.quantization not in QUANTIZATIONS:
@@ -202,6 +221,11 @@ class ModelConfig:
     ) -> ModelConfig:
         """Build from a parsed `config.json`; keyword arguments override the file."""
         model_type = raw.get("model_type")
+        next_fields = {}
+        if model_type == "glm5_next":  # the text part of a multimodal config, or a flat text one
+            from inference.config_glm5_next import text_fields
+
+            raw, next_fields = text_fields(raw)
         rope = raw.get("rope_parameters") or {}
         sparse_default = model_type == "glm5_sparse"
         window = sliding_window or raw.get("sliding_window") or (512 if sparse_default else None)
@@ -213,7 +237,7 @@ class ModelConfig:
         heads = raw["num_attention_heads"]
         moe = _moe_fields(raw) if model_type in MOE_TYPES else {}
         mla = _mla_fields(raw) if model_type in MLA_TYPES else {}
-        dsa = _dsa_fields(raw) if model_type == "glm_moe_dsa" else {}
+        dsa = _dsa_fields(raw) if model_type in ("glm_moe_dsa", "glm5_next") else {}
         return cls(
             model_type=model_type,
             vocab_size=raw["vocab_size"],
@@ -240,7 +264,7 @@ class ModelConfig:
             dtype=resolve_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype")),
             dtype_given=dtype is not None,
             quantization=quantization or raw.get("quantization"),
-            **{**moe, **mla, **dsa},  # MLA's rotary convention over the MoE's
+            **{**moe, **mla, **dsa, **next_fields},  # MLA's rotary convention over the MoE's
         )
 
     @classmethod

@@ -8,6 +8,7 @@ postprocessing appends the tokens, streams text and retires finished requests.
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from inference.loader import load_model
 from inference.sampling_params import SamplingParams
 from inference.speculative import MAX_DRAFT, SpeculativeStats, no_mtp_message
 from inference.tokenizer import ChatTokenizer
+
+log = logging.getLogger(__name__)
 
 CPU_KV_CACHE_BYTES = 1 << 30
 
@@ -111,9 +114,12 @@ class LLMEngine:
         num_blocks = self._kv_budget(model.device) // self.layout.bytes_per_block(args.block_size, dtype)
         self.runner = ModelRunner(model, num_blocks, args.block_size, self.mtp_positions, args.enforce_eager)
         num_blocks = self.runner.num_blocks  # (one fewer where CUDA graphs keep a scratch block)
+        prefix_caching = args.enable_prefix_caching
+        if prefix_caching and not getattr(self.layout, "supports_prefix_caching", True):
+            log.warning("%s", self.layout.prefix_caching_refused)  # a recurrent state a sequence (glm5_next)
+            prefix_caching = False
         self.block_manager = BlockManager(num_blocks, args.block_size, config.sliding_window,
-                                          config.global_interval, self.runner.cache.num_node_pages,
-                                          args.enable_prefix_caching)
+                                          config.global_interval, self.runner.cache.num_node_pages, prefix_caching)
         self.max_model_len = self._max_model_len(num_blocks)
         self.runner.capture_graphs(args.max_num_seqs, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens,

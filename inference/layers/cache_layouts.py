@@ -21,6 +21,7 @@ import torch
 from inference.config import ModelConfig
 from inference.layers.dsa_cache import DSALayout
 from inference.layers.gqa_cache import GQALayout
+from inference.layers.hybrid_cache import HybridLayout
 from inference.layers.mla_cache import MLALayout
 from inference.layers.paged_slots import SequenceSlots
 
@@ -74,7 +75,8 @@ class CacheLayout(Protocol):
         rows one after another (batched MTP drafts); it answers what a paged step's layer does."""
 
 
-LAYOUTS: dict[str, type[CacheLayout]] = {"glm4_moe_lite": MLALayout, "glm_moe_dsa": DSALayout}  # model_type -> layout, where it is not GQA
+# model_type -> layout, where it is not GQA
+LAYOUTS: dict[str, type[CacheLayout]] = {"glm4_moe_lite": MLALayout, "glm_moe_dsa": DSALayout, "glm5_next": HybridLayout}
 
 
 def cache_layout(config: ModelConfig) -> CacheLayout:
