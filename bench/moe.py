@@ -19,7 +19,7 @@ the same MoE) decode at batch 1 and 16 against transformers `generate()`, and it
 token against per-head K/V. `python -m bench.moe mtp` runs the MTP section alone (`mtp_main`):
 the same model with an MTP layer written in as the published checkpoints carry it, speculative
 decoding against plain (greedy, one request, and the serving engine at batch 16). No argument
-runs all three.
+runs them all; `python -m bench.moe next` runs GLM-5.3-Flash's alone (bench/moe_next.py, issue #54).
 """
 
 from __future__ import annotations
@@ -300,6 +300,8 @@ def report(runs: dict) -> None:
 if __name__ == "__main__":
     import sys
 
-    sections = {"air": main, "flash": flash_main, "mtp": mtp_main}
+    from bench.moe_next import next_main
+
+    sections = {"air": main, "flash": flash_main, "mtp": mtp_main, "next": next_main}
     for name in sys.argv[1:] or sections:
         sections[name]()

@@ -677,9 +677,12 @@ def run(
     """The command: (exit code, text). 0 when at least one sequence of `context` fits on the GPU,
     1 when it does not (weights or KV), 2 when the config cannot be planned."""
     try:
-        plan = make_plan(
-            load_config(config_path), dtype, gpu_mem_gib, context, reserve_gib, str(config_path)
-        )
+        config = load_config(config_path)
+        if config.get("model_type") == "glm5_next":  # a hybrid: its own planner
+            from inference.plan_glm5_next import run as run_hybrid
+
+            return run_hybrid(config, str(config_path), dtype, gpu_mem_gib, context, reserve_gib)
+        plan = make_plan(config, dtype, gpu_mem_gib, context, reserve_gib, str(config_path))
     except PlanError as e:
         return 2, f"plan: {e}"
     return (0 if plan.fits else 1), render(plan)

@@ -351,13 +351,9 @@ def checkpoint_dir(root: Path, shape: Shape) -> Path:
 
 
 def chunking(rng: random.Random, length: int) -> list[int]:
-    """Random chunk sizes that add up to `length`, ones (decode-like) among them."""
-    sizes, left = [], length
-    while left:
-        size = min(left, rng.choice([1, 2, 3, 5, 8, 13]) if rng.random() < 0.7 else rng.randint(1, left))
-        sizes.append(size)
-        left -= size
-    return sizes
+    """Two to five random chunks that add up to `length` (the decode path does the ones)."""
+    cuts = sorted(rng.sample(range(1, length), min(length - 1, rng.randint(1, 4))))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True)]
 
 
 def atol_for(reference: torch.Tensor) -> float:

@@ -89,7 +89,7 @@ def engine_case(shape: Shape, ids: torch.Tensor) -> dict:
     cut = rng.randint(1, len(ids))
     shared = ids[:cut].tolist() + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 8))]
     prompts = [ids.tolist(), shared]
-    tokens = rng.randint(2, 6)
+    tokens = rng.randint(2, 5)
     # glm5_sparse: a block holds whole key-node blocks (global_interval)
     block = shape.config.get("global_interval", 1) * rng.choice([1, 2, 4]) if shape.family == "glm5_sparse" \
         else rng.choice([2, 4, 8, 16])
@@ -125,8 +125,8 @@ def test_every_path_matches_the_reference(family, index, tmp_path):
     path, ids, expected, reference_ambiguous = prepare(shape, tmp_path)
     # the decode from a prefix of at least half the prompt (each position is also in the chunks)
     chunks, prefix = chunking(shape.rng, len(ids)), shape.rng.randint(len(ids) // 2, len(ids) - 1)
-    # the decode and the engine run under one setting each, at random (the chunks hold ones too)
-    decode_kernels, engine_kernels = shape.rng.random() < 0.5, shape.rng.random() < 0.5
+    # the decode runs under one setting, at random; the engine too, for two shapes in three
+    decode_kernels, engine_kernels = shape.rng.random() < 0.5, shape.rng.choice([False, True, None])
     case = engine_case(shape, ids)
     atol = atol_for(expected)
     for on in (False, True):
