@@ -8,6 +8,7 @@ before it is first imported.
 import contextlib
 import json
 import os
+import random
 from pathlib import Path
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
@@ -17,6 +18,19 @@ import torch  # noqa: E402
 from inference.layers import paged_decode_triton as kernels  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# the shape sweep's seed (tests/inference/shape_sweep.py, passed by test_paged_decode_triton.py):
+# one random shape a kernel beside the fixed ones
+SHAPES = random.Random(f"{os.environ.get('SWEEP_SEED', '0')}/triton")
+
+
+def random_gqa_shape() -> tuple[int, int, int]:
+    heads = SHAPES.choice([1, 2, 3, 4, 6, 8, 12, 16])
+    return heads, SHAPES.choice([d for d in range(1, heads + 1) if heads % d == 0]), \
+        SHAPES.choice([8, 16, 24, 40, 64, 96, 128])
+
+
+def random_latent_shape() -> tuple[int, int, int]:
+    return SHAPES.choice([1, 3, 4, 8, 16, 20, 32]), SHAPES.choice([16, 32, 48, 64, 96, 128]), SHAPES.choice([8, 16, 32])
 
 
 def slot_lists(lengths: list[int], pool_slots: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +59,7 @@ def block_tables(lengths: list[int], page: int, pool_slots: int, gen: torch.Gene
 def gqa_cases() -> list[dict]:
     out = []
     gen = torch.Generator().manual_seed(0)
-    for heads, kv_heads, dim in ((8, 2, 64), (6, 6, 40), (12, 1, 32)):
+    for heads, kv_heads, dim in ((8, 2, 64), (6, 6, 40), (12, 1, 32), random_gqa_shape()):
         for name, dtype in DTYPES.items():
             lengths = [1, 64, 65, 130]  # one key, a block exactly, one past it, several blocks
             q = torch.randn(len(lengths), heads, dim, generator=gen).to(dtype)
@@ -220,7 +234,7 @@ def moe_cases() -> list[dict]:
 def latent_cases() -> list[dict]:
     out = []
     gen = torch.Generator().manual_seed(1)
-    for heads, rank, rope in ((20, 64, 16), (8, 48, 8), (16, 128, 32)):
+    for heads, rank, rope in ((20, 64, 16), (8, 48, 8), (16, 128, 32), random_latent_shape()):
         for name, dtype in DTYPES.items():
             lengths = [1, 32, 33, 100]
             q = torch.randn(len(lengths), heads, rank + rope, generator=gen).to(dtype)

@@ -33,10 +33,11 @@ from inference.config import ModelConfig
 from inference.layers import cpu_kernels
 from inference.layers.dsa_indexer import Indexer
 from inference.layers.moe import TopkRouter
+from inference.layers.pooled_dsa import PooledIndexer
 
 SEED = int(os.environ.get("SWEEP_SEED") or secrets.randbits(31))
-# shapes a family and run (x SWEEP_SCALE, for a longer local run): 210 in all
-SHAPES = {"glm4": 40, "glm4_moe": 40, "glm4_moe_lite": 40, "glm_moe_dsa": 50, "glm5_sparse": 40}
+# shapes a family and run (x SWEEP_SCALE, for a longer local run): 212 in all
+SHAPES = {"glm4": 36, "glm4_moe": 36, "glm4_moe_lite": 36, "glm_moe_dsa": 44, "glm5_next": 30, "glm5_sparse": 30}
 SCALE = float(os.environ.get("SWEEP_SCALE", "1"))
 MARGIN = 1e-4  # a choice closer than this (relative to the values, at least absolute) is a near tie
 
@@ -123,6 +124,27 @@ def _mla(rng: random.Random, lora_optional: bool) -> dict:
                 qk_rope_head_dim=rope, v_head_dim=rng.choice([4, 8, 12, 20]))
 
 
+def _next(rng: random.Random, layers: int) -> dict:
+    """glm5_next's own fields: a KDA/sparse layer pattern (a "shared" sparse layer only right after
+    a full one, as transformers hands a choice on), pools, KDA heads and gate, streams."""
+    kinds = [rng.choice(["linear_attention", "indexed_attention"]) for _ in range(rng.randint(1, 4))]
+    indexers = []
+    for i, kind in enumerate(kinds):
+        after_full = i > 0 and kinds[i - 1] == "indexed_attention" and indexers[i - 1] == "full"
+        indexers.append("shared" if kind == "indexed_attention" and after_full and rng.random() < 0.5 else "full")
+    heads = rng.choice([1, 2, 4])
+    pool = rng.choice([1, 2, 4, 8])
+    return dict(layer_types=kinds, indexer_types=indexers, num_attention_heads=heads, num_key_value_heads=heads,
+                q_lora_rank=rng.choice([8, 16, 32]), kv_lora_rank=rng.choice([8, 16, 24]), qk_rope_head_dim=0,
+                qk_nope_head_dim=rng.choice([4, 8, 16]), v_head_dim=rng.choice([4, 8, 12]),
+                index_n_heads=rng.choice([1, 2, 4, 8, 16, 32]), index_head_dim=rng.choice([4, 8, 16]),
+                index_kpool=pool, index_topk=pool * rng.randint(1, 4),
+                index_kpool_always_select_tail=rng.random() < 0.7, linear_num_heads=rng.choice([1, 2, 4]),
+                linear_head_dim=rng.choice([4, 8, 16]), linear_conv_kernel_dim=rng.choice([2, 3, 4]),
+                linear_lower_bound=rng.choice([-5.0, -2.0, None]), hc_mult=rng.choice([1, 2, 3, 4]),
+                hc_sinkhorn_iters=rng.randint(1, 20), swiglu_limit=rng.choice([1.0, 3.0, 10.0]))
+
+
 def _layer_pattern(rng: random.Random, layers: int, letters: str) -> list[str]:
     return [rng.choice(letters) for _ in range(layers)]
 
@@ -151,6 +173,12 @@ def make_shape(family: str, index: int) -> Shape:
                        index_head_dim=config["qk_rope_head_dim"] + rng.choice([0, 2, 4, 8, 16]),
                        index_topk=rng.randint(1, 10))
         length = rng.randint(config["index_topk"] + 4, 36)  # the choice matters from position index_topk on
+    elif family == "glm5_next":
+        config |= _experts(rng, layers) | _next(rng, layers)
+        config["num_hidden_layers"] = layers = len(config["layer_types"])
+        config["mlp_layer_types"] = [rng.choice(["dense", "sparse"]) for _ in range(layers)]
+        pool, topk = config["index_kpool"], config["index_topk"]
+        length = rng.randint(min(topk + 2 * pool, 40), 40)
     elif family == "glm5_sparse":
         config |= _gqa(rng)
         window = rng.choice([4, 6, 8, 12, 16])
@@ -175,6 +203,13 @@ def hf_model(shape: Shape):
     import transformers
 
     from tests.inference.helpers import unsettle_
+
+    if shape.family == "glm5_next":
+        from tests.inference.test_glm5_next import make_hf
+
+        kwargs = dict(shape.config)
+        tie = kwargs.pop("tie_word_embeddings")
+        return make_hf(shape.rng.randrange(1 << 30), tie=tie, **kwargs)
 
     names = {"glm4": ("Glm4Config", "Glm4ForCausalLM"), "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
              "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM"),
@@ -308,11 +343,25 @@ def ambiguity_probe():
         note(near & chooses, exact & chooses, positions)
         return select(self, x, q_resid, rotations, keys, positions, slots)
 
-    TopkRouter.forward, Indexer.select = routed, selected
+    def pooled(self, x, q_resid, keys, positions):
+        pools = self.pooled(keys)
+        q = self.wq_b(q_resid).view(x.shape[0], self.heads, self.head_dim).float()
+        scores = torch.matmul(q, pools.t()[None]).mul(self.head_dim**-0.5).relu()
+        index = torch.matmul((self.weights_proj(x).float() * self.heads**-0.5)[:, None], scores)[:, 0]
+        ends = torch.arange(1, pools.shape[0] + 1) * self.pool - 1
+        index = index.masked_fill(ends[None] > positions[:, None], float("-inf"))
+        k = self.topk // self.pool
+        near, exact = _near(index, k)
+        chooses = (positions + 1) // self.pool > k  # fewer complete pools than k: all of them
+        note(near & chooses, exact & chooses, positions)
+        return pool_select(self, x, q_resid, keys, positions)
+
+    pool_select = PooledIndexer.select
+    TopkRouter.forward, Indexer.select, PooledIndexer.select = routed, selected, pooled
     try:
         yield near_ties, exact_ties
     finally:
-        TopkRouter.forward, Indexer.select = route, select
+        TopkRouter.forward, Indexer.select, PooledIndexer.select = route, select, pool_select
 
 
 def greedy_ambiguous(logits: torch.Tensor) -> int:

@@ -43,13 +43,13 @@ VISION = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermed
               projection_intermediate_size=32, patch_size=14)
 
 
-def make_hf(seed: int = 1, **overrides) -> Glm5NextForConditionalGeneration:
+def make_hf(seed: int = 1, tie: bool = False, **overrides) -> Glm5NextForConditionalGeneration:
     """A random model whose every parameter matters: router biases and norms off their neutral
     values, the KDA gates, pool weights and hyper-connections' biases and scales random (their
     init is zeros or ones), the mixing moderate (fp32 noise stays below 1e-4 in the logits)."""
     torch.manual_seed(seed)
-    hf = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text_config(**overrides),
-                                                         vision_config=VISION)).eval()
+    hf = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text_config(**overrides), vision_config=VISION,
+                                                         tie_word_embeddings=tie)).eval()
     unsettle_(hf)
     with torch.no_grad():
         for name, p in hf.named_parameters():
@@ -142,7 +142,7 @@ def test_the_published_layout_loads_as_the_text_model(checkpoint, model):
                                             "layer_types": ["linear_attention", "indexed_attention",
                                                             "indexed_attention", "linear_attention"],
                                             "indexer_types": ["full", "full", "shared", "full"],
-                                            "linear_lower_bound": None, "tie_word_embeddings": True}],
+                                            "linear_lower_bound": None, "tie": True}],
                          ids=["flash-layout", "shared-sparse-layer-no-tail-softplus-gate-tied"])
 def test_logits_match_transformers_with_topk_far_below_the_length(overrides, tmp_path):
     """70 positions, 17 complete pools, 2 of them (plus the tail) a query. The model's own
