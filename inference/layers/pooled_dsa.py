@@ -158,6 +158,8 @@ class PooledDSAttention(nn.Module):
             gathered = latents.index_select(0, rows[a:b].reshape(-1)).view(b - a, picked.shape[1], -1)
             scores = torch.bmm(query[a:b], gathered.transpose(1, 2)).float() * self.scale  # [t, H, k]
             scores.masked_fill_(~valid[a:b, None], float("-inf"))
-            weights = torch.softmax(scores, dim=-1).to(gathered.dtype)
+            # a query with no pick (no complete pool yet, no tail) gets zeros, as transformers'
+            # SDPA gives a row whose mask is all False (and the compiled kernel gives)
+            weights = torch.softmax(scores, dim=-1).nan_to_num_(0.0).to(gathered.dtype)
             out[a:b] = torch.bmm(weights, gathered)
         return out.transpose(0, 1)

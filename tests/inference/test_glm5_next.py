@@ -267,3 +267,19 @@ def test_bf16_stays_as_close_as_transformers_bf16(checkpoint, model):
         for indexer in hf_indexers:
             indexer.index_topk = TOPK
     assert (got - expected).norm() / expected.norm() < max(0.05, 1.5 * theirs)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["torch", "compiled"])
+def test_a_query_with_nothing_picked_attends_to_nothing(kernels, tmp_path):
+    """Without the tail, a query before its first complete pool picks nothing: transformers'
+    SDPA gives such a row zeros (its mask is all False). The torch path gave NaN there (the
+    softmax of nothing); found by the shape sweep with the compiled kernels off."""
+    from tests.inference.shape_sweep import cpu_kernels_set
+
+    hf = make_hf(seed=3, index_kpool_always_select_tail=False)
+    hf.save_pretrained(tmp_path)
+    ids = torch.randint(3, VOCAB, (30,))
+    with cpu_kernels_set(kernels):
+        model = load_model(tmp_path, ModelConfig.from_pretrained(tmp_path), "cpu")
+        got = logits_of(model, ids)
+    torch.testing.assert_close(got, hf_logits(hf, ids), atol=1e-4, rtol=0)
