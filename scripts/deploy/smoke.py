@@ -140,7 +140,8 @@ def bring_up(stack: Stack, timeout_s: float) -> None:
             raise RuntimeError(f"migrate exited {status}")
     with step("up: web, worker, beat, aibot-connection (healthy)"):
         stack.up(*APP)
-        stack.wait_healthy(APP, timeout_s)
+        for name, took in stack.wait_healthy(APP, timeout_s).items():
+            print(f"    {name} healthy after {took:.0f} s")
     with step("up: nginx (healthy)"):
         stack.up(*EDGE)
         stack.wait_healthy(EDGE, timeout_s)
