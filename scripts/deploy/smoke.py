@@ -44,7 +44,7 @@ EDGE = ["nginx"]                                   # after web is healthy
 QUESTIONS = (  # (employee, question): the handbook answers these
     ("zhangwei", "年假有几天？"),
     ("zhangwei", "How many days of annual leave do I get?"),
-    ("lina", "报销需要在多少天内提交？"),
+    ("lina", "报销的提交时限是多久？"),
 )
 
 TIMES: list[tuple[str, float]] = []
@@ -92,10 +92,12 @@ def demo_settings(src: Path) -> dict[str, str]:
     return json.loads(out)
 
 
-def handbook(src: Path) -> Path:
-    for candidate in ("demo/corpus/company.md", "inference/demo/corpus/company.md"):
-        if (src / candidate).is_file():
-            return src / candidate
+def handbooks(src: Path) -> list[tuple[Path, str]]:
+    """The demo handbook's editions (English, Chinese) with their titles, as make run loads them."""
+    for folder in ("demo/corpus", "inference/demo/corpus"):  # the demo package's old and new place
+        if (src / folder / "company.md").is_file():
+            return [(src / folder / "company.md", "星河科技员工手册 Employee Handbook"),
+                    (src / folder / "company.zh.md", "星河科技员工手册（中文版）")]
     raise FileNotFoundError("the demo handbook (company.md) is not in the tree")
 
 
@@ -171,13 +173,14 @@ def readyz(cert: Path) -> dict:
 
 
 def load_handbook(stack: Stack, src: Path) -> None:
-    """The demo's knowledge base: the handbook, added in the web container (admin CLI)."""
-    inside = "/tmp/company.md"  # noqa: S108 - in the container, removed with it
-    subprocess.run(["podman", "cp", str(handbook(src)), f"{stack.container('web')}:{inside}"],
-                   env=stack.env, check=True)
-    out = stack.exec("web", "python", "-m", "app.cli", "kb", "add", inside, "--title",
-                     "星河科技员工手册 Employee Handbook").stdout.strip()
-    print(f"    {out.splitlines()[-1] if out else 'kb add: no output'}")
+    """The demo's knowledge base: the handbook's editions, added in the web container (the
+    admin CLI, as an operator would)."""
+    for path, title in handbooks(src):
+        inside = f"/tmp/{path.name}"  # noqa: S108 - in the container, removed with it
+        subprocess.run(["podman", "cp", str(path), f"{stack.container('web')}:{inside}"],
+                       env=stack.env, check=True)
+        out = stack.exec("web", "python", "-m", "app.cli", "kb", "add", inside, "--title", title).stdout
+        print(f"    {path.name}: {out.strip().splitlines()[-1] if out.strip() else 'no output'}")
 
 
 def converse(emulator: Emulator, questions=QUESTIONS, timeout_s: float = 300) -> list[tuple[str, str, float]]:

@@ -54,17 +54,20 @@ class Emulator:
         return requests.post(f"{self.url}/_emulator/verify", timeout=30).json()
 
     def ask(self, user: str, question: str, timeout_s: float) -> tuple[str, float]:
-        """Send a text message as ``user``; the bot's reply (text or markdown) and seconds taken."""
-        since = requests.get(f"{self.url}/_emulator/messages", params={"touser": user},
-                             timeout=10).json().get("last_seq", 0)
+        """Send a text message as ``user``; the bot's first reply after it (text or markdown,
+        read from the user's conversation, in sequence order) and the seconds it took."""
+        view = f"{self.url}/_emulator/conversation"
+        since = requests.get(view, params={"userid": user}, timeout=10).json().get("last_seq") or 0
         start = time.monotonic()
         sent = requests.post(f"{self.url}/_emulator/send", timeout=30,
                              json={"from_user": user, "msg_type": "text", "content": question})
         sent.raise_for_status()
         while time.monotonic() - start < timeout_s:
-            found = requests.get(f"{self.url}/_emulator/messages", timeout=10,
-                                 params={"touser": user, "since": since}).json()["messages"]
-            answers = [m for m in found if m["msgtype"] in ("text", "markdown")]
+            items = requests.get(view, params={"userid": user, "since": since},
+                                 timeout=10).json()["items"]
+            asked = next((i["seq"] for i in items if "touser" not in i and i.get("content") == question), None)
+            answers = [i for i in items if asked is not None and i["seq"] > asked
+                       and i.get("touser") and i["msgtype"] in ("text", "markdown")]
             if answers:
                 return str(answers[0]["content"]), time.monotonic() - start
             time.sleep(0.5)
