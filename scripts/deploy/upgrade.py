@@ -94,9 +94,9 @@ def run(args, src: Path, env: dict[str, str], standins: dict[str, str], new_tag:
         print(f"--- the stack at this tree ({new_tag}), same volumes")
         set_image(src, values, new_tag)
         smoke.bring_up(stack, args.timeout)
-        migrate_log = stack.logs_tail(stack.container("migrate"), 200)
-        upgrades = [line for line in migrate_log.splitlines() if "Running upgrade" in line]
-        print(f"    migrate ran {len(upgrades)} upgrade step(s): {upgrades or 'none (same head)'}")
+        said = stack.logs_tail(stack.container("migrate"), 200).splitlines()
+        upgraded = [line for line in said if line.startswith("database upgraded from")]
+        print(f"    migrate (new image) said: {upgraded or [said[-1] if said else '']}")
         after_up = snapshot(stack)
         kept = all(int(after_up[t]) >= int(before[t]) for t in COUNTED) \
             and set(before["users"].split(",")) <= set(after_up["users"].split(","))
