@@ -32,4 +32,4 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 CONF
 [ -x .venv/bin/python ] || make install
-exec .venv/bin/python -m scripts.deploy.smoke "$@"
+exec .venv/bin/python -m scripts.deploy "$@"

@@ -289,7 +289,3 @@ def report(total_start: float, ok: bool) -> None:
     for name, took in TIMES:
         print(f"  {took:7.1f} s  {name}")
     print(f"  {time.monotonic() - total_start:7.1f} s  total ({'passed' if ok else 'FAILED'})")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
