@@ -42,6 +42,7 @@ class Grounding:
     passages: list[Passage]
     contact: str  # the deployment's (KB_FALLBACK_CONTACT), which the prompt's rules name
     owner: Callable[[], str] | None = None  # the team that owns the topic, looked up for a decline
+    keeps_history: bool = True  # False for a model that answers by quoting (prompt.shown_history)
 
     @property
     def found(self) -> bool:
@@ -54,8 +55,8 @@ class Grounding:
         return prompt.not_found_reply(self.owner() if self.owner else self.contact)
 
     def messages(self, system_prompt: str, history: list[dict]) -> list[dict]:
-        return prompt.grounded_messages(system_prompt, history, self.question, self.passages,
-                                        self.contact)
+        return prompt.grounded_messages(system_prompt, history if self.keeps_history else [],
+                                        self.question, self.passages, self.contact)
 
     def choices(self, settings) -> tuple[str, ...]:
         """The replies the model may give (KB_ANSWER_BY_QUOTING: a passage quoted whole, or "not
@@ -107,7 +108,8 @@ class Grounder:
         metrics.KNOWLEDGE_SEARCHES.labels(outcome="found" if result.found else "not_found").inc()
         closest = (result.passages or result.candidates)[:1]
         owner = (lambda: self.team_for(closest[0])) if closest else None
-        return Grounding(question, result.passages, prompt.contact_of(self.settings), owner)
+        return Grounding(question, result.passages, prompt.contact_of(self.settings), owner,
+                         keeps_history=not prompt.answers_by_quoting(self.settings))
 
     def team_for(self, passage: Passage) -> str:
         """Who owns ``passage``'s topic (its section's or its document's contact), else
