@@ -144,6 +144,10 @@ def test_a_follow_up_is_searched_with_the_previous_question(services, loaded):
     assert not is_follow_up("上海总部在哪里")
     result = retriever.search("那北京呢？", [], previous="上海办公室在哪里")
     assert "上海办公室在哪里" in result.query and result.passages[0].section == "办公室 Offices"
+    # a short question finding nothing alone is searched with the previous one, unless it asks
+    # about what no document mentions: a new topic, declined (not answered with the old topic's)
+    result = retriever.search("Who is our CEO?", [], previous="上海办公室在哪里")
+    assert not result.found and result.query == "Who is our CEO?" and result.unknown == ("ceo",)
 
 
 def test_departments_are_applied_before_ranking(services, loaded):
