@@ -89,6 +89,8 @@ def stack_env() -> dict[str, str]:
     # The AI bot's long connection dials the emulator's WebSocket end, not WeCom's.
     env["EMULATOR_AIBOT_WS_PORT"] = str(AIBOT_WS_PORT)
     env["AIBOT_WS_URL"] = f"ws://127.0.0.1:{AIBOT_WS_PORT}"
+    # ... and the bot's image and file URLs name the emulator, the one media host allowed here.
+    env["MEDIA_URL_HOSTS"] = "127.0.0.1"
     env.setdefault("DATABASE_URL", f"sqlite:///{ROOT / 'var' / 'wecom-bot.sqlite3'}")
     env.setdefault("WEB_BIND", f"127.0.0.1:{WEB_PORT}")
     env.setdefault("SWEEP_INTERVAL_S", "10")
