@@ -75,9 +75,9 @@ def source_tree(work: Path, worktree: bool) -> Path:
                 (src / rel.decode()).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, src / rel.decode())
     else:
-        subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(src)], check=True)
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, check=True).stdout.strip()
+        subprocess.run(["git", "clone", "--quiet", "--no-local", str(ROOT), str(src)], check=True)
         subprocess.run(["git", "checkout", "--quiet", head], cwd=src, check=True)
     return src
 
