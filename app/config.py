@@ -257,7 +257,9 @@ class Settings(BaseSettings):
     currency: str = "CNY"
     budget_thresholds: str = "50,80,100"
     budget_reservation_ttl_s: int = 3600
-    department_cache_s: int = 24 * 3600
+    department_cache_s: int = Field(
+        default=300, ge=0, description="user/get's departments are cached this long (WeCom's "
+                                       "change_contact events drop an entry at once)")
     alert_wecom_users: str = ""
     alert_webhook_url: str | None = None
     alert_webhook_timeout_s: float = 3.0
@@ -348,6 +350,12 @@ class Settings(BaseSettings):
     kb_min_relevance: float = Field(default=0.5, ge=-100, le=100,
                                     description="with a reranker: its score from which a passage is relevant "
                                                 "(instead of KB_MIN_SCORE / KB_MIN_SIMILARITY)")
+    chat_members_cache_s: int = Field(
+        default=60, ge=0, le=3600, description="a group chat's member list (appchat/get) is cached this "
+                                               "long: a member who joins or leaves counts after it")
+    group_scope_max_members: int = Field(
+        default=100, ge=1, le=2000, description="a group chat with more members than this gets only the "
+                                                "documents visible to everyone (each member is a user/get)")
 
     # -- voice, images and files (worker/media.py, README "Voice, images and files") -----------
     media_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024,

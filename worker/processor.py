@@ -42,6 +42,7 @@ from app.outbox.statements import standalone
 from app.services import Services
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands, delivery, feedback, media, retry_policy
+from worker.audience import Audiences
 from worker.conversation import ConversationStore
 from worker.delivery import AIBOT, DEADLINE, Delivery
 from worker.directory import Directory
@@ -57,6 +58,7 @@ TABLE = rows.TABLE
 UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
                       "I can only read text messages for now; please type your question.")
 WELCOME_EVENTS = ("subscribe", "enter_agent")
+CONTACT_EVENT = "change_contact"
 MAX_DRAIN = 20
 QUESTION_TYPES = ("text", "mixed", "voice")  # voice: the AI bot's, WeCom's own transcript
 
@@ -219,9 +221,11 @@ class MessageProcessor:
         self.wecom = wecom
         self.conversations = conversations
         self._llm_lock = threading.Lock()
-        directory = Directory(services, wecom)  # departments: budgets and the documents' scope
+        # departments: budgets and the documents' scope, forgotten on WeCom's change events
+        self.directory = directory = Directory(services, wecom)
         self.meter = Meter(services, wecom, directory)
         self.grounder = Grounder(services, wecom, directory)
+        self.audiences = Audiences(services, wecom, directory)  # who reads an answer
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
         self.media = media.MediaHandler(self)  # voice, images, files (worker/media.py)
         self.drained = _Drained()
@@ -388,6 +392,8 @@ class MessageProcessor:
                 feedback.on_card_event(self, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
                 feedback.on_aibot_feedback(self, row, user_id, payload)
+            elif row.event == CONTACT_EVENT:  # the address book changed: departments asked again
+                self._forget_member(payload)
             return Reply.nothing()
         if media.handles(row, payload):
             try:
@@ -409,6 +415,15 @@ class MessageProcessor:
             return Reply(commands.run(name, context))
         return self._generate(row, text, lease, channel, user_id, conversation)
 
+    def _forget_member(self, payload: dict) -> None:
+        """``change_contact``: a member changed (or left); their cached departments go."""
+        if payload.get("change_type") not in ("update_user", "delete_user"):
+            return
+        named = {str(payload.get(k) or "") for k in ("user_id", "new_user_id")}
+        for user in (named | {u.lower() for u in named}) - {""}:  # ids are case-blind
+            self.directory.forget(rows.user_hash(self.services.blind_index, user))
+        log.info("address book change applied change_type=%s", payload.get("change_type"))
+
     def _welcome_due(self, row) -> bool:
         """Welcome on subscribe, and on entering the app at most once a day."""
         if row.event == "subscribe":
@@ -425,8 +440,12 @@ class MessageProcessor:
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
-        # The knowledge base: passages for the prompt, or "not found" without asking the model.
-        grounding = None if images else self.grounder.ground(row.user_hash, user_id, text, history)
+        # The knowledge base: passages for the prompt, or "not found" without asking the model;
+        # what every reader of the answer may see (a group chat's members: worker/audience.py).
+        grounding = None
+        if not images and self.grounder.wanted(text):
+            grounding = self.grounder.ground(row.user_hash, user_id, text, history,
+                                             self.audiences.of_message(row, user_id))
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
             return Reply(grounding.decline(), usage={"model": "kb-not-found"})

@@ -32,9 +32,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, select
 
 from app import metrics
+from app.knowledge.audience import Audience, documents_visible_to
 from app.knowledge.breaker import breaker_of
 from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
 from app.knowledge.glossary import equivalents
@@ -45,9 +46,7 @@ from app.knowledge.terms import terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
-    KnowledgeDocumentDepartment,
     KnowledgePosting,
-    KnowledgeVisibility,
 )
 
 log = logging.getLogger(__name__)
@@ -171,15 +170,12 @@ def vector_index(services) -> VectorIndex:
 
 
 def _visible_documents(departments):
-    query = select(KnowledgeDocument.id)
+    """The ids of the documents ``departments`` may see: an ``Audience`` (a group chat's members),
+    one reader's department ids ([] = public documents only), or ``EVERYTHING``."""
     if departments is EVERYTHING:
-        return query
-    allowed = KnowledgeDocument.visibility == KnowledgeVisibility.ALL
-    if departments:
-        allowed = or_(allowed, KnowledgeDocument.id.in_(
-            select(KnowledgeDocumentDepartment.document_id)
-            .where(KnowledgeDocumentDepartment.department_id.in_(sorted(set(departments))))))
-    return query.where(allowed)
+        return select(KnowledgeDocument.id)
+    audience = departments if isinstance(departments, Audience) else Audience.member(departments)
+    return documents_visible_to(audience)
 
 
 class Retriever:
@@ -195,9 +191,11 @@ class Retriever:
         self.vectors = vector_index(services)
         self.breaker = breaker_of(services)
 
-    def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
-               top_k: int | None = None, min_score: float | None = None) -> SearchResult:
-        """The best passages visible to members of ``departments`` ([] = public documents only).
+    def search(self, question: str, departments: list[int] | Audience | None, *,
+               previous: str | None = None, top_k: int | None = None,
+               min_score: float | None = None) -> SearchResult:
+        """The best passages visible to members of ``departments`` ([] = public documents only),
+        or to every reader of an ``Audience`` (``app.knowledge.audience``).
 
         With ``previous`` (the conversation's previous question): a question that opens like a
         follow-up is searched together with it; a short one that finds nothing alone, too.
