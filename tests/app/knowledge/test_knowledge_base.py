@@ -371,6 +371,11 @@ def test_cli_add_list_search_remove(services, tmp_path, monkeypatch):
     assert SENTINEL not in runner.invoke(cli.cli, ["kb", "search", "bonus pool code"]).output
     assert SENTINEL in runner.invoke(cli.cli, ["kb", "search", "bonus pool code",
                                                "--department", "7"]).output
+    for ids in ("9" * 30, "7,x", "0"):  # a clear refusal, never a database error
+        out = runner.invoke(cli.cli, ["kb", "add", str(secret), "--title", "x", "--departments", ids])
+        assert out.exit_code == 2 and "department id" in out.output, out.output
+    out = runner.invoke(cli.cli, ["kb", "search", "bonus", "--department", "9" * 30])
+    assert out.exit_code == 2 and "--department" in out.output
     bad = tmp_path / "fake.pdf"
     bad.write_text("not a pdf", encoding="utf-8")
     out = runner.invoke(cli.cli, ["kb", "add", str(bad), "--title", "x"])
