@@ -19,6 +19,7 @@ from app.accounting import (
     Admission,
     AlertSender,
     Usage,
+    estimate_choice_tokens,
     estimate_completion_tokens,
     estimate_prompt_tokens,
 )
@@ -66,17 +67,20 @@ class Meter:
         return self.directory.member(user_hash, user_id).main_department
 
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
-                model: str) -> Charge:
+                model: str, choices: tuple[str, ...] = ()) -> Charge:
+        """``choices``: the replies the model chooses among (KB_ANSWER_BY_QUOTING), whose
+        tokens the engine processes too (``estimate_choice_tokens``)."""
         department = self.department_of(row.user_hash, user_id)
+        prompt_tokens = estimate_prompt_tokens(messages) + estimate_choice_tokens(choices)
         if not getattr(row, "budgeted", True):
             # No budget was enabled at the claim (``app.outbox.rows``): admitted as reserve
             # would admit it, without a group commit that reads the budgets to find none; its
             # settle charges none either (one enabled meanwhile applies from the next message).
             return Charge(Admission(True, user_hash=row.user_hash, department=department,
                                     model=model, message_id=row.id,
-                                    prompt_tokens=estimate_prompt_tokens(messages), budgeted=False))
+                                    prompt_tokens=prompt_tokens, budgeted=False))
         admission = self.accounting.reserve(
-            row.user_hash, department, model, estimate_prompt_tokens(messages), max_new_tokens,
+            row.user_hash, department, model, prompt_tokens, max_new_tokens,
             message_id=row.id, user_hashes=self.services.blind_index.candidates("wecom-user", user_id))
         if admission.allowed:
             return Charge(admission)

@@ -469,7 +469,7 @@ class MessageProcessor:
         except LLMError as exc:
             raise _model_failure(exc) from exc
         charge = self.meter.reserve(row, user_id, media.for_estimate(messages), params.max_tokens,
-                                    llm.model_name)
+                                    llm.model_name, choices=params.choice)
         if charge.blocked:
             return Reply(charge.notice)
         started = time.monotonic()
