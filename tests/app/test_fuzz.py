@@ -376,7 +376,8 @@ def test_budget_forms_never_500(admin, limit, period, thresholds, budget_id):
             "action": "block", "thresholds": thresholds or "50,100", "enabled": "y", "csrf_token": client.token}
     for path in ("/admin/budgets/new", f"/admin/budgets/{budget_id}/edit"):
         response = client.post(path, data=form)
-        assert response.status_code in REFUSED | {200, 302}, (path, limit, response.status_code)
+        # 308: Werkzeug's redirect of a path with "//" in it (an id of "0/") to the merged one
+        assert response.status_code in REFUSED | {200, 302, 308}, (path, limit, response.status_code)
 
 
 @PROFILE
