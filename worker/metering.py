@@ -6,7 +6,7 @@ event), then ``settle`` with the token counts (the larger of the model server's 
 upper-bound estimates, priced by the configured model), or ``release`` when the generation
 failed. A charge that fails leaves the reservation, charged its worst case when it expires.
 The user's department comes from WeCom ``user/get`` (``main_department``, else the first of
-``department``), through ``worker.directory``.
+``department``), through ``worker.scope.directory``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from app.accounting import (
     estimate_prompt_tokens,
 )
 from app.audit import Event, EventType
-from worker.directory import Directory
+from worker.scope.directory import Directory
 
 log = logging.getLogger(__name__)
 BLOCK_NOTICE = ("抱歉，本期 AI 助手的{scope}预算已用完，暂时无法回答。如需继续使用，请联系管理员。\n"
@@ -63,7 +63,7 @@ class Meter:
         return self._accounting
 
     def department_of(self, user_hash: str, user_id: str) -> str:
-        """The department a department budget charges (``worker.directory``)."""
+        """The department a department budget charges (``worker.scope.directory``)."""
         return self.directory.member(user_hash, user_id).main_department
 
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,

@@ -12,7 +12,7 @@ What WeCom sends (接收消息与事件, docs 90239 message formats and 90240 ev
 ``file`` is not on WeCom's list of app messages (90239), but some clients send one (``MediaId``,
 sometimes ``Title``/``FileName``); it is read as ``FileMessage`` so an employee's PDF is not lost.
 ``change_contact`` (the address book changed) is read as ``ContactChangeEvent``: the worker
-forgets the member's cached departments (``worker.directory``). Anything else (a message type
+forgets the member's cached departments (``worker.scope.directory``). Anything else (a message type
 or event this module does not model, such as the approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
 of its fields in ``raw``: new WeCom features must never break the callback.
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.directory import UNKNOWN, Directory, Member
+from worker.scope.directory import UNKNOWN, Directory, Member
 
 
 class _WeCom:

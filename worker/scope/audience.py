@@ -9,7 +9,7 @@ by the whole group, so each member's departments count:
   (appchat/create) and refuses any other (86003, 86008). The list is cached in Redis for
   ``CHAT_MEMBERS_CACHE_S`` (sealed: it is a list of user ids), and so is WeCom's refusal; an
   unreachable WeCom is not cached (asked again with the next message);
-- each member's departments come from ``worker.directory`` (``user/get``, cached briefly and
+- each member's departments come from ``worker.scope.directory`` (``user/get``, cached briefly and
   forgotten on WeCom's change events);
 - a chat whose members cannot be read, one of more than ``GROUP_SCOPE_MAX_MEMBERS`` members, or
   one with a member whose departments are unknown gets only the documents visible to everyone.
@@ -26,7 +26,7 @@ from app.knowledge.audience import Audience
 from app.outbox import rows
 from app.security.fieldcrypt import FieldDecryptError
 from app.wecom.exceptions import WeComAPIError, WeComTransientError
-from worker.directory import Directory
+from worker.scope.directory import Directory
 
 log = logging.getLogger(__name__)
 UNREADABLE = "unreadable"  # the cached verdict for a chat WeCom would not list
@@ -46,12 +46,10 @@ class Audiences:
         self.wecom = wecom
         self.directory = directory
 
-    def of_message(self, row, user_id: str) -> Audience:
-        """The readers of the answer to ``row`` (its sealed payload says which chat it came from)."""
-        payload = json.loads(self.services.cipher.decrypt(row.payload_enc, rows.TABLE, "payload_enc", row.id))
-        chat_id = chat_of(payload)
+    def of(self, user_hash: str, user_id: str, chat_id: str | None) -> Audience:
+        """The readers of an answer to ``user_id`` in ``chat_id`` (None: a 1:1 chat)."""
         if chat_id is None:
-            return Audience.member(self.directory.member(row.user_hash, user_id).departments if user_id else ())
+            return Audience.member(self.directory.member(user_hash, user_id).departments if user_id else ())
         return self.of_group(chat_id, user_id)
 
     def of_group(self, chat_id: str, asker: str) -> Audience:
