@@ -85,7 +85,8 @@ class Directory:
             raise KeyError(userid)
         changed = dict(user)
         if departments is not None:
-            if not departments or any(self.department(d) is None for d in departments):
+            if (not isinstance(departments, list) or not departments
+                    or any(isinstance(d, bool) or self.department(d) is None for d in departments)):
                 raise ValueError("departments must be ids of the directory's departments")
             changed["department"] = [int(d) for d in departments]
             changed["order"] = [0] * len(departments)
