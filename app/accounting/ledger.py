@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -148,7 +147,7 @@ class Accounting:
     # -- the group commit ----------------------------------------------------------------------
     def _run(self, kind: str, args):
         queue = getattr(self.db.engine, "writer_queue", None)
-        if queue is not None and getattr(queue, "_owner_thread", None) == threading.get_ident():
+        if queue is not None and queue.held_by_this_thread():
             # SQLite: the writer would wait for this thread's transaction, this thread for it.
             raise RuntimeError(f"Accounting.{kind} called inside a write transaction of this "
                                "thread on SQLite: it would wait for itself")
