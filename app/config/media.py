@@ -1,4 +1,4 @@
-"""Voice, images and files (worker/media.py, docs): how much is fetched, and the speech and
+"""Voice, images and files (worker/media/, docs/media.md): how much is fetched, and the speech and
 vision models that read them."""
 
 from __future__ import annotations
@@ -14,6 +14,13 @@ from app.config.secret_fields import SHARED, URL
 class MediaSettings(SettingsGroup):
     media_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024,
                                  description="largest image, voice or file fetched from WeCom")
+    media_url_hosts: str = Field(default="ww-aibot-img-1258476243.cos.ap-guangzhou.myqcloud.com",
+                                 description="hosts an AI bot's image or file URL may name, comma-"
+                                             "separated (*.example.com: its subdomains); a "
+                                             "redirect is never followed")
+    voice_max_duration_s: float = Field(default=90.0, gt=0, le=3600,
+                                        description="longest voice clip transcribed, counted "
+                                                    "before decoding (WeCom records at most 60 s)")
     asr_base_url: Annotated[str, URL] = Field(
         default="", description="OpenAI-compatible /v1 with /audio/transcriptions; empty: a voice "
                                 "message gets a polite notice")

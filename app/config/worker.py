@@ -15,7 +15,7 @@ class WorkerSettings(SettingsGroup):
     sweep_interval_s: float = 30.0
     sweep_queued_after_s: float = 60.0
     task_max_retries: int = 5
-    worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/heartbeat.py")
+    worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/observability/heartbeat.py")
     # A 👍/👎 template card after each model answer on the app channel, and WeCom's own 👍/👎
     # under the AI bot's answers (feedback.id on the first stream reply): app.feedback.
     feedback_cards: bool = True

@@ -7,7 +7,7 @@ import threading
 from app.api.gateway import Gateway
 from app.services import Services
 from tests.support.env import make_env, settings_from
-from worker.tasks import build_processor
+from worker.runtime import build_processor
 
 
 def fresh_services() -> Services:
