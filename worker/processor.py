@@ -234,7 +234,7 @@ class MessageProcessor:
         self._llm_lock = threading.Lock()
         # departments: budgets and the documents' scope, forgotten on WeCom's change events
         self.directory = directory = Directory(services, wecom)
-        self.meter = Meter(services, wecom, directory)
+        self.meter = Meter(services, directory)
         self.grounder = Grounder(services, wecom, directory)
         self.audiences = Audiences(services, wecom, directory)  # who reads an answer
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)

@@ -36,8 +36,7 @@ from sqlalchemy import case, func, select
 
 from app import metrics
 from app.knowledge.audience import Audience, documents_visible_to
-from app.knowledge.breaker import breaker_of
-from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
+from app.knowledge.embeddings import EmbeddingError, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
 from app.knowledge.rerank import client_from as reranker_from
@@ -171,15 +170,6 @@ def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> f
     return got / total if total else 0.0
 
 
-def vector_index(services) -> VectorIndex:
-    """The process's one in-memory vector matrix (app.knowledge.embeddings)."""
-    index = getattr(services, "_kb_vector_index", None)
-    if index is None:
-        index = VectorIndex(services)
-        services._kb_vector_index = index
-    return index
-
-
 def _visible_documents(departments):
     """The ids of the documents ``departments`` may see: an ``Audience`` (a group chat's members),
     one reader's department ids ([] = public documents only), or ``EVERYTHING``."""
@@ -191,16 +181,14 @@ def _visible_documents(departments):
 
 class Retriever:
     def __init__(self, services):
-        from app.knowledge.store import term_hashers
-
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hashers = term_hashers(services)
+        self.hashers = services.knowledge_caches.term_hashers
         self.embedder = client_from(self.settings)
         self.reranker = reranker_from(self.settings)
-        self.vectors = vector_index(services)
-        self.breaker = breaker_of(services)
+        self.vectors = services.knowledge_caches.vector_index
+        self.breaker = services.knowledge_caches.breaker
 
     def search(self, question: str, departments: list[int] | Audience | None, *,
                previous: str | None = None, top_k: int | None = None,
