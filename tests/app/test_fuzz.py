@@ -107,7 +107,7 @@ def env(tmp_path_factory):
                       CELERY_BROKER_URL="redis://127.0.0.1:1/0")  # publishing fails fast: rows stay queued
     yield values
     model.stop()
-    redis.Redis(db=WECOM_DB).flushdb()
+    redis.Redis.from_url(redis_url(WECOM_DB)).flushdb()
 
 
 @pytest.fixture(scope="module")
