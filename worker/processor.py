@@ -3,8 +3,8 @@
 The step order makes a redelivered or retried task safe:
 
 1. claim the outbox row with a lease (nobody else runs it; a dead worker's lease expires);
-2. if no reply is stored yet, compose it into a ``Reply`` (``worker.reply``: over the user's
-   rate limit, the polite notice or nothing; else command, welcome, media or the model) and
+2. if no reply is stored yet, compose it into a ``Reply`` (``worker.delivery.reply``: over the
+   user's rate limit, the polite notice or nothing; else command, welcome, media or the model) and
    store it encrypted *before* sending, so a retry sends the same answer instead of generating
    a new one;
 3. deliver it (``worker.delivery``: message/send, each chunk recorded so that a retry resumes
@@ -41,15 +41,21 @@ from app.outbox.rows import ClaimResult
 from app.outbox.statements import standalone
 from app.services import Services
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
-from worker import commands, delivery, feedback, media, retry_policy
+from worker import commands, feedback, retry_policy
 from worker.conversation import ConversationStore
-from worker.delivery import AIBOT, DEADLINE, Delivery
-from worker.directory import Directory
+from worker.delivery.channels import AIBOT, Deliveries, Delivery
+from worker.delivery.reply import FAILURE_NOTICE, Reply
+from worker.delivery.stream import DEADLINE
+from worker.delivery.stream_writer import fit
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
+from worker.media import handler as media
+from worker.media.errors import MediaUnavailable
+from worker.media.files import FileContexts
+from worker.media.prompt import for_estimate, with_files, with_images
 from worker.metering import Meter
-from worker.reply import FAILURE_NOTICE, Reply
-from worker.stream_reply import fit
+from worker.scope.audience import Audiences, chat_of
+from worker.scope.directory import Directory
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,7 @@ TABLE = rows.TABLE
 UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
                       "I can only read text messages for now; please type your question.")
 WELCOME_EVENTS = ("subscribe", "enter_agent")
+CONTACT_EVENT = "change_contact"
 MAX_DRAIN = 20
 QUESTION_TYPES = ("text", "mixed", "voice")  # voice: the AI bot's, WeCom's own transcript
 
@@ -210,6 +217,12 @@ class LeaseKeeper:
 
 
 class MessageProcessor:
+    """Claims, composes, stores, delivers and finishes one message at a time (``process``).
+
+    Its parts get what they use, never the processor: media, delivery and feedback the services
+    and the WeCom client; a command a ``CommandContext`` of the collaborators it may touch.
+    """
+
     def __init__(self, services: Services, llm: LLMBackend | None, wecom, conversations: ConversationStore,
                  llm_factory=None):
         self.services = services
@@ -219,11 +232,15 @@ class MessageProcessor:
         self.wecom = wecom
         self.conversations = conversations
         self._llm_lock = threading.Lock()
-        directory = Directory(services, wecom)  # departments: budgets and the documents' scope
-        self.meter = Meter(services, wecom, directory)
+        # departments: budgets and the documents' scope, forgotten on WeCom's change events
+        self.directory = directory = Directory(services, wecom)
+        self.meter = Meter(services, directory)
         self.grounder = Grounder(services, wecom, directory)
+        self.audiences = Audiences(services, wecom, directory)  # who reads an answer
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
-        self.media = media.MediaHandler(self)  # voice, images, files (worker/media.py)
+        self.files = FileContexts(services.redis, services.cipher, self.settings.conversation_ttl_s)
+        self.media = media.MediaHandler(services, wecom, self.files)  # voice, images, files (worker/media/)
+        self.deliveries = Deliveries(services, wecom)
         self.drained = _Drained()
 
     @property
@@ -232,6 +249,11 @@ class MessageProcessor:
             with self._llm_lock:
                 if self._llm is None:
                     self._llm = self._llm_factory(self.settings)
+        return self._llm
+
+    @property
+    def loaded_llm(self) -> LLMBackend | None:
+        """The model backend if it is loaded, else None (never loads it: a metrics scrape asks)."""
         return self._llm
 
     # -- entry point ---------------------------------------------------------------------------
@@ -306,7 +328,7 @@ class MessageProcessor:
 
     def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str):
         cipher = self.services.cipher
-        channel = delivery.for_row(self, row)
+        channel = self.deliveries.for_row(row)
         if row.reply_enc is None and channel.expired():
             raise PermanentFailure("aibot: stream expired before the answer", notify=False)
         if row.reply_enc is None:
@@ -385,16 +407,23 @@ class MessageProcessor:
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return Reply(self.settings.welcome_message)
             if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
-                feedback.on_card_event(self, row, user_id, payload)
+                feedback.on_card_event(self.services, self.wecom, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
-                feedback.on_aibot_feedback(self, row, user_id, payload)
+                feedback.on_aibot_feedback(self.services, row, user_id, payload)
+            elif row.event == CONTACT_EVENT:  # the address book changed: departments asked again
+                self._forget_member(payload)
             return Reply.nothing()
         if media.handles(row, payload):
+            conversation = self._conversation_key(row, payload)
             try:
-                return self.media.compose(row, user_id, payload, lease, channel,
-                                          self._conversation_key(row, payload))
-            except media.MediaUnavailable as exc:
+                composed = self.media.compose(row, user_id, payload, lease, channel, conversation)
+            except MediaUnavailable as exc:
                 raise TransientFailure(str(exc)) from exc
+            if isinstance(composed, Reply):
+                return composed
+            answer = self._generate(row, composed.text, lease, channel, user_id, conversation,
+                                    images=composed.images, llm=composed.llm, chat_id=chat_of(payload))
+            return composed.reply(answer)
         if row.msg_type not in QUESTION_TYPES:
             return Reply(UNSUPPORTED_NOTICE)
         text = (payload.get("content") or "").strip()
@@ -404,10 +433,20 @@ class MessageProcessor:
         command = commands.parse(text)
         if command is not None:
             name, argument = command
-            context = commands.CommandContext(user_id, row.user_hash, argument, self,
-                                              conversation_key=conversation)
+            context = commands.CommandContext(user_id, row.user_hash, argument, services=self.services,
+                                              conversations=self.conversations, meter=self.meter,
+                                              files=self.files, conversation_key=conversation)
             return Reply(commands.run(name, context))
-        return self._generate(row, text, lease, channel, user_id, conversation)
+        return self._generate(row, text, lease, channel, user_id, conversation, chat_id=chat_of(payload))
+
+    def _forget_member(self, payload: dict) -> None:
+        """``change_contact``: a member changed (or left); their cached departments go."""
+        if payload.get("change_type") not in ("update_user", "delete_user"):
+            return
+        named = {str(payload.get(k) or "") for k in ("user_id", "new_user_id")}
+        for user in (named | {u.lower() for u in named}) - {""}:  # ids are case-blind
+            self.directory.forget(rows.user_hash(self.services.blind_index, user))
+        log.info("address book change applied change_type=%s", payload.get("change_type"))
 
     def _welcome_due(self, row) -> bool:
         """Welcome on subscribe, and on entering the app at most once a day."""
@@ -420,13 +459,18 @@ class MessageProcessor:
 
     def _generate(self, row, text: str, lease: LeaseKeeper, channel: Delivery, user_id: str = "",
                   conversation: str | None = None, images: list[dict] | None = None,
-                  llm: LLMBackend | None = None) -> Reply:
-        """The model's answer (or the knowledge base's "not found", or the budget's notice)."""
+                  llm: LLMBackend | None = None, chat_id: str | None = None) -> Reply:
+        """The model's answer (or the knowledge base's "not found", or the budget's notice).
+        ``chat_id``: the group chat it is asked in (its members read the answer), None in 1:1."""
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
-        # The knowledge base: passages for the prompt, or "not found" without asking the model.
-        grounding = None if images else self.grounder.ground(row.user_hash, user_id, text, history)
+        # The knowledge base: passages for the prompt, or "not found" without asking the model;
+        # what every reader of the answer may see (a group chat's members: worker/scope/audience.py).
+        grounding = None
+        if not images and self.grounder.wanted(text):
+            grounding = self.grounder.ground(row.user_hash, user_id, text, history,
+                                             self.audiences.of(row.user_hash, user_id, chat_id))
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
             return Reply(grounding.decline(), usage={"model": "kb-not-found"})
@@ -435,11 +479,11 @@ class MessageProcessor:
         else:
             messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                         {"role": "user", "content": text}]
-        # The conversation's files (worker/media.py), and the images beside the question.
-        messages = media.with_files(messages, self.media.files.files(conversation or row.user_hash),
-                                    self.settings.file_context_max_chars)
+        # The conversation's files (worker/media/files.py), and the images beside the question.
+        messages = with_files(messages, self.files.files(conversation or row.user_hash),
+                              self.settings.file_context_max_chars)
         if images:
-            messages[-1] = media.with_images(messages[-1], images)
+            messages[-1] = with_images(messages[-1], images)
         choice = grounding.choices(self.settings) if grounding is not None else ()
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p,
@@ -449,8 +493,8 @@ class MessageProcessor:
             llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:
             raise _model_failure(exc) from exc
-        charge = self.meter.reserve(row, user_id, media.for_estimate(messages), params.max_tokens,
-                                    llm.model_name)
+        charge = self.meter.reserve(row, user_id, for_estimate(messages), params.max_tokens,
+                                    llm.model_name, choices=params.choice)
         if charge.blocked:
             return Reply(charge.notice)
         started = time.monotonic()
@@ -518,7 +562,7 @@ class MessageProcessor:
 
     def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
         log.warning("message failed message_id=%s reason=%s", row.id, reason)
-        delivery.for_row(self, row).failed(row, FAILURE_NOTICE if notify else None)
+        self.deliveries.for_row(row).failed(row, FAILURE_NOTICE if notify else None)
         with standalone(self.services.db) as sql:
             rows.finish(sql, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)

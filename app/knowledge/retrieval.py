@@ -32,11 +32,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, select
 
 from app import metrics
-from app.knowledge.breaker import breaker_of
-from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
+from app.knowledge.audience import Audience, documents_visible_to
+from app.knowledge.embeddings import EmbeddingError, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
 from app.knowledge.rerank import client_from as reranker_from
@@ -45,9 +45,7 @@ from app.knowledge.terms import terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
-    KnowledgeDocumentDepartment,
     KnowledgePosting,
-    KnowledgeVisibility,
 )
 
 log = logging.getLogger(__name__)
@@ -84,6 +82,7 @@ class SearchResult:
     query: str
     passages: list[Passage]  # best first, every one relevant (over a threshold)
     candidates: list[Passage]  # best first, thresholds not applied (for the admin's test view)
+    unknown: tuple[str, ...] = ()  # the question's words that no visible passage holds
 
     @property
     def found(self) -> bool:
@@ -146,6 +145,16 @@ def _coverage_words(counts: Counter) -> list[_Word]:
     return words
 
 
+def _held(word: _Word, df: Counter) -> bool:
+    """Whether some visible passage holds the word (itself, an equivalent, or its bigrams); a
+    lone character says too little to count either way."""
+    if word.weight < 1.0 or df.get(word.term):
+        return True
+    if any(all(df.get(t) for t in alt) for alt in word.alternatives):
+        return True
+    return bool(word.bigrams) and all(df.get(b) for b in word.bigrams)
+
+
 def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> float:
     """The share of the question's words (IDF-weighted) the passage holds, 0..1."""
     total = got = 0.0
@@ -161,46 +170,37 @@ def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> f
     return got / total if total else 0.0
 
 
-def vector_index(services) -> VectorIndex:
-    """The process's one in-memory vector matrix (app.knowledge.embeddings)."""
-    index = getattr(services, "_kb_vector_index", None)
-    if index is None:
-        index = VectorIndex(services)
-        services._kb_vector_index = index
-    return index
-
-
 def _visible_documents(departments):
-    query = select(KnowledgeDocument.id)
+    """The ids of the documents ``departments`` may see: an ``Audience`` (a group chat's members),
+    one reader's department ids ([] = public documents only), or ``EVERYTHING``."""
     if departments is EVERYTHING:
-        return query
-    allowed = KnowledgeDocument.visibility == KnowledgeVisibility.ALL
-    if departments:
-        allowed = or_(allowed, KnowledgeDocument.id.in_(
-            select(KnowledgeDocumentDepartment.document_id)
-            .where(KnowledgeDocumentDepartment.department_id.in_(sorted(set(departments))))))
-    return query.where(allowed)
+        return select(KnowledgeDocument.id)
+    audience = departments if isinstance(departments, Audience) else Audience.member(departments)
+    return documents_visible_to(audience)
 
 
 class Retriever:
     def __init__(self, services):
-        from app.knowledge.store import term_hashers
-
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hashers = term_hashers(services)
+        self.hashers = services.knowledge_caches.term_hashers
         self.embedder = client_from(self.settings)
         self.reranker = reranker_from(self.settings)
-        self.vectors = vector_index(services)
-        self.breaker = breaker_of(services)
+        self.vectors = services.knowledge_caches.vector_index
+        self.breaker = services.knowledge_caches.breaker
 
-    def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
-               top_k: int | None = None, min_score: float | None = None) -> SearchResult:
-        """The best passages visible to members of ``departments`` ([] = public documents only).
+    def search(self, question: str, departments: list[int] | Audience | None, *,
+               previous: str | None = None, top_k: int | None = None,
+               min_score: float | None = None) -> SearchResult:
+        """The best passages visible to members of ``departments`` ([] = public documents only),
+        or to every reader of an ``Audience`` (``app.knowledge.audience``).
 
         With ``previous`` (the conversation's previous question): a question that opens like a
-        follow-up is searched together with it; a short one that finds nothing alone, too.
+        follow-up is searched together with it; a short one that finds nothing alone, too, unless
+        it asks about something no visible document mentions ("Who is our CEO?" after a question
+        about meals is a new topic: searched with it, it found the meal passage and was answered
+        with it).
         """
         top_k = top_k or self.settings.kb_top_k
         threshold = self.settings.kb_min_score if min_score is None else min_score
@@ -210,7 +210,7 @@ class Retriever:
         if previous and is_follow_up(question):
             return self._search(combined, departments, top_k, threshold)
         result = self._search(question, departments, top_k, threshold)
-        if previous and not result.found and is_short(question):
+        if previous and not result.found and is_short(question) and not result.unknown:
             return self._search(combined, departments, top_k, threshold)
         return result
 
@@ -254,6 +254,12 @@ class Retriever:
                 df[term_of[term_hash]] += count
             idf = {t: math.log(1 + (n_chunks - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
                    for t in weights}
+            unknown = tuple(w.term for w in words if not _held(w, df))
+
+            def done(result: SearchResult) -> SearchResult:
+                result.unknown = unknown
+                return result
+
             factor = {h: idf[t] * weights[t] for h, t in term_of.items() if df.get(t)}
             if not factor:
                 ranked, scores = [], {}
@@ -289,13 +295,13 @@ class Retriever:
                     coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in pool}
                     reranked = self._reranked(query, self._passages(session, pool, scores, coverage), top_k)
                     if reranked is not None:
-                        return reranked
+                        return done(reranked)
                 best = ranked[:top_k]
                 matched = matched_in(best)
                 coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in best}
                 passages = self._passages(session, best, scores, coverage)
-                return SearchResult(query, [p for p in passages if p.coverage >= threshold],
-                                    passages)
+                return done(SearchResult(query, [p for p in passages if p.coverage >= threshold],
+                                         passages))
             # Reciprocal rank fusion of the two rankings; a passage is relevant when either side
             # finds it so (BM25's coverage, or the cosine over KB_MIN_SIMILARITY), and the
             # relevant ones come first: a passage only the dense side ranks, however close, fuses
@@ -318,13 +324,13 @@ class Retriever:
                 reranked = self._reranked(query, self._passages(
                     session, pool, {c: scores.get(c, 0.0) for c in pool}, coverage, cosine), top_k)
                 if reranked is not None:
-                    return reranked
+                    return done(reranked)
             best = order[:top_k]
             passages = self._passages(session, best, {c: scores.get(c, 0.0) for c in best},
                                       coverage, cosine)
-        return SearchResult(query, [p for p in passages if p.coverage >= threshold
-                                    or (p.similarity is not None and p.similarity >= minimum)],
-                            passages)
+        return done(SearchResult(query, [p for p in passages if p.coverage >= threshold
+                                         or (p.similarity is not None and p.similarity >= minimum)],
+                                 passages))
 
     def _ask(self, part: str, url: str, call, errors):
         """``call()``'s answer, or None when the ``part`` server (embeddings, rerank) fails now or
