@@ -53,6 +53,9 @@ def validate(config) -> None:
     if len(config.layer_types) != layers or any(k not in LAYER_KINDS for k in config.layer_types):
         raise ValueError(f"layer_types needs one of {LAYER_KINDS} for each of the {layers} layers, "
                          f"got {config.layer_types!r}")
+    if "indexed_attention" not in config.layer_types:
+        # transformers' cache cannot run such a model, and the engine sizes its blocks by these layers
+        raise ValueError("glm5_next needs at least one indexed_attention (sparse) layer")
     if "linear_attention" in config.layer_types and not (
             config.linear_num_heads > 0 and config.linear_head_dim > 0 and config.linear_conv_kernel_dim > 1):
         raise ValueError("KDA layers need linear_num_heads, linear_head_dim > 0 and linear_conv_kernel_dim > 1")

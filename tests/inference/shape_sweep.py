@@ -128,6 +128,7 @@ def _next(rng: random.Random, layers: int) -> dict:
     """glm5_next's own fields: a KDA/sparse layer pattern (a "shared" sparse layer only right after
     a full one, as transformers hands a choice on), pools, KDA heads and gate, streams."""
     kinds = [rng.choice(["linear_attention", "indexed_attention"]) for _ in range(rng.randint(1, 4))]
+    kinds[rng.randrange(len(kinds))] = "indexed_attention"  # one at least (an all-KDA config is refused)
     indexers = []
     for i, kind in enumerate(kinds):
         after_full = i > 0 and kinds[i - 1] == "indexed_attention" and indexers[i - 1] == "full"
