@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import os
 import string
 import zlib
 from functools import lru_cache
 from typing import Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
@@ -519,6 +521,20 @@ class Settings(BaseSettings):
         """The long connection: a bot id and its secret (the callback's token and key not needed)."""
         return bool(self.aibot_bot_id.strip()) and self.aibot_secret is not None
 
+    @field_validator("aibot_ws_url")
+    @classmethod
+    def _aibot_ws_encrypted(cls, value: str) -> str:
+        # The subscription carries AIBOT_SECRET and every message: in clear over ws:// anyone
+        # on the path reads them. Plain ws:// only to this machine (the emulator in dev).
+        parts = urlsplit(value.strip())
+        if parts.scheme == "wss" and parts.hostname:
+            return value.strip()
+        if parts.scheme == "ws" and is_loopback_host(parts.hostname or ""):
+            return value.strip()
+        raise ValueError("must be a wss:// URL (plain ws:// only to a loopback address such as "
+                         "ws://127.0.0.1:8082, the emulator): the bot's secret and messages "
+                         "would cross the network in clear")
+
     @field_validator("database_replica_url")
     @classmethod
     def _replica_matches_primary(cls, value: str, info: ValidationInfo) -> str:
@@ -563,6 +579,16 @@ class Settings(BaseSettings):
     @property
     def alert_recipients(self) -> list[str]:
         return [u.strip() for u in self.alert_wecom_users.replace("|", ",").split(",") if u.strip()]
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def load_settings(**overrides) -> Settings:

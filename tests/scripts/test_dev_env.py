@@ -72,3 +72,21 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     assert env["EMBEDDINGS_BASE_URL"] == "http://embeddings.internal/v1"
     assert "--embeddings" not in {p.name: p for p in run_stack.programs(env)}["engine"].argv
     assert "KB_MIN_SIMILARITY" not in env  # the operator's embedder: the setting's default, not the demo's
+
+
+def test_an_older_dev_envs_wecom_secrets_become_the_emulators_demo_values(tmp_path, capsys):
+    """The emulator refuses any other; the app's own keys (which seal the local rows) stay."""
+    import secrets
+
+    from emulator.config import DEMO_SECRETS
+
+    target = tmp_path / "dev.env"
+    main(str(target))
+    made = dict(line.split("=", 1) for line in target.read_text().splitlines())
+    for name, (_, demo) in DEMO_SECRETS.items():
+        assert made[name] == demo, name
+    older = {**made, "WECOM_TOKEN": secrets.token_urlsafe(24), "AIBOT_SECRET": secrets.token_urlsafe(32)}
+    target.write_text("".join(f"{k}={v}\n" for k, v in older.items()))
+    main(str(target))
+    assert dict(line.split("=", 1) for line in target.read_text().splitlines()) == made
+    assert "WECOM_TOKEN, AIBOT_SECRET" in capsys.readouterr().out
