@@ -50,15 +50,18 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     trust_proxies(app, settings.trusted_proxies)
     app.register_blueprint(health.bp)
-    app.register_blueprint(callback.bp)
-    app.register_blueprint(aibot_callback.bp)
-    app.register_blueprint(api.bp)
+    if settings.web_role != "api":  # WEB_ROLE: the callbacks' service serves them
+        app.register_blueprint(callback.bp)
+        app.register_blueprint(aibot_callback.bp)
+    if settings.web_role != "web":  # ... and /v1 has a service of its own (docs/deploy.md)
+        app.register_blueprint(api.bp)
     app.register_blueprint(metrics_view.bp)
     app.extensions["metrics_registry"] = metrics_view.scrape_registry(services)
 
-    from app import admin
+    if settings.web_role != "api":
+        from app import admin
 
-    admin.init_app(app, services)
+        admin.init_app(app, services)
 
     from app.cli import apikeys, audit, budgets, keys, prices, users
 
@@ -88,6 +91,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
         if request.path.startswith("/v1/"):  # unknown API routes and methods, in OpenAI's shape
+            if settings.web_role == "web" and exc.code == 404:
+                exc.description = "/v1 is served by the API service (WEB_ROLE=api), not this one"
             return api.http_error(exc)
         return jsonify(error=exc.description if exc.code != 413 else "body too large"), exc.code
 

@@ -207,6 +207,14 @@ class Settings(BaseSettings):
     trusted_proxies: int = Field(default=0, ge=0, le=10,
                                  description="proxies in front whose X-Forwarded-* are believed; 0 = none")
 
+    # -- which routes this web service serves (app/__init__.py, docs/deploy.md) ----------------
+    web_role: Literal["all", "web", "api"] = Field(
+        default="all",
+        description="all: every route; web: the WeCom callbacks, admin and probes, not /v1; api: "
+                    "/v1 and the probes only. Two gunicorns (web and api, as compose and make run "
+                    "start them) keep a slow model's /v1 streams from holding the threads that "
+                    "answer WeCom's callbacks")
+
     # -- callback ------------------------------------------------------------------------------
     callback_max_bytes: int = 64 * 1024
     request_body_timeout_s: float = Field(
@@ -248,6 +256,11 @@ class Settings(BaseSettings):
         default=60, ge=0, le=1440,
         description="the beat seals a checkpoint event this often; 'audit verify' reports a "
                     "head sealed more than twice this long ago (a cut tail); 0 = neither")
+    audit_stale_minutes: int = Field(
+        default=0, ge=0, le=7 * 24 * 60,
+        description="'audit verify' reports a chain head, or its outside copy, not resealed for "
+                    "longer than this (an old head put back, checkpoints or copies stopped); "
+                    "0 = twice AUDIT_CHECKPOINT_MINUTES; must exceed AUDIT_CHECKPOINT_MINUTES")
     audit_head_file: str | None = Field(
         default=None, description="a copy of the chain head outside the database, compared by "
                                   "'audit verify' (a path the database's users cannot write)")
@@ -371,6 +384,10 @@ class Settings(BaseSettings):
     # -- OpenAI-compatible API (app/api) -------------------------------------------------------
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    api_max_concurrent_per_key: int = Field(
+        default=4, ge=0, le=10000,
+        description="requests (streams included) one API key may have in flight at once, over "
+                    "every web process; past it 429 with Retry-After (app/api/concurrency.py); 0 = no limit")
     api_reasoning: Literal["separate", "strip"] = Field(
         default="separate", description="a reasoning model's think part: reasoning_content, or dropped")
 
@@ -452,6 +469,14 @@ class Settings(BaseSettings):
 
             private_key_from_text(value.get_secret_value())
         return value
+
+    @model_validator(mode="after")
+    def _stale_after_a_checkpoint(self) -> Settings:
+        if self.audit_stale_minutes and self.audit_stale_minutes <= self.audit_checkpoint_minutes:
+            raise ValueError(f"AUDIT_STALE_MINUTES ({self.audit_stale_minutes}) must exceed "
+                             f"AUDIT_CHECKPOINT_MINUTES ({self.audit_checkpoint_minutes}): a "
+                             "healthy head is resealed only every checkpoint")
+        return self
 
     @field_validator("audit_retention_days")
     @classmethod

@@ -45,7 +45,8 @@ class Services:
 
         s = self.settings
         return AuditLog(self.cipher, s.secret_key.get_secret_value(), s.previous_secret_keys,
-                        checkpoint_minutes=s.audit_checkpoint_minutes, head_file=s.audit_head_file)
+                        checkpoint_minutes=s.audit_checkpoint_minutes, head_file=s.audit_head_file,
+                        stale_minutes=s.audit_stale_minutes)
 
     @cached_property
     def intake(self) -> Intake:

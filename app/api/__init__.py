@@ -1,8 +1,9 @@
 """OpenAI-compatible API for internal applications: ``POST /v1/chat/completions`` (plain and
 SSE streaming) and ``GET /v1/models``, behind per-application API keys.
 
-A request goes: key (401) -> rate limit per key (429, ``app.api.ratelimit``) -> body and
-parameters (400, ``app.api.validation``) -> model name (404) -> budget reservation (429) ->
+A request goes: key (401) -> rate limit per key (429, ``app.api.ratelimit``) -> requests in
+flight per key (429, ``app.api.concurrency``; the slot is held until the answer, streamed or
+not, is done) -> body and parameters (400, ``app.api.validation``) -> model name (404) -> budget reservation (429) ->
 the model (503 when it is down or overloaded) -> usage and audit (``app.api.gateway``). Every
 error has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, so the official
 clients raise their usual exceptions; bad input is never a 500.
@@ -29,7 +30,7 @@ from werkzeug.exceptions import HTTPException
 
 from app import json_input
 from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
-from app.api import ratelimit
+from app.api import concurrency, ratelimit
 from app.api.errors import ApiError, from_llm_error, invalid
 from app.api.gateway import Gateway
 from app.api.keys import Caller, authenticate
@@ -47,6 +48,13 @@ def gateway() -> Gateway:
     if "api_gateway" not in ext:
         ext["api_gateway"] = Gateway(ext["services"])
     return ext["api_gateway"]
+
+
+def slots() -> concurrency.Holder:
+    ext = current_app.extensions
+    if "api_slots" not in ext:
+        ext["api_slots"] = concurrency.Holder(ext["services"].redis)
+    return ext["api_slots"]
 
 
 @bp.before_request
@@ -115,6 +123,25 @@ def chat_completions():
     if not verdict.allowed:
         raise ApiError(429, f"rate limit of {caller.rate_limit_per_min} requests per minute "
                        "reached", code="rate_limit_exceeded", retry_after=verdict.retry_after_s)
+    limit = services.settings.api_max_concurrent_per_key
+    slot = concurrency.acquire(slots(), caller.id, limit)
+    if not isinstance(slot, concurrency.Slot):
+        raise ApiError(429, f"{limit} requests of this API key are in flight already "
+                       "(API_MAX_CONCURRENT_PER_KEY); retry when one has finished",
+                       code="concurrency_limit_exceeded", retry_after=max(1, min(int(slot) + 1, 30)))
+    try:
+        response = _completion_of(services, caller, slot)
+    except BaseException:
+        slot.release()
+        raise
+    if response.is_streamed:  # held until the stream ends (its generator) or is closed unread
+        response.call_on_close(slot.release)
+    else:
+        slot.release()
+    return response
+
+
+def _completion_of(services, caller: Caller, slot: concurrency.Slot) -> Response:
     gw = gateway()
     audit = {"request_id": g.get("request_id"), "fingerprint": _fingerprint()}
     try:
@@ -129,7 +156,7 @@ def chat_completions():
         raise
     try:
         if chat.stream:
-            return _stream(gw, caller, chat, admission, audit)
+            return _stream(gw, caller, chat, admission, audit, slot)
         generation = gw.backend.generate(chat.messages, chat.params)
     except LLMError as exc:
         gw.release(admission)
@@ -191,7 +218,8 @@ def _sse(data: dict | str) -> str:
     return f"data: {text}\n\n"
 
 
-def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: dict) -> Response:
+def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: dict,
+            slot: concurrency.Slot) -> Response:
     show_reasoning = _show_reasoning(gw.settings)
     deltas = gw.backend.stream(chat.messages, chat.params)
     # Wait for the first piece here: a model server that is down is then still a 503 with a
@@ -260,6 +288,7 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
         finally:
             if not done:
                 finish("disconnected")
+            slot.release()
 
     return Response(events(), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
