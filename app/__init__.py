@@ -29,6 +29,21 @@ class RowIdConverter(IntegerConverter):
         super().__init__(map, fixed_digits, min, max, signed)
 
 
+def body_limits(settings: Settings):
+    """The largest body each path takes: a document upload, a /v1 conversation, else a callback
+    (the app's MAX_CONTENT_LENGTH; the admin forms are far smaller)."""
+    from app.admin.knowledge import MULTIPART_SLACK
+
+    def limit_for(path: str) -> int:
+        if path == "/admin/knowledge/upload":
+            return settings.kb_max_upload_bytes + MULTIPART_SLACK
+        if path.startswith("/v1/"):
+            return settings.api_max_body_bytes
+        return settings.callback_max_bytes
+
+    return limit_for
+
+
 def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
     settings = settings or (services.settings if services else get_settings())
     services = services or Services(settings)
@@ -46,7 +61,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.extensions["services"] = services
     from app import aibot_callback, api, callback, health, metrics_view
+    from app.body_reader import BodyFirst, raise_body_error
     from app.proxy import trust_proxies
+
+    # Every body is in (or refused: 408, 413) before any hook or view reads it, CSRF included.
+    app.wsgi_app = BodyFirst(app.wsgi_app, settings.request_body_timeout_s, body_limits(settings))
+    app.before_request(raise_body_error)  # the first hook
 
     trust_proxies(app, settings.trusted_proxies)
     app.register_blueprint(health.bp)
