@@ -180,7 +180,7 @@ def askable(message: aibot.AibotMessage, settings) -> aibot.AibotMessage | dict 
         content = aibot.strip_mention(content, settings.aibot_name)
         if content is None:
             return None
-    if not content.strip() and not (message.image_urls or message.file_url):  # worker/media.py
+    if not content.strip() and not (message.image_urls or message.file_url):  # worker/media/
         if message.msg_type == "mixed":
             return aibot.stream_message(new_stream_id(), UNSUPPORTED_NOTICE, True)
         return None

@@ -15,7 +15,7 @@ replaced within about ``AIBOT_WS_LEASE_S`` + 0.5 s. A clean stop deletes the lea
 message only when @mentioned, the outbox row deduplicated by msgid (a message delivered twice, to
 two replicas, or by callback and connection, is one row), the worker's task; voice (WeCom's
 transcript), images, files and mixed messages as by callback, each image's and file's own
-``aeskey`` carried to the worker (worker/media.py). ``enter_chat`` gets the welcome text
+``aeskey`` carried to the worker (worker/media/fetch.py). ``enter_chat`` gets the welcome text
 (``aibot_respond_welcome_msg``). A question's first stream frame carries ``feedback.id``
 (``app.feedback``); a ``feedback_event`` (the employee's 👍/👎 on it) goes to the outbox like
 the callback's, deduplicated by msgid, and the worker records it.

@@ -10,7 +10,7 @@
 - ``budgets set`` / ``budgets list``: budgets per scope and period;
 - ``users create NAME --role admin|finance|auditor`` / ``users list`` / ``users unlock``.
 - ``apikeys create`` / ``apikeys list`` / ``apikeys disable``: keys of the ``/v1`` API.
-- ``kb add FILE --title T [--departments 1,2]`` / ``kb list`` / ``kb remove ID`` /
+- ``kb add FILE --title T [--departments 1,2] [--contact TEAM]`` / ``kb list`` / ``kb remove ID`` /
   ``kb search QUESTION [--department N]`` / ``kb reindex``: the knowledge base.
 """
 
@@ -467,7 +467,11 @@ def _departments_option(value: str | None) -> list[int]:
                                                "this title is replaced")
 @click.option("--departments", default=None, help="WeCom department ids, e.g. 1,2 (default: everyone)")
 @click.option("--id", "document_id", type=int, default=None, help="replace this document")
-def kb_add(path: str, title: str, departments: str | None, document_id: int | None) -> None:
+@click.option("--contact", default=None,
+              help="the team a 'not found' names for this document's topics, where its sections do not "
+                   "name one (e.g. '财务部 分机 8300')")
+def kb_add(path: str, title: str, departments: str | None, document_id: int | None,
+           contact: str | None) -> None:
     """Add (or replace) a Markdown, text, HTML, PDF or DOCX document."""
     from pathlib import Path
 
@@ -482,7 +486,8 @@ def kb_add(path: str, title: str, departments: str | None, document_id: int | No
                                    f"{services.settings.kb_max_upload_bytes} byte limit")
     try:
         result = store.add(file.read_bytes(), title, filename=file.name,
-                           departments=_departments_option(departments), document_id=document_id)
+                           departments=_departments_option(departments), document_id=document_id,
+                           contact=contact)
     except UploadError as exc:
         raise click.ClickException(f"{file.name}: {exc}") from None
     click.echo(f"document {result.document_id} {result.status}: {result.chunks} chunks "

@@ -237,7 +237,7 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 30.0
     sweep_queued_after_s: float = 60.0
     task_max_retries: int = 5
-    worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/heartbeat.py")
+    worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/observability/heartbeat.py")
     # WeCom's duplicate check on every reply chunk: a retried send whose first answer was lost
     # (a timeout) is not delivered twice. The same reply to the same user within this window is
     # dropped by WeCom too, so it only needs to span the retries (1..14400 s).
@@ -364,9 +364,16 @@ class Settings(BaseSettings):
                                     description="with a reranker: its score from which a passage is relevant "
                                                 "(instead of KB_MIN_SCORE / KB_MIN_SIMILARITY)")
 
-    # -- voice, images and files (worker/media.py, README "Voice, images and files") -----------
+    # -- voice, images and files (worker/media/, README "Voice, images and files") -----------
     media_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024,
                                  description="largest image, voice or file fetched from WeCom")
+    media_url_hosts: str = Field(default="ww-aibot-img-1258476243.cos.ap-guangzhou.myqcloud.com",
+                                 description="hosts an AI bot's image or file URL may name, comma-"
+                                             "separated (*.example.com: its subdomains); a "
+                                             "redirect is never followed")
+    voice_max_duration_s: float = Field(default=90.0, gt=0, le=3600,
+                                        description="longest voice clip transcribed, counted "
+                                                    "before decoding (WeCom records at most 60 s)")
     asr_base_url: str = Field(default="", description="OpenAI-compatible /v1 with /audio/transcriptions; "
                                                       "empty: a voice message gets a polite notice")
     asr_model: str = "whisper-1"

@@ -3,8 +3,8 @@
 Liveness says only that this process answers, so an orchestrator does not restart the web
 service because the database blinked. Readiness says whether a message accepted now would be
 handled: the database and Redis answer and at least one Celery worker's heartbeat
-(``worker/heartbeat.py``) is fresh. A failing readiness names what is down (503), without error
-text, which could carry host names.
+(``worker/observability/heartbeat.py``) is fresh. A failing readiness names what is down (503),
+without error text, which could carry host names.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The worker's and beat's heartbeats as Redis holds them: how they are keyed and read.
 
-The worker and beat write them (``worker/heartbeat.py``: a thread pushing each node's expiry
-forward); ``/readyz`` reads them here, with Redis alone: the web process never imports the
+The worker and beat write them (``worker/observability/heartbeat.py``: a thread pushing each
+node's expiry forward); ``/readyz`` reads them here, with Redis alone: the web process never imports the
 worker. One sorted set per role (``heartbeat:worker``: node -> expiry, on Redis's clock) is read
 in one command however many other keys Redis holds.
 """

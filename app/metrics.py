@@ -4,7 +4,8 @@ Counters and histograms live at module level, as prometheus-client expects; unde
 (``PROMETHEUS_MULTIPROC_DIR`` set by ``gunicorn.conf.py``) each web process writes them to its
 own file and ``/metrics`` adds the files up. Values that exist only at scrape time (queue depth,
 spend per budget, KV-cache use) come from collectors instead (``app.metrics_collectors``,
-``worker.metrics``). Labels are small fixed sets: never a user, a message or a request id.
+``worker.observability.metrics``). Labels are small fixed sets: never a user, a message or a
+request id.
 See docs/observability.md for what each series means.
 """
 

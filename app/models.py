@@ -367,7 +367,8 @@ class KnowledgeDocument(Base):
     """An uploaded document: title, file name and text sealed; ``title_hash`` (blind index of the
     normalized title) finds the document a re-upload replaces; ``content_hash`` (keyed) tells an
     unchanged re-upload apart. ``chunk_count``/``term_total`` feed BM25's collection statistics
-    without reading the chunks."""
+    without reading the chunks. ``contacts_enc``: who owns each section, sealed JSON
+    (app.knowledge.contacts)."""
 
     __tablename__ = "kb_documents"
 
@@ -376,6 +377,7 @@ class KnowledgeDocument(Base):
     title_enc: Mapped[str] = mapped_column(Text)
     filename_enc: Mapped[str | None] = mapped_column(Text)
     content_enc: Mapped[str] = mapped_column(Text)
+    contacts_enc: Mapped[str | None] = mapped_column(Text)
     content_hash: Mapped[str] = mapped_column(String(64))
     doc_type: Mapped[str] = mapped_column(String(16))
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)

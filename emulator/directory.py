@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 _DEPARTMENTS = [
-    {"id": 1, "name": "青禾数智科技有限公司", "name_en": "Qinghe Digital", "parentid": 0, "order": 100000000},
+    {"id": 1, "name": "星河科技有限公司", "name_en": "Xinghe Technology", "parentid": 0, "order": 100000000},
     {"id": 2, "name": "研发中心", "name_en": "R&D", "parentid": 1, "order": 99999000},
     {"id": 3, "name": "算法组", "name_en": "Algorithms", "parentid": 2, "order": 99998000},
     {"id": 4, "name": "产品部", "name_en": "Product", "parentid": 1, "order": 99997000},

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -46,6 +47,7 @@ AIBOT_WS_PORT = int(os.environ.get("EMULATOR_AIBOT_WS_PORT", 8082))
 WEB_PORT = int(os.environ.get("WEB_PORT", 8080))
 API_PORT = int(os.environ.get("API_PORT", 8083))
 ENGINE_PORT = int(os.environ.get("ENGINE_PORT", 8090))
+STACK_ENV = ROOT / "var" / "stack.env"
 
 
 def load_env_file(path: Path) -> dict[str, str]:
@@ -89,6 +91,8 @@ def stack_env() -> dict[str, str]:
     # The AI bot's long connection dials the emulator's WebSocket end, not WeCom's.
     env["EMULATOR_AIBOT_WS_PORT"] = str(AIBOT_WS_PORT)
     env["AIBOT_WS_URL"] = f"ws://127.0.0.1:{AIBOT_WS_PORT}"
+    # ... and the bot's image and file URLs name the emulator, the one media host allowed here.
+    env["MEDIA_URL_HOSTS"] = "127.0.0.1"
     env.setdefault("DATABASE_URL", f"sqlite:///{ROOT / 'var' / 'wecom-bot.sqlite3'}")
     env.setdefault("WEB_BIND", f"127.0.0.1:{WEB_PORT}")
     env.setdefault("API_BIND", f"127.0.0.1:{API_PORT}")
@@ -202,10 +206,27 @@ def web_programs(env: dict[str, str]) -> list[Program]:
     ]
 
 
+def write_stack_env(env: dict[str, str], path: Path = STACK_ENV) -> None:
+    """The settings the stack's services run with, for a command run beside it (``python -m
+    app.cli kb add``, ``users create``): ``var/dev.env`` holds the secrets, but the model, the
+    embeddings server and the demo's reading are decided here, and a document the CLI added
+    without them would have no vectors. Only what differs from the caller's own environment,
+    shell-quoted for ``set -a; . var/stack.env``, readable by its owner alone (it holds the
+    secrets)."""
+    lines = [f"{key}={shlex.quote(value)}" for key, value in sorted(env.items())
+             if os.environ.get(key) != value]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("# written by make run at each start: the settings its services use\n"
+                    + "\n".join(lines) + "\n")
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     env = stack_env()
     os.chdir(ROOT)
+    write_stack_env(env)
     subprocess.run([sys.executable, "-m", "app.cli", "migrate"], env=env, check=True)
     supervisor = Supervisor(programs(env), env=env, cwd=ROOT)
     stopping = threading.Event()
@@ -228,6 +249,7 @@ def main() -> None:
               f"  metrics: http://127.0.0.1:{WEB_PORT}/metrics (web), http://{env['API_BIND']}/metrics (api), "
               f"http://127.0.0.1:{env['METRICS_PORT']}/metrics (worker)"
               + (f", http://127.0.0.1:{ENGINE_PORT}/metrics (engine)" if env.get("ENGINE_SERVED") else "")
+              + f"\n  commands beside it (kb add, users create): set -a; . {STACK_ENV.relative_to(ROOT)}; set +a"
               + "\n  (Ctrl-C stops the stack)\n")
         for sig in (signal.SIGINT, signal.SIGTERM):  # from here on the loop below ends it
             signal.signal(sig, lambda *_: stopping.set())

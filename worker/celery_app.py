@@ -18,17 +18,17 @@ from app.task_queue import (  # noqa: F401 - the worker's modules take the names
     SWEEP_OUTBOX,
     make_celery,
 )
-from worker import (
-    broker_fixes,
+from worker import broker_fixes
+from worker.observability import (
     heartbeat,
-    observability,  # noqa: F401 - connects the logging/metrics signal handlers
+    signals,  # noqa: F401 - connects the logging/metrics signal handlers
 )
 
 broker_fixes.apply()  # the worker survives a Redis restart in-process (see the module)
 
 
-# The heartbeats /readyz and the container health checks read (worker/heartbeat.py); these
-# signals fire only inside ``celery worker`` and ``celery beat``, never in the web process.
+# The heartbeats /readyz and the container health checks read (worker/observability/heartbeat.py);
+# these signals fire only inside ``celery worker`` and ``celery beat``, never in the web process.
 @worker_ready.connect(weak=False, dispatch_uid="wecom-bot.heartbeat.worker_ready")
 def _start_worker_heartbeat(sender=None, **_):
     settings = get_settings()

@@ -1,21 +1,29 @@
 """Chat commands an employee can type instead of a question (``/help``, ``/reset``, ...).
 
 A command answers without the model. Handlers take a ``CommandContext`` and return the reply
-text; other areas (usage, budgets) register theirs with ``register``.
+text; other areas register theirs with ``register`` (``/forget``: ``worker.media.files``;
+``/feedback``: ``worker.feedback``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
 class CommandContext:
+    """Who typed the command, its argument, and what the commands may use: the processor's
+    collaborators, never the processor itself."""
+
     user_id: str
     user_hash: str
     argument: str
-    runtime: object  # worker.processor.MessageProcessor: conversations, services, ...
+    services: Any = None  # app.services.Services
+    conversations: Any = None  # worker.conversation.ConversationStore: /reset
+    meter: Any = None  # worker.metering.Meter: /usage, /feedback (spend, budgets, the department)
+    files: Any = None  # worker.media.files.FileContexts: /forget
     conversation_key: str | None = None  # whose history /reset clears (a group's is its own)
 
 
@@ -57,7 +65,7 @@ def _help(_: CommandContext) -> str:
 
 @register("reset", "清空我的对话记录 / forget our conversation")
 def _reset(context: CommandContext) -> str:
-    context.runtime.conversations.reset(context.conversation_key or context.user_hash)
+    context.conversations.reset(context.conversation_key or context.user_hash)
     return "好的，我们重新开始吧。Conversation cleared."
 
 
@@ -68,12 +76,12 @@ def _usage(context: CommandContext) -> str:
     from app.accounting import PERIOD_NAMES, SCOPE_NAMES, local_day
     from app.db import utcnow
 
-    meter = context.runtime.meter
+    meter = context.meter
     accounting = meter.accounting
     department = meter.department_of(context.user_hash, context.user_id)
     today = local_day(utcnow(), accounting.tz)
     # The user under every key of the blind-index ring (one until a key rotation is under way).
-    hashes = meter.services.blind_index.candidates("wecom-user", context.user_id)
+    hashes = context.services.blind_index.candidates("wecom-user", context.user_id)
     with accounting.db.session() as session:
         spent_today = accounting.user_spend(session, hashes, today)
         spent_month = accounting.user_spend(session, hashes, today.replace(day=1))

@@ -22,23 +22,22 @@ COMMENT_THANKS = "谢谢你的反馈！我们会认真阅读。\nThanks for your
 COMMENT_USAGE = "用法：/feedback 你的意见\nUsage: /feedback <your comment>"
 
 
-def offer_card(processor, row, user_id: str) -> None:
+def offer_card(services, wecom, row, user_id: str) -> None:
     """After a model answer on the app channel: the 👍/👎 card keyed by the message."""
-    if not processor.settings.feedback_cards or not row.model or (row.channel or "app") != "app":
+    settings = services.settings
+    if not settings.feedback_cards or not row.model or (row.channel or "app") != "app":
         return
-    card = feedback.build_card(feedback.task_id(processor.services.blind_index, row.id))
+    card = feedback.build_card(feedback.task_id(services.blind_index, row.id))
     try:
-        processor.wecom.send_template_card(user_id, card, duplicate_check_interval=
-                                           processor.settings.wecom_duplicate_check_s)
+        wecom.send_template_card(user_id, card, duplicate_check_interval=settings.wecom_duplicate_check_s)
     except (WeComAPIError, WeComTransientError, ValueError) as exc:
         log.warning("feedback card not sent message_id=%s: %s", row.id, exc)
     except Exception:  # noqa: BLE001 - the answer is already delivered
         log.exception("feedback card not sent message_id=%s", row.id)
 
 
-def on_card_event(processor, row, user_id: str, payload: dict) -> None:
+def on_card_event(services, wecom, row, user_id: str, payload: dict) -> None:
     """A click on a feedback card: store the rating once, then mark the card as rated."""
-    services = processor.services
     click = feedback.parse_click(services.blind_index, payload)
     if click is None:
         log.info("template_card_event not from a feedback card message_id=%s", row.id)
@@ -46,29 +45,28 @@ def on_card_event(processor, row, user_id: str, payload: dict) -> None:
     # the asker under every key of the blind-index ring (the answer may predate a key rotation)
     askers = [row.user_hash, *services.blind_index.candidates("wecom-user", user_id)]
     result = feedback.record_rating(services, click.message_id, askers, click.rating,
-                                    processor.settings.timezone, channel=row.channel or "app",
+                                    services.settings.timezone, channel=row.channel or "app",
                                     request_id=row.request_id)
     log.info("feedback rating message_id=%s rated=%s result=%s", row.id, click.message_id, result)
     if result == feedback.Recorded.UNKNOWN or not click.response_code:
         return
     try:
-        processor.wecom.update_template_card([user_id], click.response_code,
-                                             replace_name=feedback.RATED_TEXT[click.rating])
+        wecom.update_template_card([user_id], click.response_code,
+                                   replace_name=feedback.RATED_TEXT[click.rating])
     except Exception as exc:  # noqa: BLE001 - the rating is stored; the card stays clickable
         log.warning("feedback card not updated message_id=%s: %s", row.id, exc)
 
 
-def on_aibot_feedback(processor, row, user_id: str, payload: dict) -> None:
+def on_aibot_feedback(services, row, user_id: str, payload: dict) -> None:
     """An AI bot ``feedback_event``: the rater's 👍/👎 (or its withdrawal) of the answer its
     ``feedback.id`` names, recorded for the asker only; anything else is a log line. No reply:
     WeCom shows the rating itself."""
-    services = processor.services
     rated = feedback.parse_aibot_feedback(services.blind_index, payload)
     if isinstance(rated, str):
         log.warning("aibot feedback_event not recorded message_id=%s: %s", row.id, rated)
         return
     askers = [row.user_hash, *services.blind_index.candidates("wecom-user", user_id)]
-    result = feedback.record_aibot_feedback(services, rated, askers, processor.settings.timezone,
+    result = feedback.record_aibot_feedback(services, rated, askers, services.settings.timezone,
                                             request_id=row.request_id)
     if result == feedback.Recorded.UNKNOWN:
         log.warning("aibot feedback_event not recorded message_id=%s rated=%s: no such answer, or "
@@ -86,8 +84,7 @@ def _feedback(context: commands.CommandContext) -> str:
     text = context.argument.strip()
     if not text:
         return COMMENT_USAGE
-    runtime = context.runtime
-    department = runtime.meter.department_of(context.user_hash, context.user_id)
-    feedback.store_comment(runtime.services, context.user_hash, text, runtime.settings.timezone,
+    department = context.meter.department_of(context.user_hash, context.user_id)
+    feedback.store_comment(context.services, context.user_hash, text, context.services.settings.timezone,
                            department=department)
     return COMMENT_THANKS

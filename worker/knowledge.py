@@ -8,7 +8,9 @@
   ``worker.directory``) decide which documents are searched, a follow-up is searched
   with the previous question, and the result is a ``Grounding``: the passages to put in the
   prompt, or, when none is relevant, the "not found" reply that names the team to ask, sent
-  without calling the model (a small model asked anyway would guess).
+  without calling the model (a small model asked anyway would guess). The team is the one that
+  owns the topic (``app.knowledge.contacts``: the section of the closest passage, from the
+  documents' own contacts), else ``KB_FALLBACK_CONTACT``.
 
 When ``user/get`` fails the employee is treated as a member of no department: only documents
 visible to everyone are searched, never more.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -25,6 +28,7 @@ from sqlalchemy import select
 from app import metrics
 from app.knowledge import prompt
 from app.knowledge.retrieval import Passage, Retriever
+from app.knowledge.store import topic_contact
 from app.models import KnowledgeDocument
 from worker.directory import Directory
 
@@ -36,18 +40,23 @@ PRESENCE_TTL_S = 10.0
 class Grounding:
     question: str
     passages: list[Passage]
-    contact: str
+    contact: str  # the deployment's (KB_FALLBACK_CONTACT), which the prompt's rules name
+    owner: Callable[[], str] | None = None  # the team that owns the topic, looked up for a decline
+    keeps_history: bool = True  # False for a model that answers by quoting (prompt.shown_history)
 
     @property
     def found(self) -> bool:
         return bool(self.passages)
 
     def decline(self) -> str:
-        return prompt.not_found_reply(self.contact)
+        """"Not found", naming the team that owns the topic. The prompt's rules keep naming the
+        deployment's contact: a model's own decline is replaced by this one anyway, and a small
+        model trained on one contact is not shown another."""
+        return prompt.not_found_reply(self.owner() if self.owner else self.contact)
 
     def messages(self, system_prompt: str, history: list[dict]) -> list[dict]:
-        return prompt.grounded_messages(system_prompt, history, self.question, self.passages,
-                                        self.contact)
+        return prompt.grounded_messages(system_prompt, history if self.keeps_history else [],
+                                        self.question, self.passages, self.contact)
 
     def choices(self, settings) -> tuple[str, ...]:
         """The replies the model may give (KB_ANSWER_BY_QUOTING: a passage quoted whole, or "not
@@ -97,4 +106,16 @@ class Grounder:
         result = self.retriever.search(question, departments, previous=previous)
         log.info("knowledge base search found=%s passages=%d", result.found, len(result.passages))
         metrics.KNOWLEDGE_SEARCHES.labels(outcome="found" if result.found else "not_found").inc()
-        return Grounding(question, result.passages, prompt.contact_of(self.settings))
+        closest = (result.passages or result.candidates)[:1]
+        owner = (lambda: self.team_for(closest[0])) if closest else None
+        return Grounding(question, result.passages, prompt.contact_of(self.settings), owner,
+                         keeps_history=not prompt.answers_by_quoting(self.settings))
+
+    def team_for(self, passage: Passage) -> str:
+        """Who owns ``passage``'s topic (its section's or its document's contact), else
+        KB_FALLBACK_CONTACT. The passage is one the asker may see, so is its contact."""
+        try:
+            return topic_contact(self.services, passage) or prompt.contact_of(self.settings)
+        except Exception:  # noqa: BLE001 - a decline still goes out, naming the default team
+            log.warning("knowledge base contact not readable; naming the default contact")
+            return prompt.contact_of(self.settings)

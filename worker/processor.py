@@ -3,8 +3,8 @@
 The step order makes a redelivered or retried task safe:
 
 1. claim the outbox row with a lease (nobody else runs it; a dead worker's lease expires);
-2. if no reply is stored yet, compose it into a ``Reply`` (``worker.reply``: over the user's
-   rate limit, the polite notice or nothing; else command, welcome, media or the model) and
+2. if no reply is stored yet, compose it into a ``Reply`` (``worker.delivery.reply``: over the
+   user's rate limit, the polite notice or nothing; else command, welcome, media or the model) and
    store it encrypted *before* sending, so a retry sends the same answer instead of generating
    a new one;
 3. deliver it (``worker.delivery``: message/send, each chunk recorded so that a retry resumes
@@ -41,15 +41,20 @@ from app.outbox.rows import ClaimResult
 from app.outbox.statements import standalone
 from app.services import Services
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
-from worker import commands, delivery, feedback, media, retry_policy
+from worker import commands, feedback, retry_policy
 from worker.conversation import ConversationStore
-from worker.delivery import AIBOT, DEADLINE, Delivery
+from worker.delivery.channels import AIBOT, Deliveries, Delivery
+from worker.delivery.reply import FAILURE_NOTICE, Reply
+from worker.delivery.stream import DEADLINE
+from worker.delivery.stream_writer import fit
 from worker.directory import Directory
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
+from worker.media import handler as media
+from worker.media.errors import MediaUnavailable
+from worker.media.files import FileContexts
+from worker.media.prompt import for_estimate, with_files, with_images
 from worker.metering import Meter
-from worker.reply import FAILURE_NOTICE, Reply
-from worker.stream_reply import fit
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
@@ -210,6 +215,12 @@ class LeaseKeeper:
 
 
 class MessageProcessor:
+    """Claims, composes, stores, delivers and finishes one message at a time (``process``).
+
+    Its parts get what they use, never the processor: media, delivery and feedback the services
+    and the WeCom client; a command a ``CommandContext`` of the collaborators it may touch.
+    """
+
     def __init__(self, services: Services, llm: LLMBackend | None, wecom, conversations: ConversationStore,
                  llm_factory=None):
         self.services = services
@@ -223,7 +234,9 @@ class MessageProcessor:
         self.meter = Meter(services, wecom, directory)
         self.grounder = Grounder(services, wecom, directory)
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
-        self.media = media.MediaHandler(self)  # voice, images, files (worker/media.py)
+        self.files = FileContexts(services.redis, services.cipher, self.settings.conversation_ttl_s)
+        self.media = media.MediaHandler(services, wecom, self.files)  # voice, images, files (worker/media/)
+        self.deliveries = Deliveries(services, wecom)
         self.drained = _Drained()
 
     @property
@@ -232,6 +245,11 @@ class MessageProcessor:
             with self._llm_lock:
                 if self._llm is None:
                     self._llm = self._llm_factory(self.settings)
+        return self._llm
+
+    @property
+    def loaded_llm(self) -> LLMBackend | None:
+        """The model backend if it is loaded, else None (never loads it: a metrics scrape asks)."""
         return self._llm
 
     # -- entry point ---------------------------------------------------------------------------
@@ -306,7 +324,7 @@ class MessageProcessor:
 
     def _work_as_user(self, row, owner: str, lease: LeaseKeeper, user_id: str):
         cipher = self.services.cipher
-        channel = delivery.for_row(self, row)
+        channel = self.deliveries.for_row(row)
         if row.reply_enc is None and channel.expired():
             raise PermanentFailure("aibot: stream expired before the answer", notify=False)
         if row.reply_enc is None:
@@ -385,16 +403,21 @@ class MessageProcessor:
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return Reply(self.settings.welcome_message)
             if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
-                feedback.on_card_event(self, row, user_id, payload)
+                feedback.on_card_event(self.services, self.wecom, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
-                feedback.on_aibot_feedback(self, row, user_id, payload)
+                feedback.on_aibot_feedback(self.services, row, user_id, payload)
             return Reply.nothing()
         if media.handles(row, payload):
+            conversation = self._conversation_key(row, payload)
             try:
-                return self.media.compose(row, user_id, payload, lease, channel,
-                                          self._conversation_key(row, payload))
-            except media.MediaUnavailable as exc:
+                composed = self.media.compose(row, user_id, payload, lease, channel, conversation)
+            except MediaUnavailable as exc:
                 raise TransientFailure(str(exc)) from exc
+            if isinstance(composed, Reply):
+                return composed
+            answer = self._generate(row, composed.text, lease, channel, user_id, conversation,
+                                    images=composed.images, llm=composed.llm)
+            return composed.reply(answer)
         if row.msg_type not in QUESTION_TYPES:
             return Reply(UNSUPPORTED_NOTICE)
         text = (payload.get("content") or "").strip()
@@ -404,8 +427,9 @@ class MessageProcessor:
         command = commands.parse(text)
         if command is not None:
             name, argument = command
-            context = commands.CommandContext(user_id, row.user_hash, argument, self,
-                                              conversation_key=conversation)
+            context = commands.CommandContext(user_id, row.user_hash, argument, services=self.services,
+                                              conversations=self.conversations, meter=self.meter,
+                                              files=self.files, conversation_key=conversation)
             return Reply(commands.run(name, context))
         return self._generate(row, text, lease, channel, user_id, conversation)
 
@@ -435,11 +459,11 @@ class MessageProcessor:
         else:
             messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                         {"role": "user", "content": text}]
-        # The conversation's files (worker/media.py), and the images beside the question.
-        messages = media.with_files(messages, self.media.files.files(conversation or row.user_hash),
-                                    self.settings.file_context_max_chars)
+        # The conversation's files (worker/media/files.py), and the images beside the question.
+        messages = with_files(messages, self.files.files(conversation or row.user_hash),
+                              self.settings.file_context_max_chars)
         if images:
-            messages[-1] = media.with_images(messages[-1], images)
+            messages[-1] = with_images(messages[-1], images)
         choice = grounding.choices(self.settings) if grounding is not None else ()
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p,
@@ -449,7 +473,7 @@ class MessageProcessor:
             llm = llm or self.llm  # loaded on first use: a missing model fails here, like a call does
         except LLMError as exc:
             raise _model_failure(exc) from exc
-        charge = self.meter.reserve(row, user_id, media.for_estimate(messages), params.max_tokens,
+        charge = self.meter.reserve(row, user_id, for_estimate(messages), params.max_tokens,
                                     llm.model_name)
         if charge.blocked:
             return Reply(charge.notice)
@@ -518,7 +542,7 @@ class MessageProcessor:
 
     def _fail(self, row, owner: str, reason: str, notify: bool) -> None:
         log.warning("message failed message_id=%s reason=%s", row.id, reason)
-        delivery.for_row(self, row).failed(row, FAILURE_NOTICE if notify else None)
+        self.deliveries.for_row(row).failed(row, FAILURE_NOTICE if notify else None)
         with standalone(self.services.db) as sql:
             rows.finish(sql, row.id, owner, MessageStatus.FAILED, failure_reason=reason[:120])
         _observe_finished(row, MessageStatus.FAILED)

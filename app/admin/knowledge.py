@@ -29,6 +29,8 @@ class UploadForm(FlaskForm):
                         validators=[DataRequired(), Length(max=200)])
     departments = StringField("Visible to departments 可见部门 (empty = everyone)",
                               validators=[Optional(), DEPARTMENTS])
+    contact = StringField("Team to ask 负责团队 (named when the bot cannot answer; e.g. 财务部 分机 8300)",
+                          validators=[Optional(), Length(max=200)])
 
 
 class SearchForm(FlaskForm):
@@ -83,7 +85,8 @@ def knowledge_upload():
     data = upload.read()
     try:
         result = _store().add(data, form.title.data, filename=upload.filename or None,
-                              departments=parse_departments(form.departments.data), actor=_actor())
+                              departments=parse_departments(form.departments.data), actor=_actor(),
+                              contact=form.contact.data)
     except UploadError as exc:
         form.form_errors.append(f"{upload.filename or 'the file'}: {exc}")
         return _page(upload=form, status=400)

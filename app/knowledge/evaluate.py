@@ -9,8 +9,12 @@ engine, greedy).
 
 FILE is JSON lines: `question` and either `facts` (a list of lists of alternative strings: an
 answer scores when each list has one of its strings in it; `section`, optional, what a right
-citation names) or `out_of_scope: true` (scores when declined). With `--json` one object per
-question, `{"question", "answer", "citations", "declined"}`, then the summary as one object.
+citation names) or `out_of_scope: true` (scores when declined); `follows`, optional, the
+question it follows up ("那北京呢？" after "上海的酒店一晚能报多少？"), asked right before it and not
+scored. With `--json` one object per question, `{"question", "answer", "citations",
+"declined"}`, then the summary as one object. `--conversation N` asks the questions N in a row
+by one employee (topics changing, follow-ups after their questions), as employees do: the
+conversation's earlier turns are in each prompt the way the worker keeps them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import random
 import re
 import secrets
 import tempfile
@@ -67,6 +72,8 @@ def load_questions(path: str | Path) -> list[dict]:
         item = json.loads(line)
         if not isinstance(item.get("question"), str) or not (item.get("facts") or item.get("out_of_scope")):
             raise ValueError(f"{path}:{number}: needs a question and facts or out_of_scope")
+        if "follows" in item and not (isinstance(item["follows"], str) and item["follows"].strip()):
+            raise ValueError(f"{path}:{number}: follows is the question it follows up")
         items.append(item)
     return items
 
@@ -139,38 +146,81 @@ def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str
 
 def evaluate(questions: list[dict], model_dir: str, handbooks: Sequence[tuple[Path, str]],
              passages: bool, max_tokens: int = 160, embeddings: str | None = None,
-             **overrides) -> Tally:
+             conversation: int = 0, **overrides) -> Tally:
+    """Every question answered as the worker answers it. ``conversation``: 0 asks each in a fresh
+    conversation; N asks them N in a row by one employee (``in_conversations``), each turn seeing
+    the ones before as the worker keeps them."""
     with scratch_knowledge_base(handbooks, model_dir, passages, embeddings, **overrides) as services:
-        return _answer_all(questions, services, services.settings, max_tokens)
+        return _answer_all(questions, services, services.settings, max_tokens, conversation)
 
 
-def _answer_all(questions: list[dict], services, settings: Settings, max_tokens: int) -> Tally:
+def in_conversations(questions: list[dict], size: int, seed: int = 7) -> list[list[dict]]:
+    """The questions as conversations of ``size`` turns: shuffled with a fixed seed, so topics
+    change within one, and each follow-up (an item with ``follows``, the question it follows up)
+    right after its own question, which is asked but not scored. ``size`` 0: each question (with
+    the one it follows) a conversation of its own."""
+    order = list(questions)
+    random.Random(seed).shuffle(order)
+    conversations, current = [], []
+    for item in order:
+        turns = ([{"question": item["follows"], "unscored": True}] if item.get("follows") else []) + [item]
+        if current and (not size or len(current) + len(turns) > size):
+            conversations.append(current)
+            current = []
+        current += turns
+    if current:
+        conversations.append(current)
+    return conversations
+
+
+def _answer_all(questions: list[dict], services, settings: Settings, max_tokens: int,
+                conversation: int = 0) -> Tally:
     retriever, backend, tally = Retriever(services), make_backend(settings), Tally()
     contact = prompt.contact_of(settings)
+    order = in_conversations(questions, conversation) if conversation else [
+        ([{"question": item["follows"], "unscored": True}] if item.get("follows") else []) + [item]
+        for item in questions]
     try:
-        for item in questions:
-            question = item["question"]
-            result = retriever.search(question, [])  # a member of no department: public documents
-            if not result.found:
-                tally.add(item, prompt.not_found_reply(contact), [], True)
-                continue
-            if settings.kb_passages_in_prompt:
-                messages = prompt.grounded_messages(settings.system_prompt, [], question, result.passages, contact)
-            else:
-                messages = [{"role": "system", "content": settings.system_prompt},
-                            {"role": "user", "content": question}]
-            choice = prompt.reply_choices(settings, result.passages)
-            params = GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
-                                      choice=choice, choice_scoring=settings.kb_choice_scoring,
-                                      choice_bias=prompt.choice_bias(settings, choice))
-            text = backend.generate(messages, params).text.strip()
-            if prompt.is_decline(text):  # the model's "not found", as the worker sends it
-                tally.add(item, prompt.not_found_reply(contact), [], True)
-                continue
-            cited = [result.passages[n - 1].source for n in prompt.cited_numbers(text, len(result.passages))]
-            tally.add(item, prompt.with_sources(text, result.passages), list(dict.fromkeys(cited)), False)
+        for turns in order:
+            history: list[dict] = []
+            for item in turns:
+                answer, citations, declined = _answer(item["question"], history, retriever, backend,
+                                                      settings, contact, max_tokens)
+                if not item.get("unscored"):
+                    tally.add(item, answer, citations, declined)
+                # the conversation as the worker keeps it (worker/conversation.py): the question
+                # and the reply the employee got, its sources or its decline included
+                history = (history + [{"role": "user", "content": item["question"]},
+                                      {"role": "assistant", "content": answer}]
+                           )[-settings.conversation_max_messages:]
     finally:
         close = getattr(backend, "close", None)
         if close is not None:
             close()
     return tally
+
+
+def _answer(question: str, history: list[dict], retriever: Retriever, backend, settings: Settings,
+            contact: str, max_tokens: int) -> tuple[str, list[str], bool]:
+    """One turn as the worker gives it (worker/knowledge.py, worker/processor.py): searched with
+    the conversation's previous question, the passages and the history the prompt shows, the
+    model's or retrieval's "not found", the sources."""
+    previous = next((t["content"] for t in reversed(history) if t["role"] == "user"), None)
+    result = retriever.search(question, [], previous=previous)  # a member of no department
+    if not result.found:
+        return prompt.not_found_reply(contact), [], True
+    if settings.kb_passages_in_prompt:
+        messages = prompt.grounded_messages(settings.system_prompt, prompt.shown_history(settings, history),
+                                            question, result.passages, contact)
+    else:
+        messages = [{"role": "system", "content": settings.system_prompt}, *history,
+                    {"role": "user", "content": question}]
+    choice = prompt.reply_choices(settings, result.passages)
+    params = GenerationParams(temperature=0, max_tokens=settings.max_new_tokens if choice else max_tokens,
+                              choice=choice, choice_scoring=settings.kb_choice_scoring,
+                              choice_bias=prompt.choice_bias(settings, choice))
+    text = backend.generate(messages, params).text.strip()
+    if prompt.is_decline(text):  # the model's "not found", as the worker sends it
+        return prompt.not_found_reply(contact), [], True
+    cited = [result.passages[n - 1].source for n in prompt.cited_numbers(text, len(result.passages))]
+    return prompt.with_sources(text, result.passages), list(dict.fromkeys(cited)), False

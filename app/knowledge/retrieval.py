@@ -84,6 +84,7 @@ class SearchResult:
     query: str
     passages: list[Passage]  # best first, every one relevant (over a threshold)
     candidates: list[Passage]  # best first, thresholds not applied (for the admin's test view)
+    unknown: tuple[str, ...] = ()  # the question's words that no visible passage holds
 
     @property
     def found(self) -> bool:
@@ -146,6 +147,16 @@ def _coverage_words(counts: Counter) -> list[_Word]:
     return words
 
 
+def _held(word: _Word, df: Counter) -> bool:
+    """Whether some visible passage holds the word (itself, an equivalent, or its bigrams); a
+    lone character says too little to count either way."""
+    if word.weight < 1.0 or df.get(word.term):
+        return True
+    if any(all(df.get(t) for t in alt) for alt in word.alternatives):
+        return True
+    return bool(word.bigrams) and all(df.get(b) for b in word.bigrams)
+
+
 def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> float:
     """The share of the question's words (IDF-weighted) the passage holds, 0..1."""
     total = got = 0.0
@@ -200,7 +211,10 @@ class Retriever:
         """The best passages visible to members of ``departments`` ([] = public documents only).
 
         With ``previous`` (the conversation's previous question): a question that opens like a
-        follow-up is searched together with it; a short one that finds nothing alone, too.
+        follow-up is searched together with it; a short one that finds nothing alone, too, unless
+        it asks about something no visible document mentions ("Who is our CEO?" after a question
+        about meals is a new topic: searched with it, it found the meal passage and was answered
+        with it).
         """
         top_k = top_k or self.settings.kb_top_k
         threshold = self.settings.kb_min_score if min_score is None else min_score
@@ -210,7 +224,7 @@ class Retriever:
         if previous and is_follow_up(question):
             return self._search(combined, departments, top_k, threshold)
         result = self._search(question, departments, top_k, threshold)
-        if previous and not result.found and is_short(question):
+        if previous and not result.found and is_short(question) and not result.unknown:
             return self._search(combined, departments, top_k, threshold)
         return result
 
@@ -254,6 +268,12 @@ class Retriever:
                 df[term_of[term_hash]] += count
             idf = {t: math.log(1 + (n_chunks - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5))
                    for t in weights}
+            unknown = tuple(w.term for w in words if not _held(w, df))
+
+            def done(result: SearchResult) -> SearchResult:
+                result.unknown = unknown
+                return result
+
             factor = {h: idf[t] * weights[t] for h, t in term_of.items() if df.get(t)}
             if not factor:
                 ranked, scores = [], {}
@@ -289,13 +309,13 @@ class Retriever:
                     coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in pool}
                     reranked = self._reranked(query, self._passages(session, pool, scores, coverage), top_k)
                     if reranked is not None:
-                        return reranked
+                        return done(reranked)
                 best = ranked[:top_k]
                 matched = matched_in(best)
                 coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in best}
                 passages = self._passages(session, best, scores, coverage)
-                return SearchResult(query, [p for p in passages if p.coverage >= threshold],
-                                    passages)
+                return done(SearchResult(query, [p for p in passages if p.coverage >= threshold],
+                                         passages))
             # Reciprocal rank fusion of the two rankings; a passage is relevant when either side
             # finds it so (BM25's coverage, or the cosine over KB_MIN_SIMILARITY), and the
             # relevant ones come first: a passage only the dense side ranks, however close, fuses
@@ -318,13 +338,13 @@ class Retriever:
                 reranked = self._reranked(query, self._passages(
                     session, pool, {c: scores.get(c, 0.0) for c in pool}, coverage, cosine), top_k)
                 if reranked is not None:
-                    return reranked
+                    return done(reranked)
             best = order[:top_k]
             passages = self._passages(session, best, {c: scores.get(c, 0.0) for c in best},
                                       coverage, cosine)
-        return SearchResult(query, [p for p in passages if p.coverage >= threshold
-                                    or (p.similarity is not None and p.similarity >= minimum)],
-                            passages)
+        return done(SearchResult(query, [p for p in passages if p.coverage >= threshold
+                                         or (p.similarity is not None and p.similarity >= minimum)],
+                                 passages))
 
     def _ask(self, part: str, url: str, call, errors):
         """``call()``'s answer, or None when the ``part`` server (embeddings, rerank) fails now or

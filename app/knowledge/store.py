@@ -22,6 +22,7 @@ from sqlalchemy import delete, insert, select
 
 from app.audit import EventType
 from app.db import utcnow
+from app.knowledge import contacts as contact_rules
 from app.knowledge.chunking import Chunk, chunk_blocks
 from app.knowledge.embeddings import EmbeddingError, client_from, seal_vector
 from app.knowledge.parsing import Parsed, UploadError, parse
@@ -103,6 +104,7 @@ class DocumentInfo:
     version: int
     updated_at: datetime
     filename: str | None = None
+    contact: str = ""  # the admin's, for the whole document
     extra: dict = field(default_factory=dict)
 
 
@@ -182,29 +184,39 @@ class KnowledgeStore:
     # -- writing -------------------------------------------------------------------------------
     def add(self, data: bytes, title: str, *, filename: str | None = None,
             departments: list[int] | None = None, document_id: int | None = None,
-            actor: str = "cli") -> AddResult:
-        """Add a document, or replace the one with this id or title; ``UploadError`` if refused."""
+            actor: str = "cli", contact: str | None = None) -> AddResult:
+        """Add a document, or replace the one with this id or title; ``UploadError`` if refused.
+        ``contact``: the team a "not found" names for this document's topics where its own
+        sections do not say (app.knowledge.contacts)."""
         title = (title or "").strip()
         if not title:
             raise UploadError("a document needs a title")
         if len(title) > 200:
             raise UploadError("the title is longer than 200 characters")
+        try:
+            contact = contact_rules.document_contact(contact)
+        except ValueError as exc:
+            raise UploadError(str(exc)) from None
         prepared = self.prepare(data, filename)
         return self.write(prepared, title, filename=filename, departments=departments or [],
-                          document_id=document_id, actor=actor, size_bytes=len(data))
+                          document_id=document_id, actor=actor, size_bytes=len(data),
+                          contact=contact)
 
     def write(self, prepared: Prepared, title: str, *, filename: str | None = None,
               departments: list[int], document_id: int | None = None, actor: str = "cli",
-              size_bytes: int = 0, audit: bool = True, force: bool = False) -> AddResult:
+              size_bytes: int = 0, audit: bool = True, force: bool = False,
+              contact: str = "") -> AddResult:
         bi = self.services.blind_index
         known_hashes = title_hashes(bi, title)
         title_hash = known_hashes[0]
         parsed = prepared.parsed
         text = parsed.text
         visibility = KnowledgeVisibility.DEPARTMENTS if departments else KnowledgeVisibility.ALL
+        owners = contact_rules.dumps(contact_rules.section_contacts(parsed.blocks, prepared.chunks),
+                                     contact)
         content_hash = bi("kb-content", f"{INDEX_VERSION}\x00{self.settings.kb_chunk_tokens}\x00"
                                         f"{bool(self.embedder)}\x00{parsed.doc_type}\x00{visibility}\x00"
-                                        f"{','.join(map(str, departments))}\x00{text}")
+                                        f"{','.join(map(str, departments))}\x00{owners}\x00{text}")
         now = utcnow()
         with self.services.db.transaction() as session:
             if document_id is not None:
@@ -239,6 +251,7 @@ class KnowledgeStore:
             doc.filename_enc = (self.cipher.encrypt(filename, DOCS, "filename_enc", doc.id)
                                 if filename else None)
             doc.content_enc = self.cipher.encrypt(text, DOCS, "content_enc", doc.id)
+            doc.contacts_enc = self.cipher.encrypt(owners, DOCS, "contacts_enc", doc.id)
             doc.content_hash = content_hash
             doc.doc_type = parsed.doc_type
             doc.visibility = visibility
@@ -256,7 +269,8 @@ class KnowledgeStore:
                              f"kb_{'add' if status == 'added' else 'replace'}",
                              "document_id": doc.id, "title": title, "version": doc.version,
                              "doc_type": parsed.doc_type, "chunks": len(prepared.chunks),
-                             "visibility": visibility, "departments": departments})
+                             "visibility": visibility, "departments": departments,
+                             "contact": contact})
             return AddResult(doc.id, status, len(prepared.chunks), parsed.doc_type)
 
     def _write_index(self, session, document_id: int, prepared: Prepared, departments: list[int]):
@@ -302,7 +316,8 @@ class KnowledgeStore:
                 continue
             prepared = self.prepare_parsed(Parsed(info.doc_type, parse_markdown(text)))
             self.write(prepared, info.title, filename=info.filename, departments=info.departments,
-                       document_id=info.id, actor=actor, size_bytes=info.size_bytes, force=True)
+                       document_id=info.id, actor=actor, size_bytes=info.size_bytes, force=True,
+                       contact=info.contact)
             count += 1
         return count
 
@@ -338,7 +353,8 @@ class KnowledgeStore:
                 chunks=doc.chunk_count, size_bytes=doc.size_bytes, version=doc.version,
                 updated_at=doc.updated_at,
                 filename=(self.cipher.decrypt(doc.filename_enc, DOCS, "filename_enc", doc.id)
-                          if doc.filename_enc else None)))
+                          if doc.filename_enc else None),
+                contact=read_contacts(self.cipher, doc).get("document", "")))
         return out
 
     def document_text(self, document_id: int) -> str | None:
@@ -347,3 +363,19 @@ class KnowledgeStore:
             if doc is None:
                 return None
             return self.cipher.decrypt(doc.content_enc, DOCS, "content_enc", doc.id)
+
+
+def read_contacts(cipher, doc: KnowledgeDocument) -> dict:
+    """A document's owners (``app.knowledge.contacts``); {} for one indexed before they were kept."""
+    if not doc.contacts_enc:
+        return {}
+    return contact_rules.loads(cipher.decrypt(doc.contacts_enc, DOCS, "contacts_enc", doc.id))
+
+
+def topic_contact(services, passage) -> str | None:
+    """The team that owns ``passage``'s topic (its section's, else its document's contact), or
+    None when the document does not say."""
+    with services.db.reader() as session:
+        doc = session.get(KnowledgeDocument, passage.document_id)
+        owners = read_contacts(services.cipher, doc) if doc is not None else {}
+    return contact_rules.owner(owners, passage.section)

@@ -144,8 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--show", type=int, default=3, help="example answers to print per set")
     parser.add_argument("--questions", default=None,
                         help="score this question set through the knowledge base, as the worker answers "
-                             "('heldout': the held-out paraphrases, their reference's key facts)")
+                             "('heldout': the held-out paraphrases, their reference's key facts; several "
+                             "sets separated by commas are asked as one)")
     parser.add_argument("--json", action="store_true", help="with --questions: one JSON object per line")
+    parser.add_argument("--conversation", type=int, default=0, metavar="N",
+                        help="with --questions: also ask them N in a row by one employee (topics changing, "
+                             "follow-ups after their questions) and report that beside the fresh figures")
     parser.add_argument("--chunk-tokens", type=int, default=None,
                         help="with --questions: KB_CHUNK_TOKENS (default: what the demo model reads, as make run)")
     parser.add_argument("--min-score", type=float, default=None,
@@ -216,10 +220,10 @@ def knowledge_eval(args) -> None:
     import json
 
     from app.knowledge.evaluate import evaluate, load_questions  # noqa: PLC0415
-    if args.questions == "heldout":
-        questions = _spread(heldout_questions(), args.limit)
-    else:
-        questions = load_questions(args.questions)[: args.limit]
+    questions = []
+    for name in args.questions.split(","):  # several sets asked as one
+        questions += (_spread(heldout_questions(), args.limit) if name == "heldout"
+                      else load_questions(name)[: args.limit])
     passages = args.passages
     # the demo model's reading, as make run (the similarity threshold with the demo's embedder
     # only: another embedder keeps the one its training chose), then what the options change
@@ -231,17 +235,24 @@ def knowledge_eval(args) -> None:
                "rerank_base_url": args.rerank_url, "rerank_model": args.rerank_model or None,
                "kb_min_relevance": args.min_relevance}
     reading.update({name: value for name, value in options.items() if value is not None})
-    tally = evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
-                     **reading)  # both editions, as make run
+    runs = {"fresh": 0, **({f"conversations of {args.conversation}": args.conversation}
+                           if args.conversation else {})}
+    tallies = {name: evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
+                              conversation=size, **reading)  # both editions, as make run
+               for name, size in runs.items()}
     if args.json:
-        for row in tally.rows:
-            print(json.dumps(row, ensure_ascii=False))
-        print(json.dumps({"summary": tally.summary(), "model": args.model, "passages_in_prompt": passages,
+        for name, tally in tallies.items():
+            for row in tally.rows:
+                print(json.dumps({**row, **({"asked": name} if args.conversation else {})}, ensure_ascii=False))
+        summaries = {"summary": tallies["fresh"].summary(),
+                     **{f"summary ({name})": t.summary() for name, t in tallies.items() if name != "fresh"}}
+        print(json.dumps({**summaries, "model": args.model, "passages_in_prompt": passages,
                           "embeddings": args.embeddings or None, **reading}))
         return
-    for row in tally.rows[: args.show]:
+    for row in tallies["fresh"].rows[: args.show]:
         print(f"  Q: {row['question']}\n  A: {row['answer']}\n  declined: {row['declined']}")
-    print(json.dumps(tally.summary(), ensure_ascii=False, indent=1))
+    for name, tally in tallies.items():
+        print(name, json.dumps(tally.summary(), ensure_ascii=False, indent=1))
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ class LLMEngine:
     @property
     def speculative_stats(self) -> SpeculativeStats:
         """Drafts proposed and accepted per draft position and accepted lengths, summed over
-        every speculative request so far (`worker/metrics.py` exports them)."""
+        every speculative request so far (`worker/observability/metrics.py` exports them)."""
         return self.runner.stats
 
     def _check_speculative(self, k: int) -> None:

@@ -8,7 +8,7 @@ twice, and the two never held the connection at once (the emulator would have ha
 subscription by another: ``replaced`` stays 0).
 
 Voice (WeCom's transcript), images (to a test vision server), files and mixed messages come over
-the connection as over the callback (tests/worker/test_media_path.py), each image and file
+the connection as over the callback (tests/worker/media/test_media_path.py), each image and file
 with its own aeskey, and are answered once over it.
 """
 

@@ -9,8 +9,8 @@ from app.aibot_streams import StreamStore
 from app.llm import Generation, GenerationParams, StreamDelta
 from app.security import FieldCipher
 from tests.support.env import redis_url
-from worker.delivery import DEADLINE, stream_generation
-from worker.stream_reply import StreamWriter
+from worker.delivery.stream import DEADLINE, stream_generation
+from worker.delivery.stream_writer import StreamWriter
 
 pytestmark = pytest.mark.integration
 

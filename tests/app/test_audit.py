@@ -266,6 +266,7 @@ def test_fingerprint_is_keyed_and_hourly():
 def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
     import worker.tasks as tasks
     from app.accounting import set_budget
+    from worker import runtime
     from worker.conversation import ConversationStore
     from worker.processor import MessageProcessor
 
@@ -274,7 +275,7 @@ def test_beat_task_purges_and_releases_stale_reservations(chain, monkeypatch):
             t=old.replace(tzinfo=None) if chain.db.engine.dialect.name == "sqlite" else old)
     _reseal_all(chain)
     processor = MessageProcessor(chain, None, None, ConversationStore(chain.redis, chain.cipher, 60, 5))
-    monkeypatch.setattr(tasks, "_runtime", processor)
+    monkeypatch.setattr(runtime, "processor", lambda: processor)
     with chain.db.transaction() as session:
         set_budget(session, "global", "", "day", "1")
     processor.meter.accounting.reserve("u", "", "glm-4", 10, 10,

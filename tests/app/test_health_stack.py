@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from tests.support.stack import Stack, wait_for
-from worker.heartbeat import live_nodes
+from worker.observability.heartbeat import live_nodes
 
 pytestmark = pytest.mark.integration
 

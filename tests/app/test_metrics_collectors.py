@@ -25,8 +25,8 @@ from tests.worker.test_processor_data import (
     post_message,
 )
 from worker.conversation import ConversationStore
+from worker.delivery.reply import RATE_LIMIT_NOTICE
 from worker.processor import MessageProcessor
-from worker.reply import RATE_LIMIT_NOTICE
 from worker.user_limit import UserRateLimit
 
 REDIS_URL = redis_url(5)

@@ -15,7 +15,13 @@ from app import create_app
 from tests.support import postgres
 from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import ROOT, TempDatabase, free_port, wait_for
-from worker.heartbeat import Heartbeat, default_node, heartbeat_key, live_nodes, redis_now
+from worker.observability.heartbeat import (
+    Heartbeat,
+    default_node,
+    heartbeat_key,
+    live_nodes,
+    redis_now,
+)
 
 pytestmark = pytest.mark.integration
 REDIS_URL = redis_url(6)
@@ -143,7 +149,7 @@ def test_default_node_is_celerys_own_default():
 
 def test_check_command_exit_status(r):
     env = {**os.environ, **make_env(REDIS_URL=REDIS_URL)}
-    argv = [sys.executable, "-m", "worker.heartbeat", "check", "worker", "--node", "celery@cli"]
+    argv = [sys.executable, "-m", "worker.observability.heartbeat", "check", "worker", "--node", "celery@cli"]
     missing = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     assert missing.returncode == 1
     assert "no live heartbeat for worker celery@cli" in missing.stderr

@@ -27,8 +27,8 @@ from tests.support.rabbitmq import rabbitmq_vhost
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.stack import Stack, wait_for
 from worker.conversation import ConversationStore
-from worker.heartbeat import Heartbeat
-from worker.media import FileContexts
+from worker.media.files import FileContexts
+from worker.observability.heartbeat import Heartbeat
 
 pytestmark = pytest.mark.faults
 

@@ -36,8 +36,9 @@ def test_every_long_running_service_has_a_health_check(services):
 
 def test_health_checks_use_the_real_probes(services):
     assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
-    assert services["worker"]["healthcheck"]["test"][1:] == ["python", "-m", "worker.heartbeat", "check", "worker"]
-    assert services["beat"]["healthcheck"]["test"][1:] == ["python", "-m", "worker.heartbeat", "check", "beat"]
+    check = ["python", "-m", "worker.observability.heartbeat", "check"]
+    assert services["worker"]["healthcheck"]["test"][1:] == [*check, "worker"]
+    assert services["beat"]["healthcheck"]["test"][1:] == [*check, "beat"]
     assert "/nginx-healthz" in " ".join(services["nginx"]["healthcheck"]["test"])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from scripts.dev_env import main
+from tests.support.env import settings_from
 
 
 def test_an_older_dev_env_gets_the_export_key_and_keeps_its_secrets(tmp_path, capsys):
@@ -110,3 +111,31 @@ def test_make_run_copies_the_audit_head_out_and_serves_v1_apart(monkeypatch):
     assert web["web"].env["WEB_ROLE"] == "web" and web["api"].env["WEB_ROLE"] == "api"
     assert web["api"].env["WEB_BIND"] == env["API_BIND"] == f"127.0.0.1:{run_stack.API_PORT}"
     assert web["api"].env["INTAKE_SERVER"] == "0" and web["web"].argv == web["api"].argv
+
+
+def test_make_run_writes_the_settings_its_services_use_for_the_cli(tmp_path, monkeypatch):
+    """``kb add`` run beside ``make run`` must reach the same embeddings server (a document added
+    without it has no vectors): var/stack.env holds what the services run with, the shell's
+    ``set -a; . var/stack.env`` and the settings' own reading both give it back, values with
+    spaces and quotes intact, and only its owner can read it."""
+    import stat
+    import subprocess
+
+    from scripts import run_stack
+    from scripts.dev_env import dev_env
+
+    monkeypatch.delenv("EMBEDDINGS_BASE_URL", raising=False)
+    monkeypatch.delenv("KB_FALLBACK_CONTACT", raising=False)
+    env = {**dev_env(), **run_stack.stack_env(),
+           "KB_FALLBACK_CONTACT": "IT 服务台 (ext. 8100), it's \"quoted\" $HOME"}
+    path = tmp_path / "stack.env"
+    run_stack.write_stack_env(env, path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    shown = subprocess.run(["bash", "-c", f"set -a; . {path}; set +a; env -0"],
+                           capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    sourced = dict(item.split("=", 1) for item in shown.stdout.split("\0") if "=" in item)
+    for name in ("EMBEDDINGS_BASE_URL", "KB_MIN_SIMILARITY", "KB_FALLBACK_CONTACT", "WECOM_AES_KEY"):
+        assert sourced[name] == env[name]
+    settings = settings_from({k: v for k, v in sourced.items() if k in env})
+    assert settings.embeddings_base_url == env["EMBEDDINGS_BASE_URL"]
+    assert settings.kb_fallback_contact == env["KB_FALLBACK_CONTACT"]

@@ -190,6 +190,8 @@ class Stack:
         LIVE_STACKS.add(self)
         self.emulator.start()
         self.env["WECOM_API_BASE"] = self.emulator.url
+        # The AI bot's media URLs point at the emulator: its host is the one media host allowed.
+        self.env.setdefault("MEDIA_URL_HOSTS", self.emulator.host)
         if self.emulator.long_connection.enabled:
             self.env["AIBOT_WS_URL"] = self.emulator.ws_url
         from app import migrate

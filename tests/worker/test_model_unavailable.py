@@ -11,7 +11,7 @@ from app.services import Services
 from emulator import EmulatorConfig, EmulatorServer
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, redis_url, settings_from
-from worker.tasks import build_processor
+from worker.runtime import build_processor
 
 pytestmark = pytest.mark.integration
 

@@ -144,6 +144,10 @@ def test_a_follow_up_is_searched_with_the_previous_question(services, loaded):
     assert not is_follow_up("上海总部在哪里")
     result = retriever.search("那北京呢？", [], previous="上海办公室在哪里")
     assert "上海办公室在哪里" in result.query and result.passages[0].section == "办公室 Offices"
+    # a short question finding nothing alone is searched with the previous one, unless it asks
+    # about what no document mentions: a new topic, declined (not answered with the old topic's)
+    result = retriever.search("Who is our CEO?", [], previous="上海办公室在哪里")
+    assert not result.found and result.query == "Who is our CEO?" and result.unknown == ("ceo",)
 
 
 def test_departments_are_applied_before_ranking(services, loaded):
@@ -544,3 +548,22 @@ def test_a_chinese_question_finds_the_english_passage_through_the_glossary(servi
               b"\n# Canteen\n\nBreakfast 07:30-09:30 on 2F.\n", "Handbook", filename="travel.md")
     [top, *_] = Retriever(services).search("出国出差一天的餐补是多少？", [], min_score=0.0).candidates
     assert "per-diem" in top.text and top.coverage > 0.6
+
+
+def test_a_quoting_model_is_shown_this_questions_passages_not_the_earlier_exchanges(app, services, loaded):
+    """KB_ANSWER_BY_QUOTING (the demo model): the earlier exchanges pulled it toward "not found"
+    (prompt.shown_history); a follow-up still finds its passages through the previous question.
+    A model that writes its answer keeps the conversation."""
+    services.settings.kb_answer_by_quoting = True
+    llm = PromptLLM("上海总部在张江碧波路 888 号。[1]")
+    processor = processor_with(services, llm)
+    ask(app, services, processor, "bob-sales", "上海总部在哪里", 560)
+    ask(app, services, processor, "bob-sales", "那北京呢？", 561)
+    prompt_ = llm.prompts[-1]
+    assert [m["role"] for m in prompt_] == ["system", "user"] and prompt_[-1]["content"] == "那北京呢？"
+    assert "66" in prompt_[0]["content"]  # the Beijing passage, found with the previous question
+    assert any("中关村" in choice for choice in llm.params[-1].choice)
+    services.settings.kb_answer_by_quoting = False
+    ask(app, services, processor, "bob-sales", "报销要多久内提交？", 562)
+    assert [m["content"] for m in llm.prompts[-1] if m["role"] == "user"] == [
+        "上海总部在哪里", "那北京呢？", "报销要多久内提交？"]

@@ -114,3 +114,48 @@ def test_a_reranker_decides_relevance_in_the_evaluation_too(tmp_path, capsys):
     assert server.calls == 1 and server.problems == []
     assert lines[0]["declined"] is True  # answered without it (the test above)
     assert lines[-1]["rerank_base_url"] == server.url and lines[-1]["kb_min_relevance"] == 0.2
+
+
+def test_questions_asked_in_conversations_keep_a_follow_up_after_its_question():
+    from app.knowledge.evaluate import in_conversations
+
+    items = [{"question": f"q{i}", "facts": [["x"]]} for i in range(20)]
+    items.append({"question": "那杭州呢？", "follows": "上海的酒店一晚能报多少？", "facts": [["450"]]})
+    conversations = in_conversations(items, 8)
+    assert conversations == in_conversations(items, 8)  # the same order every run
+    asked = [turn for conversation in conversations for turn in conversation]
+    scored = [t["question"] for t in asked if not t.get("unscored")]
+    assert sorted(scored) == sorted(i["question"] for i in items)  # each once
+    assert scored != [i["question"] for i in items]  # shuffled: topics change within one
+    assert all(len(c) <= 8 for c in conversations) and len(conversations) == 3
+    where = next(c for c in conversations if any(t["question"] == "那杭州呢？" for t in c))
+    at = [t["question"] for t in where].index("那杭州呢？")
+    assert at > 0 and where[at - 1] == {"question": "上海的酒店一晚能报多少？", "unscored": True}
+    assert [len(c) for c in in_conversations(items[-2:], 0)] == [1, 2]  # fresh: with its question only
+
+
+def test_a_follow_up_must_name_the_question_it_follows(tmp_path):
+    bad = tmp_path / "f.jsonl"
+    bad.write_text('{"question": "那北京呢？", "follows": "", "facts": [["66"]]}\n')
+    with pytest.raises(ValueError, match="f.jsonl:1: follows"):
+        load_questions(bad)
+
+
+def test_conversations_are_reported_beside_the_fresh_questions(tmp_path, capsys):
+    """--conversation N: the same questions asked in a row by one employee, as the worker keeps the
+    conversation; a follow-up is searched with its question and answered from the right passage."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps(q, ensure_ascii=False) for q in [
+        {"question": "域账号的密码最少要几个字符？", "facts": [["12"]], "section": "2. IT"},
+        {"question": "那杭州呢？", "follows": "出差去上海住酒店一晚最多能报多少？", "facts": [["450"]],
+         "section": "5. Travel"},
+        {"question": "明天上海会下雨吗？", "out_of_scope": True}]) + "\n")
+    demo_eval.main(["--questions", str(questions), "--json", "--conversation", "4"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    rows, summary = lines[:-1], lines[-1]
+    assert sorted({r["asked"] for r in rows}) == ["conversations of 4", "fresh"]
+    for asked in ("fresh", "conversations of 4"):
+        mine = {r["question"]: r for r in rows if r["asked"] == asked}
+        assert set(mine) == {"域账号的密码最少要几个字符？", "那杭州呢？", "明天上海会下雨吗？"}  # follows: unscored
+        assert "450" in mine["那杭州呢？"]["answer"] and not mine["那杭州呢？"]["declined"]
+    assert summary["summary"]["in_scope"] == summary["summary (conversations of 4)"]["in_scope"] == 2

@@ -193,7 +193,7 @@ def test_heartbeat_death_and_a_refused_subscription_end_the_session(client, monk
 
 
 def test_a_blank_first_piece_of_a_stream_is_empty_not_an_error():
-    from worker.stream_reply import STREAM_CONTENT_LIMIT, fit
+    from worker.delivery.stream_writer import STREAM_CONTENT_LIMIT, fit
 
     assert fit("\n") == "" and fit("  \n\n") == "" and fit("") == ""
     assert fit("\n答") == "答"

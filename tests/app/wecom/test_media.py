@@ -176,7 +176,7 @@ def test_aibot_media_url_serves_encrypted_bytes(emu):
 def test_samples_are_real_media():
     from pypdf import PdfReader
 
-    from worker.media import find_decoder, to_wav
+    from worker.media.audio import find_decoder, to_wav
 
     text = PdfReader(io.BytesIO(samples.pdf_document(["Line (one)", "Line two"]))).pages[0].extract_text()
     assert "Line (one)" in text and "Line two" in text

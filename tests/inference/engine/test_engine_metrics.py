@@ -5,7 +5,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from inference.sampling_params import SamplingParams
 from tests.inference.engine.conftest import engine_for
 from tests.inference.helpers import glm5_config, write_checkpoint
-from worker.metrics import EngineCollector, SpeculativeCollector
+from worker.observability.metrics import EngineCollector, SpeculativeCollector
 
 
 def scrape(collector) -> dict[str, float]:

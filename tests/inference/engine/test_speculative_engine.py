@@ -25,7 +25,7 @@ from inference.tokenizer import ChatTokenizer
 from tests.inference.engine.conftest import engine_for, random_prompts, reference
 from tests.inference.test_demo_model import DEMO
 from tests.inference.test_kv_cache import build
-from worker.metrics import SpeculativeCollector
+from worker.observability.metrics import SpeculativeCollector
 
 pytestmark = pytest.mark.skipif(not (DEMO / "model.safetensors").exists(), reason="no models/demo")
 GREEDY = SamplingParams(temperature=0, max_tokens=40)

@@ -16,8 +16,8 @@ from tests.worker.test_processor_data import (
     ids_of,
     post_message,
 )
-from worker import duplicate_check
 from worker.conversation import ConversationStore
+from worker.delivery import duplicate_check
 from worker.processor import MessageProcessor
 
 

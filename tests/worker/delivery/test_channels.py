@@ -11,10 +11,11 @@ import redis
 from app.models import MessageStatus
 from app.security.blind_index import BlindIndex
 from app.wecom.exceptions import WeComTransientError
-from worker import delivery
-from worker.delivery import MessageSend, StreamDelivery
+from worker.delivery import message_send
+from worker.delivery.message_send import MessageSend
+from worker.delivery.reply import RATE_LIMIT_NOTICE, Reply
+from worker.delivery.stream import StreamDelivery
 from worker.failures import TransientFailure
-from worker.reply import RATE_LIMIT_NOTICE, Reply
 
 
 def test_a_stored_reply_knows_whether_it_was_the_rate_limit_notice():
@@ -50,21 +51,19 @@ class _RedisDown:
         raise redis.ConnectionError("down")
 
 
-def _processor(wecom):
+def _services():
     settings = SimpleNamespace(wecom_duplicate_check_s=1800)
-    return SimpleNamespace(wecom=wecom, settings=settings,
-                           services=SimpleNamespace(db=None, redis=_RedisDown(), settings=settings,
-                                                    blind_index=BlindIndex("k" * 32)))
+    return SimpleNamespace(db=None, redis=_RedisDown(), settings=settings, blind_index=BlindIndex("k" * 32))
 
 
 def test_message_send_resumes_at_the_first_unsent_chunk_and_leaves_the_last_count_to_the_finish(monkeypatch):
     recorded = []
-    monkeypatch.setattr(delivery, "standalone", _no_statements)
-    monkeypatch.setattr(delivery.rows, "save_progress",
+    monkeypatch.setattr(message_send, "standalone", _no_statements)
+    monkeypatch.setattr(message_send.rows, "save_progress",
                         lambda session, message_id, owner, chunks_sent: recorded.append(chunks_sent) or True)
     wecom = _WeCom(fail_at=1)
     row = SimpleNamespace(id=7, chunks_sent=0, user_hash="u")
-    channel = MessageSend(_processor(wecom))
+    channel = MessageSend(_services(), wecom)
     with pytest.raises(TransientFailure):
         channel.deliver(row, "me", "u", "text", ["a", "b", "c"], _Lease())
     assert wecom.sent == ["a"] and row.chunks_sent == 1 and recorded == [1]

@@ -7,8 +7,8 @@ reads them without importing the worker). A graceful shutdown removes the node s
 drops at once; a killed process's entry simply expires. ``worker.celery_app`` starts and stops
 it from Celery's signals.
 
-``python -m worker.heartbeat check worker|beat [--node NAME]`` exits 0 when this host's key is
-live: the container health check of the worker and beat services.
+``python -m worker.observability.heartbeat check worker|beat [--node NAME]`` exits 0 when this
+host's key is live: the container health check of the worker and beat services.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def stop(role: str) -> None:
 
 # -- health check command ------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m worker.heartbeat")
+    parser = argparse.ArgumentParser(prog="python -m worker.observability.heartbeat")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="exit 0 when the heartbeat of this node is live")
     check.add_argument("role", choices=ROLES)

@@ -1,4 +1,4 @@
-"""worker/media.py: AMR decoding, image parts, file context and /forget, and every failure
+"""worker/media/handler.py: voice heard, images seen, files kept until /forget, and every failure
 answered politely with its reason, against fakes of WeCom and the model and real Redis DB 12
 (the ASR and vision servers are the project's small test servers)."""
 
@@ -8,7 +8,6 @@ import base64
 import io
 import os
 import types
-import wave
 
 import pytest
 import redis
@@ -17,60 +16,17 @@ from app.security import FieldCipher
 from app.wecom.client import Media
 from app.wecom.exceptions import InvalidMediaError, MediaRejectedError, WeComTransientError
 from emulator import media as samples
+from tests.support.audio_clips import tone
 from tests.support.env import make_env, redis_url, settings_from
 from tests.support.media_servers import FakeASRServer, FakeVisionServer
-from worker import commands, media
-from worker.reply import Reply
+from worker import commands
+from worker.delivery.reply import Reply
+from worker.media import errors
+from worker.media import handler as media
+from worker.media.files import FileContexts
+from worker.media.images import DEFAULT_IMAGE_QUESTION
 
 REDIS_URL = redis_url(12)
-
-
-# -- pure parts ------------------------------------------------------------------------------------
-def test_amr_decodes_to_16k_mono_wav():
-    wav = media.to_wav(samples.amr_clip(2.0), media.find_decoder())
-    with wave.open(io.BytesIO(wav)) as w:
-        assert (w.getframerate(), w.getnchannels()) == (16000, 1)
-        assert 1.9 <= w.getnframes() / 16000 <= 2.2
-
-
-def test_garbage_and_no_decoder_are_refused():
-    with pytest.raises(ValueError):
-        media.to_wav(b"#!AMR\n" + os.urandom(10), media.find_decoder())
-    with pytest.raises(ValueError):
-        media.to_wav(b"not audio at all" * 10, media.find_decoder())
-    with pytest.raises(ValueError):
-        media.to_wav(samples.amr_clip(), None)
-
-
-def test_image_part_is_a_data_url_beside_the_text():
-    part = media.image_part(samples.png_image())
-    assert part["type"] == "image_url"
-    head, b64 = part["image_url"]["url"].split(",", 1)
-    assert head == "data:image/png;base64" and base64.b64decode(b64) == samples.png_image()
-    message = media.with_images({"role": "user", "content": "这是什么？"}, [part, part])
-    assert message["content"][0] == {"type": "text", "text": "这是什么？"}
-    assert [p["type"] for p in message["content"]] == ["text", "image_url", "image_url"]
-    with pytest.raises(media.MediaFailure):
-        media.image_part(b"%PDF-1.4 not an image")
-
-
-def test_the_budget_estimate_counts_an_image_not_its_base64():
-    from app.accounting import estimate_prompt_tokens
-
-    big = media.image_part(samples.png_image(400, 300))
-    messages = [{"role": "system", "content": "sys"}, media.with_images({"role": "user", "content": "q"}, [big])]
-    assert estimate_prompt_tokens(media.for_estimate(messages)) < 3000 < estimate_prompt_tokens(messages)
-    plain = [{"role": "user", "content": "q"}]
-    assert media.for_estimate(plain) is plain
-
-
-def test_files_go_after_the_system_prompt_newest_kept_when_short():
-    files = [{"name": "old.txt", "text": "A" * 50}, {"name": "new.pdf", "text": "B" * 50}]
-    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
-    out = media.with_files(messages, files, max_chars=60)
-    assert [m["role"] for m in out] == ["system", "system", "user"]
-    assert "### new.pdf\n" + "B" * 50 in out[1]["content"] and "A" * 11 not in out[1]["content"]
-    assert media.with_files(messages, [], 100) is messages
 
 
 # -- the handler against fakes ---------------------------------------------------------------------
@@ -96,24 +52,29 @@ class FakeWeCom:
 
 
 class FakeProcessor:
-    """What MediaHandler uses of MessageProcessor: services, wecom and _generate."""
+    """What MediaHandler is given (services, the WeCom client, the conversation's files) and what
+    the processor does with its ``Question``: the model's answer (the vision model for real)."""
 
     def __init__(self, settings, client):
         cipher = FieldCipher({"k1": os.urandom(32)})
         self.services = types.SimpleNamespace(settings=settings, redis=client, cipher=cipher, aibot_crypto=None)
         self.wecom = FakeWeCom()
+        self.files = FileContexts(client, cipher, settings.conversation_ttl_s)
         self.generated: list[dict] = []
 
-    def _generate(self, row, text, lease, channel, user_id="", conversation=None, images=None, llm=None):
+    def answer(self, question: media.Question) -> Reply:
+        text, images, llm = question.text, question.images, question.llm
         self.generated.append({"text": text, "images": images, "llm": llm})
         if llm is not None:  # the vision model, for real
             from app.llm import GenerationParams
+            from worker.media.prompt import with_images
 
             messages = [{"role": "user", "content": text}]
             if images:
-                messages[-1] = media.with_images(messages[-1], images)
-            return Reply(llm.generate(messages, GenerationParams(max_tokens=64)).text, usage={"model": "v"})
-        return Reply(f"answer to {text}", usage={"model": "m"})
+                messages[-1] = with_images(messages[-1], images)
+            return question.reply(Reply(llm.generate(messages, GenerationParams(max_tokens=64)).text,
+                                        usage={"model": "v"}))
+        return question.reply(Reply(f"answer to {text}", usage={"model": "m"}))
 
 
 class Lease:
@@ -146,16 +107,20 @@ def handler(redis_client, servers, **overrides):
     asr, vision = servers
     asr.fail_next = vision.fail_next = 0
     values = {"asr_base_url": asr.url, "asr_model": "test-asr", "vision_model": "test-vision",
-              "vision_base_url": vision.url, "media_max_bytes": 64 * 1024, "asr_timeout_s": 2}
+              "vision_base_url": vision.url, "media_max_bytes": 64 * 1024, "asr_timeout_s": 2,
+              "media_url_hosts": "127.0.0.1"}  # the emulator's
     values.update(overrides)
     processor = FakeProcessor(settings_from(make_env(), **values), redis_client)
-    processor.media = media.MediaHandler(processor)
+    processor.media = media.MediaHandler(processor.services, processor.wecom, processor.files)
+    processor.media.processor = processor  # for ``compose`` below: who answers its questions
     return processor.media, processor
 
 
 def compose(h, r, payload, conversation="conv-1"):
-    """(text, kind, usage) of the ``Reply``, for a message delivered by message/send."""
-    reply = h.compose(r, "zhangsan", payload, Lease(), types.SimpleNamespace(streams=False), conversation)
+    """(text, kind, usage) of the ``Reply``, for a message delivered by message/send: the
+    handler's own, or the model's answer to its ``Question``."""
+    composed = h.compose(r, "zhangsan", payload, Lease(), types.SimpleNamespace(streams=False), conversation)
+    reply = h.processor.answer(composed) if isinstance(composed, media.Question) else composed
     return reply.text, reply.kind, reply.usage
 
 
@@ -172,34 +137,42 @@ def test_voice_is_transcribed_heard_first_then_answered(redis_client, servers):
 
 
 @pytest.mark.parametrize("setup, settings, reason, notice", [
-    ("expired", {}, "expired or unknown media_id", media.EXPIRED),
+    ("expired", {}, "expired or unknown media_id", errors.EXPIRED),
     ("large", {}, "too large", "太大"),
-    ("speex", {}, "not decoded", media.VOICE_UNREADABLE),
-    ("ok", {"asr_base_url": ""}, "ASR_BASE_URL not set", media.VOICE_OFF),
+    ("speex", {}, "not decoded", errors.VOICE_UNREADABLE),
+    ("ok", {"asr_base_url": ""}, "ASR_BASE_URL not set", errors.VOICE_OFF),
+    ("flac", {}, "not decoded: not AMR or MP3 audio (FLAC)", errors.VOICE_UNREADABLE),
+    ("long", {"voice_max_duration_s": 3}, "voice: too long (over 3 s)", "太长了（上限 3 秒）"),
+    ("video", {}, "media: ", errors.VOICE_UNREADABLE),
 ])
 def test_voice_failures_are_polite_and_recorded(redis_client, servers, setup, settings, reason, notice):
     h, p = handler(redis_client, servers, **settings)
     p.wecom.media.update({"large": Media(b"#!AMR\n" + bytes(70 * 1024), "audio/amr"),
                           "speex": Media(os.urandom(2000), "audio/speex"),
-                          "ok": Media(samples.amr_clip(), "audio/amr")})
+                          "ok": Media(samples.amr_clip(), "audio/amr"),
+                          "flac": Media(tone("flac", "flac", 1.0), "audio/flac"),
+                          "long": Media(samples.handmade_amr(5.0), "audio/amr"),
+                          "video": Media(b"\x00\x00\x00\x18ftypmp42", "video/mp4")})
+    heard_before = len(servers[0].received)
     payload = {"media_id": setup}
     reply, _, usage = compose(h, row("voice"), payload)
     assert notice in reply and reason in usage["failure_reason"]
     assert payload["content"] is None and p.generated == []
+    assert len(servers[0].received) == heard_before  # nothing reached the ASR server
 
 
 def test_asr_or_wecom_down_is_retried_later(redis_client, servers):
     h, p = handler(redis_client, servers)
     p.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
     servers[0].fail_next = 1
-    with pytest.raises(media.MediaUnavailable):
+    with pytest.raises(errors.MediaUnavailable):
         compose(h, row("voice"), {"media_id": "v1"})
     p.wecom.media["v2"] = WeComTransientError(None, "timeout")
-    with pytest.raises(media.MediaUnavailable):
+    with pytest.raises(errors.MediaUnavailable):
         compose(h, row("voice"), {"media_id": "v2"})
     h2, _ = handler(redis_client, servers, asr_base_url="http://127.0.0.1:9/v1")
-    h2.processor.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
-    with pytest.raises(media.MediaUnavailable):
+    h2.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
+    with pytest.raises(errors.MediaUnavailable):
         compose(h2, row("voice"), {"media_id": "v1"})
 
 
@@ -208,7 +181,7 @@ def test_image_goes_to_the_vision_model_with_the_text(redis_client, servers):
     p.wecom.media["i1"] = Media(samples.png_image(), "image/png")
     payload = {"media_id": "i1"}
     reply, _, _ = compose(h, row("image"), payload)
-    assert reply.startswith("看到1张图片(32x24 PNG): ") and media.DEFAULT_IMAGE_QUESTION in reply
+    assert reply.startswith("看到1张图片(32x24 PNG): ") and DEFAULT_IMAGE_QUESTION in reply
     assert servers[1].problems == []
     assert payload["content"].startswith("[图片")
 
@@ -216,7 +189,7 @@ def test_image_goes_to_the_vision_model_with_the_text(redis_client, servers):
 def test_without_a_vision_model_an_image_gets_a_notice_and_mixed_text_an_answer(redis_client, servers):
     h, p = handler(redis_client, servers, vision_model="")
     reply, _, usage = compose(h, row("image"), {"media_id": "i1"})
-    assert reply == media.IMAGES_OFF and "VISION_MODEL" in usage["failure_reason"]
+    assert reply == errors.IMAGES_OFF and "VISION_MODEL" in usage["failure_reason"]
     reply, _, _ = compose(h, row("mixed", channel="aibot"), {"content": "这是什么", "image_urls": ["https://x"]})
     assert reply == media.IMAGES_SKIPPED + "answer to 这是什么"
 
@@ -232,7 +205,7 @@ def test_a_file_becomes_context_until_forget(redis_client, servers):
     raw = b"".join(redis_client.lrange("conv-files:conv-1", 0, -1))
     assert b"600 RMB" not in raw and b"travel" not in raw  # sealed
     assert 0 < redis_client.ttl("conv-files:conv-1") <= 86400
-    context = commands.CommandContext("zhangsan", "uh", "", p, conversation_key="conv-1")
+    context = commands.CommandContext("zhangsan", "uh", "", files=p.files, conversation_key="conv-1")
     assert "1" in commands.run("forget", context)
     assert h.files.files("conv-1") == []
     assert "没有" in commands.run("forget", context)
@@ -240,7 +213,7 @@ def test_a_file_becomes_context_until_forget(redis_client, servers):
 
 @pytest.mark.parametrize("data, name, notice", [
     (b"\x89PNG\r\n\x1a\n" + bytes(100), "x.png", "读不了"),
-    (b"<html><body><p>hi</p></body></html>", "x.html", media.FILE_UNSUPPORTED),
+    (b"<html><body><p>hi</p></body></html>", "x.html", errors.FILE_UNSUPPORTED),
     (b"", "empty.txt", "读不了"),
 ])
 def test_unreadable_or_unsupported_files_are_refused_politely(redis_client, servers, data, name, notice):
@@ -273,7 +246,7 @@ def test_a_slow_asr_server_is_retried_later(redis_client, servers):
     p.wecom.media["v1"] = Media(samples.amr_clip(), "audio/amr")
     servers[0].delay_s = 1.0
     try:
-        with pytest.raises(media.MediaUnavailable, match="Timeout"):
+        with pytest.raises(errors.MediaUnavailable, match="Timeout"):
             compose(h, row("voice"), {"media_id": "v1"})
     finally:
         servers[0].delay_s = 0.0
@@ -294,10 +267,10 @@ def test_aibot_media_urls_are_fetched_and_decrypted(redis_client, servers):
         reply, _, usage = compose(h, row("file", channel="aibot"), {"file_url": url + "emulator-file"})
         assert "document.pdf" in reply and usage == {}
         reply, _, usage = compose(h, row("image", channel="aibot"), {"image_urls": [url + "gone"]})
-        assert reply == media.EXPIRED and "HTTP 404" in usage["failure_reason"]
+        assert reply == errors.EXPIRED and "HTTP 404" in usage["failure_reason"]
         p.services.aibot_crypto = WeComCrypto("t", base64.b64encode(bytes(range(1, 33))).decode()[:43], "")
         reply, _, usage = compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
-        assert reply == media.EXPIRED and "key" in usage["failure_reason"]
+        assert reply == errors.EXPIRED and "key" in usage["failure_reason"]
         # the long connection's own aeskey (URL-safe base64 here) takes the bot key's place
         own = base64.urlsafe_b64encode(base64.b64decode(key + "=")).decode()
         reply, _, _ = compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"],
@@ -305,30 +278,7 @@ def test_aibot_media_urls_are_fetched_and_decrypted(redis_client, servers):
         assert reply.startswith("看到1张图片")
         p.services.aibot_crypto = None
         reply, _, usage = compose(h, row("file", channel="aibot"), {"file_url": url + "emulator-file"})
-        assert reply == media.EXPIRED and "no AES key" in usage["failure_reason"]
+        assert reply == errors.EXPIRED and "no AES key" in usage["failure_reason"]
     p.services.aibot_crypto = WeComCrypto("t", key, "")
-    with pytest.raises(media.MediaUnavailable):  # the URL's server gone: retried later
+    with pytest.raises(errors.MediaUnavailable):  # the URL's server gone: retried later
         compose(h, row("image", channel="aibot"), {"image_urls": [url + "emulator-image"]})
-
-
-def test_the_ffmpeg_decoder_is_called_as_a_pipe(tmp_path):
-    """Without PyAV the worker runs the ffmpeg it found: AMR on stdin, 16 kHz mono WAV on stdout."""
-    import sys
-
-    fake = tmp_path / "ffmpeg"
-    fake.write_text(f"#!{sys.executable}\n" + (
-        "import io, sys, wave\n"
-        "args = sys.argv[1:]\n"
-        "data = sys.stdin.buffer.read()\n"
-        "if not data.startswith(b'#!AMR') or args[args.index('-ar') + 1] != '16000':\n"
-        "    sys.stderr.write('Invalid data found when processing input'); sys.exit(1)\n"
-        "out = io.BytesIO()\n"
-        "w = wave.open(out, 'wb'); w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000)\n"
-        "w.writeframes(bytes(32000)); w.close()\n"
-        "sys.stdout.buffer.write(out.getvalue())\n"))
-    fake.chmod(0o755)
-    wav = media.to_wav(samples.handmade_amr(), str(fake))
-    with wave.open(io.BytesIO(wav)) as w:
-        assert (w.getframerate(), w.getnframes()) == (16000, 16000)
-    with pytest.raises(ValueError, match="Invalid data"):
-        media.to_wav(b"not amr", str(fake))

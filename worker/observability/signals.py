@@ -50,7 +50,7 @@ def _unbind_request_id(**_):
 @signals.worker_init.connect
 def _serve_metrics(**_):
     from app.config import get_settings
-    from worker import metrics
+    from worker.observability import metrics
 
     settings = get_settings()
     metrics.serve(settings.metrics_port, settings.metrics_addr)

@@ -21,6 +21,8 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from worker import runtime
+
 log = logging.getLogger(__name__)
 
 
@@ -87,10 +89,8 @@ class SpeculativeCollector(Collector):
 
 def engine_of_runtime():
     """The running processor's engine, or None (not loaded yet, or the ``openai`` backend)."""
-    from worker import tasks
-
-    processor = tasks._runtime
-    llm = getattr(processor, "_llm", None) if processor is not None else None
+    processor = runtime.current()
+    llm = processor.loaded_llm if processor is not None else None
     service = getattr(llm, "service", None)
     return getattr(service, "engine", None)
 

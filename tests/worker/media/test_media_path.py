@@ -1,6 +1,6 @@
 """Voice, images and files end to end: the emulator sends each kind (the app's XML callbacks with
 media ids it serves from media/get; the AI bot's JSON with encrypted media URLs) -> gunicorn ->
-outbox -> Celery -> worker/media.py -> a test ASR server / a test vision server / the chat model
+outbox -> Celery -> worker/media/ -> a test ASR server / a test vision server / the chat model
 -> WeCom. The test servers check what they receive (a 16 kHz WAV; a text part and a PNG data URL
 together); the outbox rows end answered, or failed, with the reason.
 """
@@ -11,10 +11,12 @@ import base64
 
 import pytest
 
+from emulator import media as samples
 from scripts.dev_env import random_aes_key
+from tests.support.audio_clips import tone
 from tests.support.media_servers import FakeASRServer, FakeVisionServer
 from tests.support.stack import Stack, select_rows, wait_for
-from worker import media
+from worker.media import errors as media
 from worker.processor import FAILURE_NOTICE
 
 pytestmark = pytest.mark.integration
@@ -124,6 +126,21 @@ def test_failures_are_polite_and_recorded(stack, servers, user):
     reasons = [r["failure_reason"] for r in rows_for(stack, "voice")[-2:]] + [rows_for(stack, "file")[-1]["failure_reason"]]
     assert "expired" in reasons[0] and "not decoded" in reasons[1] and "too large" in reasons[2], reasons
     assert all(r["status"] == "answered" for r in rows_for(stack, "voice")[-2:])
+
+
+def test_voice_in_another_format_or_too_long_is_refused_before_decoding(stack, servers, user):
+    """A FLAC (PyAV would decode any container) and 100 s of AMR (over VOICE_MAX_DURATION_S=90):
+    each gets its notice, and the ASR server hears neither."""
+    start, heard = len(stack.replies(user)), len(servers[0].received)
+    flac = upload(stack, tone("flac", "flac", 1.0), "audio/flac")
+    stack.send(user, msg_type="voice", media_id=flac, wait=True)
+    long = upload(stack, samples.handmade_amr(100.0), "audio/amr")
+    stack.send(user, msg_type="voice", media_id=long, wait=True)
+    got = new_replies(stack, user, start, 2)
+    assert got == [media.VOICE_UNREADABLE, media.VOICE_TOO_LONG.format(limit="90")], got
+    reasons = [r["failure_reason"] for r in rows_for(stack, "voice")[-2:]]
+    assert "not AMR or MP3 audio (FLAC)" in reasons[0] and "too long (over 90 s)" in reasons[1], reasons
+    assert len(servers[0].received) == heard
 
 
 def test_asr_down_is_retried_then_failed_with_the_reason(stack, servers, user):

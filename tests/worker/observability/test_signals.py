@@ -1,4 +1,4 @@
-"""The worker's logging (worker/observability.py): ours in place of Celery's, without Celery's
+"""The worker's logging (worker/observability/signals.py): ours in place of Celery's, without Celery's
 "received" line per task at INFO (the processor's "message finished" line says more), with it
 at DEBUG; Celery's "succeeded" line (with the request id) stays."""
 
@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from tests.support.env import make_env, settings_from
-from worker import observability
+from worker.observability import signals
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def restore_logging():
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
     root.setLevel(level)
-    for name in observability.PER_TASK_LOGGERS:
+    for name in signals.PER_TASK_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET)
 
 
@@ -28,8 +28,8 @@ def restore_logging():
 def test_celerys_line_per_task_only_at_debug(monkeypatch, restore_logging, level, per_task_lines):
     settings = settings_from(make_env(LOG_LEVEL=level))
     monkeypatch.setattr("app.config.get_settings", lambda: settings)
-    observability._configure_logging()
-    for name in observability.PER_TASK_LOGGERS:
+    signals._configure_logging()
+    for name in signals.PER_TASK_LOGGERS:
         assert logging.getLogger(name).isEnabledFor(logging.INFO) is per_task_lines
     assert logging.getLogger("worker.processor").isEnabledFor(logging.INFO)
     assert logging.getLogger("celery.app.trace").isEnabledFor(logging.INFO)
