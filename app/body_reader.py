@@ -26,6 +26,7 @@ import time
 
 from flask import current_app, request
 from werkzeug.exceptions import BadRequest, HTTPException, RequestEntityTooLarge, RequestTimeout
+from werkzeug.wsgi import LimitedStream
 
 CHUNK = 64 * 1024
 GRANULARITY_S = 0.25
@@ -158,14 +159,15 @@ class BodyFirst:
             if length > limit:
                 environ[BODY_ERROR] = RequestEntityTooLarge()
             else:
-                self._buffer(environ, limit)
+                # A server's input may be the connection itself (Werkzeug's): read only the body.
+                stream = environ["wsgi.input"] if chunked else LimitedStream(environ["wsgi.input"], length)
+                self._buffer(environ, stream, limit)
         return self.app(environ, start_response)
 
-    def _buffer(self, environ, limit: int) -> None:
+    def _buffer(self, environ, stream, limit: int) -> None:
         sink = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115 - the request's
         try:
-            size = read_within(environ["wsgi.input"], environ.get("gunicorn.socket"), self.timeout_s,
-                               limit, sink)
+            size = read_within(stream, environ.get("gunicorn.socket"), self.timeout_s, limit, sink)
         except Exception as exc:  # noqa: BLE001 - any failed read is this request's error
             sink.close()
             environ[BODY_ERROR] = exc if isinstance(exc, HTTPException) else BadRequest(
