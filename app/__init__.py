@@ -2,6 +2,8 @@
 
 ``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
 the environment, so a missing or malformed secret stops start-up with a message naming it.
+``WEB_ROLE`` picks the routes: ``all``, or ``web`` (callbacks, admin, probes) and ``api`` (``/v1``)
+for two gunicorns, so that streams of a slow model never hold the callbacks' threads.
 """
 
 from __future__ import annotations
