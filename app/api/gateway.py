@@ -27,8 +27,8 @@ from app import metrics
 from app.accounting import (
     Accounting,
     Admission,
-    AlertSender,
     Usage,
+    estimate_choice_tokens,
     estimate_completion_tokens,
     estimate_prompt_tokens,
     period_end,
@@ -51,7 +51,6 @@ class Gateway:
         self.settings = services.settings
         self._factory = backend_factory
         self._backend: LLMBackend | None = None
-        self._accounting: Accounting | None = None
         self._lock = threading.Lock()
 
     @property
@@ -69,27 +68,18 @@ class Gateway:
 
     @property
     def accounting(self) -> Accounting:
-        with self._lock:
-            if self._accounting is None:
-                from app.wecom.client import WeComClient
-
-                s = self.settings
-                wecom = WeComClient(s.wecom_corp_id, s.wecom_secret.get_secret_value(),
-                                    s.wecom_agent_id, api_base=s.wecom_api_base,
-                                    redis=self.services.redis)
-                sender = AlertSender(wecom, s.alert_recipients, s.alert_webhook_url,
-                                     s.alert_webhook_timeout_s, db=self.services.db)
-                self._accounting = Accounting(self.services.db, s.timezone, s.currency,
-                                              audit=self.services.audit, on_alerts=sender)
-            return self._accounting
+        return self.services.accounting
 
     # -- budget ----------------------------------------------------------------------------------
     def admit(self, caller: Caller, chat: ChatRequest) -> Admission:
         """Reserve the call's worst case, or raise 429 when an ``api_key`` (or global) budget
         that blocks is used up; ``Retry-After`` is the time until its period ends."""
+        # guided_choice's replies are processed like prompt tokens: counted in the reservation,
+        # which the settle charges at least (``Accounting.settle``)
+        prompt_tokens = estimate_prompt_tokens(chat.messages) + estimate_choice_tokens(chat.params.choice)
         admission = self.accounting.reserve(
-            caller.actor[:64], "", self.model_name, estimate_prompt_tokens(chat.messages),
-            chat.params.max_tokens, api_key_id=caller.name)
+            caller.actor[:64], "", self.model_name, prompt_tokens, chat.params.max_tokens,
+            api_key_id=caller.name)
         if admission.allowed:
             return admission
         budget, now = admission.blocked_by, utcnow()

@@ -32,11 +32,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, select
 
 from app import metrics
-from app.knowledge.breaker import breaker_of
-from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
+from app.knowledge.audience import Audience, documents_visible_to
+from app.knowledge.embeddings import EmbeddingError, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
 from app.knowledge.rerank import client_from as reranker_from
@@ -45,9 +45,7 @@ from app.knowledge.terms import terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
-    KnowledgeDocumentDepartment,
     KnowledgePosting,
-    KnowledgeVisibility,
 )
 
 log = logging.getLogger(__name__)
@@ -172,43 +170,31 @@ def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> f
     return got / total if total else 0.0
 
 
-def vector_index(services) -> VectorIndex:
-    """The process's one in-memory vector matrix (app.knowledge.embeddings)."""
-    index = getattr(services, "_kb_vector_index", None)
-    if index is None:
-        index = VectorIndex(services)
-        services._kb_vector_index = index
-    return index
-
-
 def _visible_documents(departments):
-    query = select(KnowledgeDocument.id)
+    """The ids of the documents ``departments`` may see: an ``Audience`` (a group chat's members),
+    one reader's department ids ([] = public documents only), or ``EVERYTHING``."""
     if departments is EVERYTHING:
-        return query
-    allowed = KnowledgeDocument.visibility == KnowledgeVisibility.ALL
-    if departments:
-        allowed = or_(allowed, KnowledgeDocument.id.in_(
-            select(KnowledgeDocumentDepartment.document_id)
-            .where(KnowledgeDocumentDepartment.department_id.in_(sorted(set(departments))))))
-    return query.where(allowed)
+        return select(KnowledgeDocument.id)
+    audience = departments if isinstance(departments, Audience) else Audience.member(departments)
+    return documents_visible_to(audience)
 
 
 class Retriever:
     def __init__(self, services):
-        from app.knowledge.store import term_hashers
-
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hashers = term_hashers(services)
+        self.hashers = services.knowledge_caches.term_hashers
         self.embedder = client_from(self.settings)
         self.reranker = reranker_from(self.settings)
-        self.vectors = vector_index(services)
-        self.breaker = breaker_of(services)
+        self.vectors = services.knowledge_caches.vector_index
+        self.breaker = services.knowledge_caches.breaker
 
-    def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
-               top_k: int | None = None, min_score: float | None = None) -> SearchResult:
-        """The best passages visible to members of ``departments`` ([] = public documents only).
+    def search(self, question: str, departments: list[int] | Audience | None, *,
+               previous: str | None = None, top_k: int | None = None,
+               min_score: float | None = None) -> SearchResult:
+        """The best passages visible to members of ``departments`` ([] = public documents only),
+        or to every reader of an ``Audience`` (``app.knowledge.audience``).
 
         With ``previous`` (the conversation's previous question): a question that opens like a
         follow-up is searched together with it; a short one that finds nothing alone, too, unless

@@ -26,7 +26,7 @@ from app.knowledge import contacts as contact_rules
 from app.knowledge.chunking import Chunk, chunk_blocks
 from app.knowledge.embeddings import EmbeddingError, client_from, seal_vector
 from app.knowledge.parsing import Parsed, UploadError, parse
-from app.knowledge.terms import INDEX_VERSION, TermHasher, terms
+from app.knowledge.terms import INDEX_VERSION, terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
@@ -34,6 +34,7 @@ from app.models import (
     KnowledgePosting,
     KnowledgeVisibility,
 )
+from app.wecom.departments import DepartmentIdError, department_id, department_ids
 
 CHUNK_ID_SPAN = 1_000_000  # a chunk's id: document id * span + ordinal
 MAX_CHUNKS = CHUNK_ID_SPAN - 1
@@ -43,27 +44,6 @@ CHUNKS = KnowledgeChunk.__tablename__
 
 def normalize_title(title: str) -> str:
     return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", title)).strip().casefold()
-
-
-def term_hashers(services) -> list[TermHasher]:
-    """The term hashers, one per key of the blind-index ring (current first), each keyed by a
-    key derived from that blind-index key (its own domain). Documents are indexed with the
-    first; retrieval asks for all, so a new current BLIND_INDEX_KEY keeps older documents
-    findable until ``kb reindex`` moves them."""
-    hashers = getattr(services, "_kb_term_hashers", None)
-    if hashers is None:
-        bi = services.blind_index
-        under = getattr(bi, "under", None)
-        count = getattr(bi, "key_count", 1) if under else 1
-        hashers = [TermHasher(bytes.fromhex(under(i, "kb-term-key", "v1") if under
-                                            else bi("kb-term-key", "v1"))) for i in range(count)]
-        services._kb_term_hashers = hashers
-    return hashers
-
-
-def term_hasher(services) -> TermHasher:
-    """The hasher documents are indexed with: the current key's."""
-    return term_hashers(services)[0]
 
 
 def title_hashes(blind_index, title: str) -> list[str]:
@@ -109,16 +89,12 @@ class DocumentInfo:
 
 
 def parse_departments(spec: str | None) -> list[int]:
-    """``"1,2"`` -> [1, 2]; empty or None -> [] (everyone)."""
-    if not spec or not spec.strip():
-        return []
+    """``"1,2"`` -> [1, 2]; empty or None -> [] (everyone); ``UploadError`` for anything that is
+    not a list of WeCom department ids (``app.wecom.departments``)."""
     try:
-        ids = sorted({int(part) for part in spec.split(",") if part.strip()})
-    except ValueError:
-        raise UploadError("departments must be WeCom department ids like '1,2'") from None
-    if any(i < 0 for i in ids):
-        raise UploadError("department ids are positive numbers")
-    return ids
+        return department_ids(spec)
+    except DepartmentIdError as exc:
+        raise UploadError(f"departments must be WeCom department ids like '1,2': {exc}") from None
 
 
 COPY_POSTINGS = "COPY kb_postings (term, chunk_id, document_id, tf, dl) FROM STDIN"
@@ -150,7 +126,7 @@ class KnowledgeStore:
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hasher = term_hasher(services)
+        self.hasher = services.knowledge_caches.term_hasher
         self.embedder = client_from(self.settings)
 
     # -- preparing -----------------------------------------------------------------------------
@@ -206,6 +182,10 @@ class KnowledgeStore:
               departments: list[int], document_id: int | None = None, actor: str = "cli",
               size_bytes: int = 0, audit: bool = True, force: bool = False,
               contact: str = "") -> AddResult:
+        try:
+            departments = sorted({department_id(d) for d in departments})
+        except DepartmentIdError as exc:
+            raise UploadError(f"departments must be WeCom department ids: {exc}") from None
         bi = self.services.blind_index
         known_hashes = title_hashes(bi, title)
         title_hash = known_hashes[0]
