@@ -32,6 +32,7 @@ from app import metrics
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
+from app.knowledge import modes, prompt
 from app.knowledge.prompt import choice_bias
 from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
@@ -50,6 +51,7 @@ from worker.delivery.stream_writer import fit
 from worker.directory import Directory
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
+from worker.media import file_questions
 from worker.media import handler as media
 from worker.media.errors import MediaUnavailable
 from worker.media.files import FileContexts
@@ -81,6 +83,21 @@ class Outcome:
     @property
     def retry(self) -> bool:
         return self.status in ("wait", "retry")
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the model said (the think part dropped), the usage columns, and whether the AI
+    bot's stream deadline cut it short."""
+
+    text: str
+    usage: dict
+    cut_short: bool = False
+
+    def reply(self, text: str, sources: tuple = ()) -> Reply:
+        """``text`` (the answer as the employee gets it) as the message's ``Reply``."""
+        return Reply(text + TRUNCATED_NOTICE if self.cut_short else text, usage=self.usage,
+                     sources=sources)
 
 
 DONE = Outcome("done")
@@ -445,26 +462,69 @@ class MessageProcessor:
     def _generate(self, row, text: str, lease: LeaseKeeper, channel: Delivery, user_id: str = "",
                   conversation: str | None = None, images: list[dict] | None = None,
                   llm: LLMBackend | None = None) -> Reply:
-        """The model's answer (or the knowledge base's "not found", or the budget's notice)."""
+        """The model's answer (or the knowledge base's "not found", or the budget's notice).
+
+        The knowledge base and the conversation's files decide what the model is shown
+        (``worker.media.file_questions``: a question about a file is answered from it);
+        KB_MODE what happens when neither has anything (``app.knowledge.modes``)."""
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
+        files = [] if images else self.files.files(conversation or row.user_hash)
         # The knowledge base: passages for the prompt, or "not found" without asking the model.
-        grounding = None if images else self.grounder.ground(row.user_hash, user_id, text, history)
-        if grounding is not None and not grounding.found:
-            # No model call; the exchange is still kept, so that a follow-up has its context.
-            return Reply(grounding.decline(), usage={"model": "kb-not-found"})
+        grounding = None if images else self.grounder.ground(
+            row.user_hash, user_id, file_questions.kb_question(text, files), history)
+        from_files = file_questions.NOT_ABOUT
+        if grounding is not None:
+            from_files = file_questions.consider(text, files, grounding.found, self.settings)
+            grounding = file_questions.combined(grounding, from_files, text)
+            route = modes.route(self.settings.kb_mode, grounding.found)
+            if route == modes.DECLINE:
+                # No model call; the exchange is still kept, so that a follow-up has its context.
+                return Reply(grounding.decline(), usage={"model": "kb-not-found"})
+            if route == modes.GENERAL:
+                return self._general(row, text, history, files, lease, channel, user_id, llm)
         if grounding is not None and self.settings.kb_passages_in_prompt:
             messages = grounding.messages(self.settings.system_prompt, history)
         else:
             messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                         {"role": "user", "content": text}]
-        # The conversation's files (worker/media/files.py), and the images beside the question.
-        messages = with_files(messages, self.files.files(conversation or row.user_hash),
+        # The conversation's files not already among the passages, and the images beside the question.
+        messages = with_files(messages, file_questions.unshown(files, from_files),
                               self.settings.file_context_max_chars)
         if images:
             messages[-1] = with_images(messages[-1], images)
-        choice = grounding.choices(self.settings) if grounding is not None else ()
+        choice = (file_questions.reply_choices(grounding.choices(self.settings), from_files)
+                  if grounding is not None else ())
+        answer = self._ask_model(row, user_id, messages, choice, lease, channel, llm)
+        if isinstance(answer, Reply):
+            return answer  # the budget's notice
+        if grounding is not None and prompt.is_decline(answer.text):  # the passages do not answer
+            if modes.after_model_decline(self.settings.kb_mode) == modes.GENERAL:
+                return self._general(row, text, history, files, lease, channel, user_id, llm)
+            return Reply(file_questions.decline(grounding, from_files), usage=answer.usage)
+        if grounding is None:
+            return answer.reply(answer.text)
+        cited = prompt.cited_numbers(answer.text, len(grounding.passages))
+        # the sources, markdown in the AI bot's stream
+        return answer.reply(grounding.cite(answer.text, markdown=channel.streams),
+                            sources=tuple(grounding.passages[n - 1] for n in cited))
+
+    def _general(self, row, text: str, history: list[dict], files: list[dict], lease: LeaseKeeper,
+                 channel: Delivery, user_id: str, llm: LLMBackend | None) -> Reply:
+        """KB_MODE=open with nothing found: the model as a general assistant (the conversation,
+        no passage), its answer marked as not from company documents."""
+        messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
+                    {"role": "user", "content": text}]
+        messages = with_files(messages, files, self.settings.file_context_max_chars)
+        answer = self._ask_model(row, user_id, messages, (), lease, channel, llm)
+        if isinstance(answer, Reply):
+            return answer
+        return answer.reply(modes.with_general_note(answer.text))
+
+    def _ask_model(self, row, user_id: str, messages: list[dict], choice: tuple[str, ...],
+                   lease: LeaseKeeper, channel: Delivery, llm: LLMBackend | None) -> _Answer | Reply:
+        """The model's answer, or the budget's notice as a ``Reply``."""
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p,
                                   choice=choice, choice_scoring=self.settings.kb_choice_scoring,
@@ -496,14 +556,12 @@ class MessageProcessor:
             # the tokens are paid for above; the employee gets the polite failure notice.
             raise PermanentFailure("model: no answer after its thinking" if generation.reasoning
                                    else "model: empty answer")
-        if grounding is not None:  # the sources, markdown in the AI bot's stream
-            reply = grounding.cite(reply, markdown=channel.streams)
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
                  "completion_tokens": generation.completion_tokens}
-        if generation.finish_reason == DEADLINE:
-            reply += TRUNCATED_NOTICE
+        cut_short = generation.finish_reason == DEADLINE
+        if cut_short:
             usage["failure_reason"] = "aibot: answer cut short at the stream deadline"
-        return Reply(reply, usage=usage)
+        return _Answer(reply, usage, cut_short)
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, row, owner: str, status: str, then_next: bool = False, **values):
