@@ -43,7 +43,7 @@ FILE_DOCUMENT = 0  # a file's passages carry this document id (the knowledge bas
 _NOUN = r"(?:文件|文档|附件|pdf|word|docx|txt|材料|资料|报告|合同|表格|这份东西)"
 _ZH_REFERENCE = re.compile(
     r"(?:这|那|该|此|本|上面的?|上述|以上|刚才的?|刚刚的?|前面的?|我发的?|我刚发的?|发给你的?|你读的?|你看的?|附上的?)"
-    r"\s*(?:一)?(?:个|份|篇|张|页)?\s*" + _NOUN
+    r"\s*(?:一)?(?:个|份|篇|张|页)?\s*" + _NOUN + r"(?:里面|里|中|内)?"
     + r"|" + r"(?:文件|文档|附件|pdf)\s*(?:里面|里|中|内)"
     + r"|总结一下|总结下|概括一下|概括下|摘要|归纳一下", re.I)
 _EN_REFERENCE = re.compile(
@@ -93,10 +93,12 @@ def kb_question(question: str, files: list[dict]) -> str:
     """What the knowledge base is searched with: the question without its reference to a file."""
     if not files or not refers_to_file(question, files):
         return question
-    rest = _EN_REFERENCE.sub(" ", _ZH_REFERENCE.sub(" ", question))
-    for f in _named(question, files):
+    rest = question
+    for f in _named(question, files):  # the name first: "policy.pdf 里" is not "pdf 里"
         name = f.get("name") or ""
-        rest = re.sub(re.escape(name) + "|" + re.escape(name.rsplit(".", 1)[0]), " ", rest, flags=re.I)
+        rest = re.sub(f"(?:{re.escape(name)}|{re.escape(name.rsplit('.', 1)[0])})\\s*(?:里面|里|中|内)?",
+                      " ", rest, flags=re.I)
+    rest = _EN_REFERENCE.sub(" ", _ZH_REFERENCE.sub(" ", rest))
     return re.sub(r"\s+", " ", rest).strip()
 
 
