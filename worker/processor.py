@@ -347,7 +347,8 @@ class MessageProcessor:
         if row.reply_enc is None:
             payload = json.loads(cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.id))
             with sensitive(payload.get("content")):
-                reply = self._limited(row) or self._compose(row, user_id, payload, lease, channel)
+                reply = channel.present(self._limited(row) or self._compose(row, user_id, payload, lease,
+                                                                            channel))
             if not reply.sends:
                 channel.nothing()
                 values = {"failure_reason": reply.reason} if reply.reason else {}
@@ -403,7 +404,8 @@ class MessageProcessor:
     def _chunks(row, kind: str, reply: str) -> list[str]:
         if row.channel == AIBOT:
             return [fit(reply)]  # one stream, not several messages
-        return split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+        markdown = kind == "markdown"  # never cut inside a bold, code or link span
+        return split_for_wecom(reply, MARKDOWN_LIMIT if markdown else TEXT_LIMIT, markup=markdown)
 
     def _conversation_key(self, row, payload: dict) -> str:
         """Whose history a message continues: the user's own, or theirs within one group chat.
