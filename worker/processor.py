@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
-from app import metrics
+from app import answer_sources, metrics
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
@@ -355,6 +355,7 @@ class MessageProcessor:
                 return self._finish(row, owner, reply.status, then_next=True, **values)
             chunks = self._chunks(row, reply.kind, reply.text)
             lease.check()
+            self._record_sources(row, reply)
             with standalone(self.services.db) as sql:
                 stored = rows.save_progress(
                     sql, row.id, owner,
@@ -384,6 +385,15 @@ class MessageProcessor:
                                channel=row.channel)
         channel.delivered(row, user_id)
         return after
+
+    def _record_sources(self, row, reply: Reply) -> None:
+        """The passages the answer cites, kept for the 👎 report (``app.answer_sources``)."""
+        if not reply.sources:
+            return
+        try:
+            answer_sources.record(self.services, row.id, reply.sources)
+        except Exception:  # noqa: BLE001 - the report misses one answer; the employee does not
+            log.warning("answer sources not recorded message_id=%s", row.id)
 
     def _limited(self, row) -> Reply | None:
         """The polite notice (first time in the window), silence after it, None within the limit.

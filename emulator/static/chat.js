@@ -47,6 +47,24 @@
       desc.textContent = p.main_title.desc;
       bubble.appendChild(desc);
     }
+    // button_selection: WeCom's drop-down, its choice sent with the button's click (SelectedItems)
+    var choice = null, sel = p.button_selection;
+    if (sel && sel.option_list && sel.option_list.length) {
+      var line = document.createElement("label");
+      line.className = "card-reasons";
+      line.textContent = sel.title || "";
+      choice = document.createElement("select");
+      choice.className = "card-select";
+      sel.option_list.forEach(function (o) {
+        var option = document.createElement("option");
+        option.value = o.id;
+        option.textContent = o.text;
+        choice.appendChild(option);
+      });
+      choice.value = sel.selected_id || sel.option_list[0].id;
+      line.appendChild(choice);
+      bubble.appendChild(line);
+    }
     var row = document.createElement("div");
     row.className = "card-buttons";
     (p.button_list || []).forEach(function (b) {
@@ -57,7 +75,9 @@
       button.textContent = b.text || b.key;
       button.addEventListener("click", function () {
         Array.prototype.forEach.call(row.querySelectorAll("button"), function (x) { x.disabled = true; });
-        postJSON("/_emulator/card_click", { userid: item.touser, task_id: p.task_id, key: b.key })
+        var click = { userid: item.touser, task_id: p.task_id, key: b.key };
+        if (choice) { click.selected = {}; click.selected[sel.question_key] = choice.value; choice.disabled = true; }
+        postJSON("/_emulator/card_click", click)
           .then(poll)
           .catch(function (e) { setStatus("点击失败：" + e.message); });
       });

@@ -20,7 +20,7 @@ import pytest
 
 from scripts.dev_env import random_aes_key
 from tests.support.browser import CHROMIUM
-from tests.support.stack import ROOT, Stack, wait_for
+from tests.support.stack import ROOT, Stack, select_rows, wait_for
 from worker.knowledge import PRESENCE_TTL_S
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,8 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sees")
     s = Stack(tmp, db_kind="sqlite", redis_db=12, extra_env={
         "AIBOT_TOKEN": "aibot-token-for-tests", "AIBOT_ENCODING_AES_KEY": random_aes_key(),
-        "AIBOT_NAME": "小星", "AIBOT_REFRESH_THROTTLE_S": "0", "MEDIA_MAX_BYTES": str(256 * 1024)},
+        "AIBOT_NAME": "小星", "AIBOT_REFRESH_THROTTLE_S": "0", "MEDIA_MAX_BYTES": str(256 * 1024),
+        "FEEDBACK_CARDS": "true"},
         emulator_options={"aibot_poll_interval": 0.1}).start()
     yield s
     s.stop()
@@ -131,11 +132,32 @@ def test_the_ai_bots_stream_and_a_file_question_with_the_handbook_loaded(stack, 
     assert "**" not in final["shown"] and "来源 / Sources" in final["shown"]
 
 
+def test_a_thumbs_down_with_its_reason_is_tied_to_the_answers_sources(stack, user):
+    """The card's drop-down reason comes back with the 👎 (WeCom's SelectedItems) and is stored
+    with the rating; the answer's cited section was recorded when it was sent (needs the handbook
+    the test above loaded)."""
+    stack.send(user, "北京出差住宿每晚多少钱？", wait=True)
+    answer = sent(stack, user, 0, 1)[0]
+    assert "员工手册" in answer["shown"], answer
+    card = wait_for(lambda: next((m for m in stack.emu("GET", "messages", params={"touser": user})["messages"]
+                                  if m["msgtype"] == "template_card"), None), 30, 0.3, "the card")
+    selection = card["payload"]["button_selection"]
+    assert [o["id"] for o in selection["option_list"]] == ["0", "1", "2", "3"]
+    stack.emu("POST", "card_click", json={"userid": user, "task_id": card["payload"]["task_id"],
+                                          "key": "feedback_down", "selected": {selection["question_key"]: "2"}})
+    rating = wait_for(lambda: select_rows(stack.db.url, "SELECT message_id, rating, reasons FROM answer_ratings"),
+                      30, 0.3, "the rating")
+    assert [(r["rating"], r["reasons"]) for r in rating] == [(-1, "2")]
+    sources = select_rows(stack.db.url, "SELECT message_id, position, source_enc FROM answer_sources "
+                                        f"WHERE message_id = {rating[0]['message_id']}")
+    assert [s["position"] for s in sources] == [1] and "员工手册" not in sources[0]["source_enc"]
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is missing (apt-get install -y chromium)")
 def test_the_chat_page_draws_wecoms_markdown(stack, user):
     from playwright.sync_api import sync_playwright
 
-    stack.model.scripted["*"] = MARKDOWN_ANSWER
+    stack.model.scripted.update({"*": MARKDOWN_ANSWER, "住宿标准": MARKDOWN_ANSWER})  # the handbook is loaded
     try:
         stack.send(user, "出差住宿标准？", wait=True)
         [message] = sent(stack, user, 0, 1)
@@ -157,5 +179,10 @@ def test_the_chat_page_draws_wecoms_markdown(stack, user):
             drawn = bubble.inner_text()
             assert "**" not in drawn and "](" not in drawn
             assert drawn.split() == message["shown"].split()  # the page shows what the API says
+            # the 👍/👎 card under it, with its drop-down of reasons
+            card = page.locator(".bubble.card").last
+            card.wait_for(timeout=15_000)
+            assert card.locator("select.card-select option").all_inner_texts()[1:] == ["与问题无关", "内容不完整",
+                                                                                       "内容有错误"]
         finally:
             browser.close()
