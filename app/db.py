@@ -325,6 +325,10 @@ class WriterQueue:
             note = f"pid {os.getpid()} thread {thread.name!r} since {time.time():.3f}\n".encode()
             os.pwrite(self._fd, note.ljust(96), 0)
 
+    def held_by_this_thread(self) -> bool:
+        """Whether this thread holds the turn: a write transaction of its own is open."""
+        return self._pid == os.getpid() and self._owner_thread == threading.get_ident()
+
     def release(self, owner) -> None:
         if self._pid != os.getpid() or owner is None or self._owner is not owner:
             return

@@ -7,7 +7,8 @@ that the web process sets per request (``X-Request-ID`` or a new one) and the wo
 from the callback to the answer.
 
 The redaction filter is the last line of defence for "no secrets, user ids or message text in
-logs": the configured secrets, and the user id and text of the message being handled (the
+logs": the configured secrets (every setting marked secret, and the passwords inside URL
+settings: ``app.config.secret_values``), and the user id and text of the message being handled (the
 processor registers them with ``sensitive``), are replaced wherever they appear, in the message,
 its arguments or a traceback; extras with a sensitive name (``content``, ``user_id``, ``token``...)
 are dropped; ``access_token=...``-style query values and bearer tokens are masked.
@@ -24,7 +25,8 @@ import random
 import re
 import sys
 from datetime import UTC, datetime
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from app.config import secret_values
 
 REDACTED = "[redacted]"
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
@@ -175,40 +177,13 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
-def _url_password(url: str | None) -> str:
-    """The password inside a database or Redis URL ("" when none)."""
-    try:
-        return unquote(urlsplit(url or "").password or "")
-    except ValueError:  # a malformed URL fails where it is used, not here
-        return ""
-
-
-def _url_secrets(url: str | None) -> list[str]:
-    """The password inside a URL and a ``redis+sentinel://`` URL's ``sentinel_password=``."""
-    try:
-        query = parse_qs(urlsplit(url or "").query)
-    except ValueError:
-        query = {}
-    return [_url_password(url), *query.get("sentinel_password", [])]
-
-
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 
 
 def configure(settings, stream=None) -> logging.Handler:
     """Install the one root handler (replacing ours from an earlier call) and the secrets."""
     s = settings
-    register_secrets(s.wecom_secret.get_secret_value(), s.wecom_token.get_secret_value(),
-                     s.wecom_aes_key.get_secret_value(), s.secret_key.get_secret_value(),
-                     *s.blind_index_keys, s.openai_api_key.get_secret_value(),
-                     s.metrics_token.get_secret_value(), *s.previous_secret_keys,
-                     *[part.partition(":")[2].strip()
-                       for part in s.data_keys.get_secret_value().replace("\n", ",").split(",")],
-                     *[secret.get_secret_value() for secret in (s.aibot_token, s.aibot_encoding_aes_key,
-                                                                s.aibot_secret, s.audit_export_key)
-                       if secret is not None],
-                     *[secret for url in (s.database_url, s.redis_url, s.celery_broker_url)
-                       for secret in _url_secrets(url)])
+    register_secrets(*secret_values(s))  # every setting marked secret (app/config/secret_fields.py)
     _install_record_factory()
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "_wecom_bot", False)]:

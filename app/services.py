@@ -1,11 +1,13 @@
 """The long-lived objects one process needs, built once from the settings.
 
 Both the Flask app and the Celery worker build a ``Services``; tests build their own from
-their own settings, so nothing here is a module-level global.
+their own settings, so nothing here is a module-level global. Each object is built on first
+use: a process that never sends to WeCom never makes a WeCom client.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -18,7 +20,25 @@ from app.security import BlindIndex, FieldCipher
 from app.wecom.crypto import WeComCrypto
 
 if TYPE_CHECKING:
+    from app.accounting import Accounting, AlertSender
     from app.intake.protocol import Intake
+    from app.knowledge.caches import KnowledgeCaches
+    from app.wecom.client import WeComClient
+
+
+class built_once(cached_property):  # noqa: N801 - a decorator, named as cached_property is
+    """``cached_property`` that builds once even when threads ask together (Python 3.12 took
+    ``cached_property``'s lock away): a second ``Accounting`` would be a second ledger writer
+    thread, a second ``WeComClient`` a second token cache. Once built, the attribute is read
+    without the lock (the value sits in the instance's ``__dict__``)."""
+
+    _lock = threading.RLock()  # reentrant: building accounting builds its alert sender
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        with self._lock:
+            return super().__get__(instance, owner)
 
 
 @dataclass
@@ -102,3 +122,38 @@ class Services:
         from app.outbox.publisher import TaskPublisher
 
         return TaskPublisher(self.celery)
+
+    @built_once
+    def wecom(self) -> WeComClient:
+        """The WeCom API client of the app channel (its access token shared by every process
+        through Redis)."""
+        from app.wecom.client import WeComClient
+
+        s = self.settings
+        return WeComClient(s.wecom_corp_id, s.wecom_secret.get_secret_value(), s.wecom_agent_id,
+                           api_base=s.wecom_api_base, redis=self.redis)
+
+    @built_once
+    def alert_sender(self) -> AlertSender:
+        """Budget alerts to ``ALERT_WECOM_USERS`` and the webhook, off the reply path."""
+        from app.accounting import AlertSender
+
+        s = self.settings
+        return AlertSender(self.wecom, s.alert_recipients, s.alert_webhook_url,
+                           s.alert_webhook_timeout_s, db=self.db)
+
+    @built_once
+    def accounting(self) -> Accounting:
+        """Budgets and usage: the process's one ledger writer (``app.accounting``)."""
+        from app.accounting import Accounting
+
+        s = self.settings
+        return Accounting(self.db, s.timezone, s.currency, audit=self.audit,
+                          on_alerts=self.alert_sender)
+
+    @cached_property
+    def knowledge_caches(self) -> KnowledgeCaches:
+        """The knowledge base's per-process caches (term hashers, vectors, server breaker)."""
+        from app.knowledge.caches import KnowledgeCaches
+
+        return KnowledgeCaches(self)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from app.accounting import (
     Accounting,
     Admission,
-    AlertSender,
     Usage,
     estimate_completion_tokens,
     estimate_prompt_tokens,
@@ -44,22 +43,14 @@ class Charge:
 
 
 class Meter:
-    def __init__(self, services, wecom, directory: Directory):
+    def __init__(self, services, directory: Directory):
         self.services = services
         self.settings = services.settings
-        self.wecom = wecom
         self.directory = directory
-        self._accounting: Accounting | None = None
 
     @property
     def accounting(self) -> Accounting:
-        if self._accounting is None:
-            s = self.settings
-            sender = AlertSender(self.wecom, s.alert_recipients, s.alert_webhook_url,
-                                 s.alert_webhook_timeout_s, db=self.services.db)
-            self._accounting = Accounting(self.services.db, s.timezone, s.currency,
-                                          audit=self.services.audit, on_alerts=sender)
-        return self._accounting
+        return self.services.accounting
 
     def department_of(self, user_hash: str, user_id: str) -> str:
         """The department a department budget charges (``worker.directory``)."""

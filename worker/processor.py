@@ -248,7 +248,7 @@ class MessageProcessor:
         self.conversations = conversations
         self._llm_lock = threading.Lock()
         directory = Directory(services, wecom)  # departments: budgets and the documents' scope
-        self.meter = Meter(services, wecom, directory)
+        self.meter = Meter(services, directory)
         self.grounder = Grounder(services, wecom, directory)
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
         self.files = FileContexts(services.redis, services.cipher, self.settings.conversation_ttl_s)

@@ -14,7 +14,6 @@ import threading
 from app.config import get_settings
 from app.llm import make_backend
 from app.services import Services
-from app.wecom.client import WeComClient
 from worker.conversation import ConversationStore
 from worker.processor import MessageProcessor
 
@@ -24,11 +23,10 @@ _lock = threading.Lock()
 
 def build_processor(services: Services) -> MessageProcessor:
     s = services.settings
-    wecom = WeComClient(s.wecom_corp_id, s.wecom_secret.get_secret_value(), s.wecom_agent_id,
-                        api_base=s.wecom_api_base, redis=services.redis)
     conversations = ConversationStore(services.redis, services.cipher, s.conversation_ttl_s,
                                       s.conversation_max_messages)
-    return MessageProcessor(services, None, wecom, conversations, llm_factory=make_backend)
+    return MessageProcessor(services, None, services.wecom, conversations,
+                            llm_factory=make_backend)
 
 
 def processor() -> MessageProcessor:

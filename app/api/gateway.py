@@ -27,7 +27,6 @@ from app import metrics
 from app.accounting import (
     Accounting,
     Admission,
-    AlertSender,
     Usage,
     estimate_completion_tokens,
     estimate_prompt_tokens,
@@ -51,7 +50,6 @@ class Gateway:
         self.settings = services.settings
         self._factory = backend_factory
         self._backend: LLMBackend | None = None
-        self._accounting: Accounting | None = None
         self._lock = threading.Lock()
 
     @property
@@ -69,19 +67,7 @@ class Gateway:
 
     @property
     def accounting(self) -> Accounting:
-        with self._lock:
-            if self._accounting is None:
-                from app.wecom.client import WeComClient
-
-                s = self.settings
-                wecom = WeComClient(s.wecom_corp_id, s.wecom_secret.get_secret_value(),
-                                    s.wecom_agent_id, api_base=s.wecom_api_base,
-                                    redis=self.services.redis)
-                sender = AlertSender(wecom, s.alert_recipients, s.alert_webhook_url,
-                                     s.alert_webhook_timeout_s, db=self.services.db)
-                self._accounting = Accounting(self.services.db, s.timezone, s.currency,
-                                              audit=self.services.audit, on_alerts=sender)
-            return self._accounting
+        return self.services.accounting
 
     # -- budget ----------------------------------------------------------------------------------
     def admit(self, caller: Caller, chat: ChatRequest) -> Admission:

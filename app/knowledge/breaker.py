@@ -40,11 +40,3 @@ class Breaker:
         with self._lock:
             self._closed_from.pop(server, None)
 
-
-def breaker_of(services) -> Breaker:
-    """The process's one breaker (kept on its ``Services``, as the vector index is)."""
-    breaker = getattr(services, "_kb_breaker", None)
-    if breaker is None:
-        breaker = Breaker()
-        services._kb_breaker = breaker
-    return breaker

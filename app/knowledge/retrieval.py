@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, or_, select
 
 from app import metrics
-from app.knowledge.breaker import breaker_of
-from app.knowledge.embeddings import EmbeddingError, VectorIndex, client_from
+from app.knowledge.embeddings import EmbeddingError, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
 from app.knowledge.rerank import client_from as reranker_from
@@ -172,15 +171,6 @@ def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> f
     return got / total if total else 0.0
 
 
-def vector_index(services) -> VectorIndex:
-    """The process's one in-memory vector matrix (app.knowledge.embeddings)."""
-    index = getattr(services, "_kb_vector_index", None)
-    if index is None:
-        index = VectorIndex(services)
-        services._kb_vector_index = index
-    return index
-
-
 def _visible_documents(departments):
     query = select(KnowledgeDocument.id)
     if departments is EVERYTHING:
@@ -195,16 +185,14 @@ def _visible_documents(departments):
 
 class Retriever:
     def __init__(self, services):
-        from app.knowledge.store import term_hashers
-
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hashers = term_hashers(services)
+        self.hashers = services.knowledge_caches.term_hashers
         self.embedder = client_from(self.settings)
         self.reranker = reranker_from(self.settings)
-        self.vectors = vector_index(services)
-        self.breaker = breaker_of(services)
+        self.vectors = services.knowledge_caches.vector_index
+        self.breaker = services.knowledge_caches.breaker
 
     def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
                top_k: int | None = None, min_score: float | None = None) -> SearchResult:

@@ -26,7 +26,7 @@ from app.knowledge import contacts as contact_rules
 from app.knowledge.chunking import Chunk, chunk_blocks
 from app.knowledge.embeddings import EmbeddingError, client_from, seal_vector
 from app.knowledge.parsing import Parsed, UploadError, parse
-from app.knowledge.terms import INDEX_VERSION, TermHasher, terms
+from app.knowledge.terms import INDEX_VERSION, terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
@@ -43,27 +43,6 @@ CHUNKS = KnowledgeChunk.__tablename__
 
 def normalize_title(title: str) -> str:
     return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", title)).strip().casefold()
-
-
-def term_hashers(services) -> list[TermHasher]:
-    """The term hashers, one per key of the blind-index ring (current first), each keyed by a
-    key derived from that blind-index key (its own domain). Documents are indexed with the
-    first; retrieval asks for all, so a new current BLIND_INDEX_KEY keeps older documents
-    findable until ``kb reindex`` moves them."""
-    hashers = getattr(services, "_kb_term_hashers", None)
-    if hashers is None:
-        bi = services.blind_index
-        under = getattr(bi, "under", None)
-        count = getattr(bi, "key_count", 1) if under else 1
-        hashers = [TermHasher(bytes.fromhex(under(i, "kb-term-key", "v1") if under
-                                            else bi("kb-term-key", "v1"))) for i in range(count)]
-        services._kb_term_hashers = hashers
-    return hashers
-
-
-def term_hasher(services) -> TermHasher:
-    """The hasher documents are indexed with: the current key's."""
-    return term_hashers(services)[0]
 
 
 def title_hashes(blind_index, title: str) -> list[str]:
@@ -150,7 +129,7 @@ class KnowledgeStore:
         self.services = services
         self.settings = services.settings
         self.cipher = services.cipher
-        self.hasher = term_hasher(services)
+        self.hasher = services.knowledge_caches.term_hasher
         self.embedder = client_from(self.settings)
 
     # -- preparing -----------------------------------------------------------------------------

@@ -257,7 +257,7 @@ def test_a_failed_charge_is_charged_when_its_reservation_expires(services, accou
     def broken(*args, **kwargs):
         raise RuntimeError("database went away mid-charge")
 
-    monkeypatch.setattr(Accounting, "_roll_up", broken)
+    monkeypatch.setattr("app.accounting.batch.roll_up_usage", broken)
     with pytest.raises(RuntimeError):
         accounting.settle(admission, usage())
     monkeypatch.undo()
@@ -337,11 +337,12 @@ def test_an_admission_made_without_budgets_settles_without_charging_one(services
         assert session.scalar(select(func.count()).select_from(BudgetPeriod)) == 0
         assert session.scalar(select(func.count()).select_from(UsageRecord)) == 1
     # In one batch with a budgeted call (the writer's transaction): only that one is charged.
-    from app.accounting import _Job, _SettleArgs
+    from app.accounting.batch import SettleArgs
+    from app.accounting.group_commit import Job
     now = datetime.now(TZ)
-    jobs = [_Job("settle", _SettleArgs(None, usage(), "glm-4", 1000, 0, 500, now, budgeted))
+    jobs = [Job("settle", SettleArgs(None, usage(), "glm-4", 1000, 0, 500, now, budgeted))
             for budgeted in (False, True)]
-    accounting._commit(jobs)
+    accounting.write_batch(jobs)
     assert [job.error for job in jobs] == [None, None]
     with services.db.session() as session:
         assert session.scalars(select(BudgetPeriod)).one().spent == Decimal("0.025000")
@@ -379,11 +380,11 @@ def test_the_writers_connection_closed_by_the_server_while_held_is_replaced(serv
     from tests.app.test_pg_liveness import _terminate
 
     accounting.settle(None, usage())
-    held = accounting._connection
+    held = accounting.writer_connection
     assert held is not None and not held.closed  # kept after the batch, not given back
     _terminate(held.connection.dbapi_connection.info.backend_pid)
     accounting.settle(None, usage(user="u2"))  # raised "connection lost" before the check
-    assert accounting._connection is not held
+    assert accounting.writer_connection is not held
     with services.db.session() as session:
         assert session.scalar(select(func.count()).select_from(UsageRecord)) == 2
         assert session.scalar(sa.text("SELECT count(*) FROM usage_daily")) == 2
@@ -392,14 +393,15 @@ def test_the_writers_connection_closed_by_the_server_while_held_is_replaced(serv
 def test_one_batch_writes_its_usage_rows_and_sums_its_rollups_per_key(services, accounting):
     """A batch's usage rows go in as one statement and its rollups as one upsert, one row per
     key: two calls of one user are summed, a second user's is its own row, a later batch adds."""
-    from app.accounting import _Job, _SettleArgs
+    from app.accounting.batch import SettleArgs
+    from app.accounting.group_commit import Job
 
     now = datetime.now(TZ)
 
     def batch(*users):
-        jobs = [_Job("settle", _SettleArgs(None, usage(user=u), "glm-4", 1000, 0, 500, now, False))
+        jobs = [Job("settle", SettleArgs(None, usage(user=u), "glm-4", 1000, 0, 500, now, False))
                 for u in users]
-        accounting._commit(jobs)
+        accounting.write_batch(jobs)
         assert [job.error for job in jobs] == [None] * len(users)
 
     batch("u1", "u2", "u1")
