@@ -24,6 +24,9 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _ORDERED = re.compile(r"^(\s*)(\d{1,3})[.)]\s+(.*)$")
 _QUOTE = re.compile(r"^\s*>\s?(.*)$")
+# list items a chunk ran together on one line ("... rules). - Paternity leave ..."): a " - " right
+# after a sentence's or a label's end, within a list item
+_RUN_ON_ITEM = re.compile(r"(?<=[.。;；!?！？:：)）])\s+-\s+(?=\S)")
 _RULE = re.compile(r"^\s*([-*_])(\s*\1){2,}\s*$")
 _TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
 _TABLE_RULE = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
@@ -96,7 +99,8 @@ def _blocks(text: str, code_line, heading, quote) -> list[str]:
             out.append(heading(m.group(1), m.group(2)))
         elif (m := _BULLET.match(line)) is not None:
             depth = len(m.group(1).expandtabs(4)) // 2
-            out.append("  " * depth + ("◦ " if depth else "• ") + m.group(2))
+            for item in _RUN_ON_ITEM.split(m.group(2)):
+                out.append("  " * depth + ("◦ " if depth else "• ") + item)
         elif (m := _ORDERED.match(line)) is not None:
             out.append("  " * (len(m.group(1).expandtabs(4)) // 2) + f"{m.group(2)}. {m.group(3)}")
         elif (m := _QUOTE.match(line)) is not None:

@@ -173,6 +173,12 @@ class TemplateCardEvent(Message):
     # SelectedItems: each question's key -> the option ids chosen (a drop-down's, a vote's)
     selected: dict[str, list[str]] = field(default_factory=dict)
 
+    @property
+    def dedup_key(self) -> str:
+        """A click is one card's: two cards rated within one second are two events, while
+        WeCom's retries of one click repeat its TaskId too."""
+        return f"evt:{self.from_user}:{self.create_time}:{self.event}:{self.task_id}"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnknownEvent(Message):

@@ -97,3 +97,13 @@ def test_the_cards_drop_down_reason_comes_with_the_click(services):
     feedback.record_rating(services, message, ASKER, -1, services.settings.timezone, reasons=click.reasons)
     with services.db.session() as session:
         assert session.scalar(select(AnswerRating.reasons).where(AnswerRating.message_id == message)) == "3"
+
+
+def test_two_cards_rated_within_one_second_are_two_events():
+    def click(task):
+        return parse_message((f"<xml><ToUserName>c</ToUserName><FromUserName>lina</FromUserName><CreateTime>7"
+                              f"</CreateTime><MsgType>event</MsgType><Event>template_card_event</Event><EventKey>"
+                              f"{feedback.DOWN}</EventKey><TaskId>{task}</TaskId><AgentID>1</AgentID></xml>").encode())
+
+    assert click("fb-1-a").dedup_key != click("fb-2-b").dedup_key
+    assert click("fb-1-a").dedup_key == click("fb-1-a").dedup_key  # WeCom's retry of one click

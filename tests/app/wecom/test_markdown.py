@@ -57,3 +57,15 @@ def test_text_without_markup_is_left_alone(text):
                                   '<font color="info">x</font>'])
 def test_markup_is_recognised(text):
     assert has_markup(text)
+
+
+def test_list_items_run_together_on_one_line_read_as_items():
+    """A chunk that joined a list's items with spaces (a long list cut at its sentences)."""
+    run_on = ("- Maternity leave 产假: **158 days** (local rules). - Paternity leave 陪产假: **15 days**. "
+              "- Childcare leave 育儿假: **5 days per year**.")
+    assert for_markdown(run_on).split("\n") == [
+        "• Maternity leave 产假: **158 days** (local rules).", "• Paternity leave 陪产假: **15 days**.",
+        "• Childcare leave 育儿假: **5 days per year**."]
+    assert to_plain("- Leave (apply in WeCom): - Annual leave: 10 days.").split("\n") == [
+        "• Leave (apply in WeCom):", "• Annual leave: 10 days."]
+    assert for_markdown("- 9 - 18 点上班") == "• 9 - 18 点上班"  # a range is not an item
