@@ -16,8 +16,10 @@ template opened ``<think>``, GLM-4.7's); ``separate`` sends the thinking as ``re
 answer (``finish_reason`` "length"). The thinking contains ``THINKING``, so a test can tell
 whether any of it got through; ``completion_tokens`` counts it, as a server does. A reasoning
 model's stream comes in pieces of 3 characters, so tags arrive split across deltas.
-``last_body`` is the last request, ``bodies`` every one; ``scripted`` maps words of a question to
-the reply a test wants for it (a model's own "not found", an answer in Markdown). Served with keep-alive, as model servers are
+``last_body`` is the last request, ``bodies`` every one, ``prompts`` the messages of the last
+``PROMPTS_KEPT`` (what the model was shown: a test looks for a passage that must not be there);
+``scripted`` maps words of a question to the reply a test wants for it (a model's own "not
+found", an answer in Markdown). Served with keep-alive, as model servers are
 (``emulator/http_server.py``).
 """
 
@@ -27,6 +29,7 @@ import json
 import re
 import threading
 import time
+from collections import deque
 
 from flask import Flask, Response, jsonify, request
 
@@ -35,6 +38,7 @@ from emulator.http_server import WSGIServer
 THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
 REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
 _MODE = re.compile(r"#reasoning=(\w+)")
+PROMPTS_KEPT = 1000
 
 
 def reply_for(messages: list[dict], choice: list[str] | None = None,
@@ -85,6 +89,7 @@ class FakeOpenAIServer:
         self.last_body: dict | None = None
         self.bodies: list[dict] = []
         self.scripted: dict[str, str] = {}
+        self.prompts: deque[list[dict]] = deque(maxlen=PROMPTS_KEPT)
         self.fail_next = 0
         self.calls = 0
         self.in_flight = 0  # generations started and not yet answered
@@ -113,6 +118,7 @@ class FakeOpenAIServer:
             body = request.get_json(force=True)
             self.last_body = body
             self.bodies.append(body)
+            self.prompts.append(body.get("messages") or [])
             if self.delay_s:
                 with self.lock:
                     self.in_flight += 1
