@@ -39,6 +39,7 @@ THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
 REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
 _MODE = re.compile(r"#reasoning=(\w+)")
 PROMPTS_KEPT = 1000
+BODIES_KEPT = 200  # the last requests, whole (a long run keeps no more)
 
 
 def reply_for(messages: list[dict], choice: list[str] | None = None,
@@ -87,7 +88,7 @@ class FakeOpenAIServer:
         self.stream_piece_delay_s = stream_piece_delay_s
         self.reasoning = reasoning
         self.last_body: dict | None = None
-        self.bodies: list[dict] = []
+        self.bodies: deque[dict] = deque(maxlen=BODIES_KEPT)
         self.scripted: dict[str, str] = {}
         self.prompts: deque[list[dict]] = deque(maxlen=PROMPTS_KEPT)
         self.fail_next = 0
