@@ -16,8 +16,10 @@ template opened ``<think>``, GLM-4.7's); ``separate`` sends the thinking as ``re
 answer (``finish_reason`` "length"). The thinking contains ``THINKING``, so a test can tell
 whether any of it got through; ``completion_tokens`` counts it, as a server does. A reasoning
 model's stream comes in pieces of 3 characters, so tags arrive split across deltas.
-``last_body`` is the last request, ``prompts`` the messages of the last ``PROMPTS_KEPT`` (what
-the model was shown: a test looks for a passage that must not be there). Served with keep-alive, as model servers are
+``last_body`` is the last request, ``bodies`` every one, ``prompts`` the messages of the last
+``PROMPTS_KEPT`` (what the model was shown: a test looks for a passage that must not be there);
+``scripted`` maps words of a question to the reply a test wants for it (a model's own "not
+found", an answer in Markdown). Served with keep-alive, as model servers are
 (``emulator/http_server.py``).
 """
 
@@ -37,14 +39,23 @@ THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
 REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
 _MODE = re.compile(r"#reasoning=(\w+)")
 PROMPTS_KEPT = 1000
+BODIES_KEPT = 200  # the last requests, whole (a long run keeps no more)
 
 
-def reply_for(messages: list[dict], choice: list[str] | None = None) -> str:
+def reply_for(messages: list[dict], choice: list[str] | None = None,
+              scripted: dict[str, str] | None = None) -> str:
     """The echo reply; with vLLM's ``guided_choice``, one of the choices (the last, so that a
-    test sees the list arrived whole)."""
+    test sees the list arrived whole); a ``scripted`` reply when the last question holds its
+    words and the prompt holds passages (``"Passages"``), or ``scripted["*"]`` without them."""
     if choice:
         return choice[-1]
     users = [m["content"] for m in messages if m.get("role") == "user"]
+    grounded = any("Passages" in str(m.get("content")) for m in messages if m.get("role") == "system")
+    for words, reply in (scripted or {}).items():
+        if grounded and users and isinstance(users[-1], str) and words in users[-1]:
+            return reply
+    if not grounded and (scripted or {}).get("*"):
+        return scripted["*"]
     return f"答复#{len(users)}: {users[-1] if users else ''}"
 
 
@@ -77,6 +88,8 @@ class FakeOpenAIServer:
         self.stream_piece_delay_s = stream_piece_delay_s
         self.reasoning = reasoning
         self.last_body: dict | None = None
+        self.bodies: deque[dict] = deque(maxlen=BODIES_KEPT)
+        self.scripted: dict[str, str] = {}
         self.prompts: deque[list[dict]] = deque(maxlen=PROMPTS_KEPT)
         self.fail_next = 0
         self.calls = 0
@@ -105,6 +118,7 @@ class FakeOpenAIServer:
                     return jsonify(error={"message": "injected failure"}), 500
             body = request.get_json(force=True)
             self.last_body = body
+            self.bodies.append(body)
             self.prompts.append(body.get("messages") or [])
             if self.delay_s:
                 with self.lock:
@@ -114,7 +128,7 @@ class FakeOpenAIServer:
                 finally:
                     with self.lock:
                         self.in_flight -= 1
-            text = reply_for(body["messages"], body.get("guided_choice"))
+            text = reply_for(body["messages"], body.get("guided_choice"), self.scripted)
             mode = reasoning_mode(body["messages"], self.reasoning)
             reasoning, content, finish = written(text, mode)
             prompt_tokens = sum(len(m["content"]) for m in body["messages"])
