@@ -39,8 +39,12 @@ def migrate(database_url: str | None) -> None:
         from app.config import Settings
 
         database_url = Settings.model_fields["database_url"].default
+    before = migrations.current_revision(database_url)
     migrations.upgrade(database_url)
-    click.echo("database is at the newest revision")
+    after = migrations.current_revision(database_url)
+    if before != after:
+        click.echo(f"database upgraded from revision {before or '(empty)'} to {after}")
+    click.echo(f"database is at the newest revision ({after})")
 
 
 def _services():
@@ -301,17 +305,23 @@ def set_budget(scope, value, period, limit_amount, action, thresholds) -> None:
     from app.accounting import set_budget as put_budget
     from app.audit import EventType
     from app.outbox.rows import user_hash
+    from app.wecom.departments import department_id
 
     services = _services()
     if scope == "user":
         value = user_hash(services.blind_index, value)
-    with services.db.transaction() as session:
-        budget = put_budget(session, scope, value, period, limit_amount, action,
-                            thresholds or services.settings.budget_thresholds,
-                            services.settings.currency)
-        services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
-                              payload={"budget_id": budget.id, "scope": scope, "period": period,
-                                       "limit": str(budget.limit), "action": action})
+    try:
+        if scope == "department":  # as usage rows name it: the WeCom id's digits
+            value = str(department_id(value))
+        with services.db.transaction() as session:
+            budget = put_budget(session, scope, value, period, limit_amount, action,
+                                thresholds or services.settings.budget_thresholds,
+                                services.settings.currency)
+            services.audit.append(session, EventType.ADMIN_CHANGE, actor="cli", outcome="ok",
+                                  payload={"budget_id": budget.id, "scope": scope, "period": period,
+                                           "limit": str(budget.limit), "action": action})
+    except ValueError as exc:  # a department that is not an id, a limit that is not positive, ...
+        raise click.BadParameter(str(exc)) from None
     click.echo(f"budget {budget.id}: {scope} {value[:12]} {period} {budget.limit} {action}")
 
 
@@ -526,7 +536,7 @@ def kb_reindex() -> None:
 
 @kb.command("search")
 @click.argument("question")
-@click.option("--department", "departments", type=int, multiple=True,
+@click.option("--department", "departments", type=click.IntRange(1, 2**32 - 1), multiple=True,
               help="search as a member of this department (repeatable); default: public documents")
 @click.option("--all", "everything", is_flag=True, help="every document, whatever its visibility")
 @click.option("--previous", default=None, help="the previous question, for a follow-up")

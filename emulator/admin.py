@@ -12,6 +12,7 @@ from flask import Blueprint, current_app, jsonify, render_template, request
 
 from emulator.aibot import AibotDeliverer
 from emulator.callbacks import CallbackDeliverer, CallbackError
+from emulator.chats import ChatError
 from emulator.state import FAULT_APIS, EmulatorState, Fault
 
 log = logging.getLogger("emulator")
@@ -91,6 +92,70 @@ def config():
 @bp.get("/_emulator/directory")
 def directory():
     return jsonify(state().directory.to_json())
+
+
+@bp.post("/_emulator/contact")
+def contact():
+    """An admin changes the address book in WeCom's console: {"userid", "department"?: [ids],
+    "main_department"?, "change_type"?: update_user (default) | delete_user, "notify"?: true,
+    "wait"?}. The directory changes at once (user/get answers the new record); with ``notify``
+    WeCom's ``change_contact`` event goes to the app's callback URL, as it does for an app that
+    receives address book events."""
+    body = _json_body()
+    st = state()
+    userid, change = str(body.get("userid") or ""), body.get("change_type") or "update_user"
+    try:
+        if change == "update_user":
+            user = st.directory.update_user(userid, body.get("department"), body.get("main_department"))
+        elif change == "delete_user":
+            user = st.directory.delete_user(userid)
+        else:
+            return bad_request("change_type must be update_user or delete_user")
+    except KeyError:
+        return bad_request("userid is not in the directory", 404)
+    except (TypeError, ValueError) as exc:
+        return bad_request(str(exc) or "invalid department list")
+    log.info("address book changed change_type=%s", change)
+    answer = {"user": user}
+    if body.get("notify", True):
+        spec = {"event": "change_contact", "change_type": change, "userid": user["userid"],
+                "department": user["department"] if change == "update_user" and "department" in body else None,
+                "main_department": user.get("main_department")}
+        try:
+            answer["callback"] = deliverer().send(spec, wait=bool(body.get("wait")))
+        except CallbackError as exc:
+            return bad_request(str(exc))
+    return jsonify(answer)
+
+
+@bp.route("/_emulator/chats", methods=["GET", "POST"])
+def chats():
+    """GET: every group chat. POST {"userlist", "chatid"?, "name"?, "owner"?, "by_app"?: true}:
+    a group chat; ``by_app`` false is a group the AI bot was added to, whose members WeCom will
+    not list (appchat/get answers 86008)."""
+    st = state()
+    if request.method == "GET":
+        return jsonify({"chats": st.chats.all()})
+    body = _json_body()
+    try:
+        chat = st.chats.create(body.get("userlist"), chatid=body.get("chatid") or "",
+                               name=body.get("name") or "", owner=body.get("owner") or "",
+                               by_app=body.get("by_app", True) is not False)
+    except ChatError as exc:
+        return bad_request(f"{exc} (errcode {exc.errcode})")
+    return jsonify(chat)
+
+
+@bp.post("/_emulator/chats/<chatid>/members")
+def chat_members(chatid: str):
+    """Members join or leave a group chat: {"add"?: [userids], "remove"?: [userids]}."""
+    body = _json_body()
+    try:
+        chat = state().chats.update(chatid, add=body.get("add") or (), remove=body.get("remove") or (),
+                                    by_app_only=False)
+    except ChatError as exc:
+        return bad_request(f"{exc} (errcode {exc.errcode})", 404 if exc.errcode == 86003 else 400)
+    return jsonify(chat)
 
 
 # -- playing the users ------------------------------------------------------------------------

@@ -188,6 +188,8 @@ class AibotDeliverer:
         if chat_type not in ("single", "group"):
             raise CallbackError("chat_type must be single or group")
         chat_id = str(spec.get("chat_id") or ("wr-emulator-group" if chat_type == "group" else ""))
+        if chat_type == "group" and st.chats.is_member(chat_id, user["userid"]) is False:
+            raise CallbackError("from_user is not a member of this group chat")  # a chat set up here
         if chat_type == "group" and spec.get("mention", True) and kind in ("text", "mixed"):
             content = f"@{cfg.aibot_name} {content or ''}"
         msg_id = str(spec.get("msg_id") or secrets.token_hex(16))

@@ -1,5 +1,5 @@
 """WeCom's HTTP API as the app sees it: ``/cgi-bin/gettoken``, ``message/send``, ``user/get``,
-``department/list``.
+``department/list``, ``appchat/create``/``get``/``update`` (group chats: ``emulator.chats``).
 
 Like the real service every answer is HTTP 200 with ``{"errcode", "errmsg", ...}`` (errmsg carries
 a ``hint`` and the ``more info at`` link), except a queued HTTP fault. The checks run in roughly
@@ -15,6 +15,7 @@ import time
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
+from emulator.chats import ChatError
 from emulator.state import EmulatorState
 
 log = logging.getLogger("emulator")
@@ -47,6 +48,11 @@ ERRMSG = {
     60111: "userid not found",
     60123: "invalid party id",
     81013: "user & party & tag all invalid",
+    86001: "invalid chatid",
+    86003: "chatid not found",
+    86006: "invalid chat member count",
+    86007: "invalid chat member",
+    86008: "not allow to operate a chat the app did not create",
     301002: "not allow operate another agent with this accesstoken.",
     INVALID_RESPONSE_CODE: "invalid response_code, it is unknown, used or expired",
 }
@@ -329,3 +335,70 @@ def _department_list() -> dict:
             return error(60123)
         return error(0, department=found)
     return error(0, department=st.directory.departments)
+
+
+# -- group chats (appchat) ------------------------------------------------------------------
+def _json_object() -> dict | None:
+    try:
+        body = json.loads(request.get_data() or b"")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+@bp.post("/appchat/create")
+def appchat_create():
+    return answer("appchat/create", _appchat_create)
+
+
+def _appchat_create() -> dict:
+    st = state()
+    code = st.check_token(request.args.get("access_token"))
+    if code:
+        return error(code)
+    body = _json_object()
+    if body is None:
+        return error(47001)
+    try:
+        chat = st.chats.create(body.get("userlist"), chatid=body.get("chatid") or "",
+                               name=body.get("name") or "", owner=body.get("owner") or "")
+    except ChatError as exc:
+        return error(exc.errcode, str(exc))
+    return error(0, chatid=chat["chatid"])
+
+
+@bp.get("/appchat/get")
+def appchat_get():
+    return answer("appchat/get", _appchat_get)
+
+
+def _appchat_get() -> dict:
+    st = state()
+    code = st.check_token(request.args.get("access_token"))
+    if code:
+        return error(code)
+    try:
+        return error(0, chat_info=st.chats.get(request.args.get("chatid", "")))
+    except ChatError as exc:
+        return error(exc.errcode, str(exc))
+
+
+@bp.post("/appchat/update")
+def appchat_update():
+    return answer("appchat/update", _appchat_update)
+
+
+def _appchat_update() -> dict:
+    st = state()
+    code = st.check_token(request.args.get("access_token"))
+    if code:
+        return error(code)
+    body = _json_object()
+    if body is None:
+        return error(47001)
+    try:
+        st.chats.update(str(body.get("chatid") or ""), add=body.get("add_user_list") or (),
+                        remove=body.get("del_user_list") or (), name=body.get("name"))
+    except ChatError as exc:
+        return error(exc.errcode, str(exc))
+    return error(0)

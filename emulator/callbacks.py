@@ -26,7 +26,9 @@ from emulator.state import EmulatorState
 log = logging.getLogger("emulator")
 
 MESSAGE_TYPES = ("text", "image", "voice", "video", "location", "link", "file")
-EVENTS = ("subscribe", "unsubscribe", "enter_agent", "LOCATION", "click", "view", "template_card_event")
+EVENTS = ("subscribe", "unsubscribe", "enter_agent", "LOCATION", "click", "view", "template_card_event",
+          "change_contact")
+CONTACT_CHANGES = ("create_user", "update_user", "delete_user")
 
 _ENVELOPE = ("<xml><ToUserName><![CDATA[{corp}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]>"
              "</Encrypt><AgentID><![CDATA[{agent}]]></AgentID></xml>")
@@ -59,6 +61,13 @@ def build_callback_xml(corp_id: str, agent_id: int, spec: dict, create_time: int
             fields += [("Latitude", spec.get("latitude", 23.104105), False),
                        ("Longitude", spec.get("longitude", 113.320107), False),
                        ("Precision", spec.get("precision", 65.0), False)]
+        elif event == "change_contact":  # the address book changed (from "sys", no AgentID)
+            fields += [("ChangeType", spec["change_type"], True), ("UserID", spec["userid"], True)]
+            if spec.get("department"):
+                fields += [("Department", ",".join(map(str, spec["department"])), True),
+                           ("MainDepartment", spec.get("main_department") or spec["department"][0], False)]
+            body = "".join(f"<{k}>{cdata(v) if is_text else v}</{k}>" for k, v, is_text in fields)
+            return f"<xml>{body}</xml>"
         elif event == "template_card_event":  # a click on a template card's button
             fields += [("EventKey", spec.get("event_key") or "", True),
                        ("TaskId", spec.get("task_id") or "", True),
@@ -102,6 +111,11 @@ def validate_spec(spec: dict, state: EmulatorState) -> dict:
     """Normalise ``POST /_emulator/send``'s body or raise CallbackError."""
     if not isinstance(spec, dict):
         raise CallbackError("body must be a JSON object")
+    if spec.get("event") == "change_contact":
+        if spec.get("change_type") not in CONTACT_CHANGES or not isinstance(spec.get("userid"), str):
+            raise CallbackError(f"change_contact needs change_type ({', '.join(CONTACT_CHANGES)}) "
+                                "and userid")
+        return dict(spec, from_user="sys")
     user = state.directory.user(spec.get("from_user") or "")
     if user is None:
         raise CallbackError("from_user is not in the directory")

@@ -75,6 +75,39 @@ class Directory:
     def user(self, userid: str) -> dict | None:
         return self._users_by_id.get(str(userid).strip().lower())
 
+    def update_user(self, userid: str, departments: list[int] | None = None,
+                    main_department: int | None = None) -> dict:
+        """Move a member to other departments (what an admin does in WeCom's console); the new
+        record. ``KeyError`` for a userid not in the directory, ``ValueError`` for a department
+        that is not."""
+        user = self.user(userid)
+        if user is None:
+            raise KeyError(userid)
+        changed = dict(user)
+        if departments is not None:
+            if (not isinstance(departments, list) or not departments
+                    or any(isinstance(d, bool) or self.department(d) is None for d in departments)):
+                raise ValueError("departments must be ids of the directory's departments")
+            changed["department"] = [int(d) for d in departments]
+            changed["order"] = [0] * len(departments)
+            changed["is_leader_in_dept"] = [0] * len(departments)
+            main = main_department if main_department is not None else changed["department"][0]
+            if int(main) not in changed["department"]:
+                raise ValueError("main_department must be one of the departments")
+            changed["main_department"] = int(main)
+        self.users = [changed if u is user else u for u in self.users]
+        self._users_by_id = {**self._users_by_id, changed["userid"]: changed}
+        return changed
+
+    def delete_user(self, userid: str) -> dict:
+        """Remove a member (they left the company); their last record. ``KeyError`` if unknown."""
+        user = self.user(userid)
+        if user is None:
+            raise KeyError(userid)
+        self.users = [u for u in self.users if u is not user]
+        self._users_by_id = {k: v for k, v in self._users_by_id.items() if v is not user}
+        return user
+
     def department(self, dept_id) -> dict | None:
         try:
             return self._departments_by_id.get(int(dept_id))

@@ -16,10 +16,11 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 
+from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
 FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get",
-              "message/update_template_card")
+              "message/update_template_card", "appchat/get")
 _MAX_TOKENS = 1000
 
 
@@ -44,6 +45,7 @@ class EmulatorState:
     def __init__(self, config: EmulatorConfig, clock=time.monotonic, wall=time.time):
         self.config = config
         self.directory = config.directory
+        self.chats = GroupChats(self.directory)  # set-up like the directory: reset() keeps them
         self.clock = clock  # token expiry, duplicate windows
         self.wall = wall  # CreateTime, timestamps shown to the app
         self.lock = threading.RLock()

@@ -4,8 +4,9 @@
 
 - no documents in the knowledge base (or ``KB_ENABLED=false``), or a greeting/thanks: None, and
   the model answers as it always did;
-- otherwise the employee's departments (WeCom ``user/get``'s ``department`` list, through
-  ``worker.directory``) decide which documents are searched, a follow-up is searched
+- otherwise the answer's readers decide which documents are searched: the employee's
+  departments (WeCom ``user/get``'s ``department`` list, through ``worker.scope.directory``) in a
+  1:1 chat, what every member may see in a group chat (``worker.scope.audience``); a follow-up is searched
   with the previous question, and the result is a ``Grounding``: the passages to put in the
   prompt, or, when none is relevant, the "not found" reply that names the team to ask, sent
   without calling the model (a small model asked anyway would guess). The team is the one that
@@ -27,10 +28,11 @@ from sqlalchemy import select
 
 from app import metrics
 from app.knowledge import prompt
+from app.knowledge.audience import Audience
 from app.knowledge.retrieval import Passage, Retriever
 from app.knowledge.store import topic_contact
 from app.models import KnowledgeDocument
-from worker.directory import Directory
+from worker.scope.directory import Directory
 
 log = logging.getLogger(__name__)
 PRESENCE_TTL_S = 10.0
@@ -94,16 +96,23 @@ class Grounder:
         return present
 
     def departments_of(self, user_hash: str, user_id: str) -> list[int]:
-        """The departments whose documents the employee may see (``worker.directory``)."""
+        """The departments whose documents the employee may see (``worker.scope.directory``)."""
         return list(self.directory.member(user_hash, user_id).departments)
 
+    def wanted(self, question: str) -> bool:
+        """Whether ``ground`` would search at all (so that nobody's scope is looked up for a
+        greeting, or without documents)."""
+        return self.settings.kb_enabled and not prompt.is_small_talk(question) and self.has_documents()
+
     def ground(self, user_hash: str, user_id: str, question: str,
-               history: list[dict]) -> Grounding | None:
-        if not self.settings.kb_enabled or prompt.is_small_talk(question) or not self.has_documents():
+               history: list[dict], audience: Audience | None = None) -> Grounding | None:
+        """``audience``: who reads the answer (``worker.scope.audience``); by default the asker alone."""
+        if not self.wanted(question):
             return None
         previous = next((t["content"] for t in reversed(history) if t.get("role") == "user"), None)
-        departments = self.departments_of(user_hash, user_id) if user_id else []
-        result = self.retriever.search(question, departments, previous=previous)
+        if audience is None:
+            audience = Audience.member(self.departments_of(user_hash, user_id) if user_id else ())
+        result = self.retriever.search(question, audience, previous=previous)
         log.info("knowledge base search found=%s passages=%d", result.found, len(result.passages))
         metrics.KNOWLEDGE_SEARCHES.labels(outcome="found" if result.found else "not_found").inc()
         closest = (result.passages or result.candidates)[:1]

@@ -6,7 +6,7 @@ event), then ``settle`` with the token counts (the larger of the model server's 
 upper-bound estimates, priced by the configured model), or ``release`` when the generation
 failed. A charge that fails leaves the reservation, charged its worst case when it expires.
 The user's department comes from WeCom ``user/get`` (``main_department``, else the first of
-``department``), through ``worker.directory``.
+``department``), through ``worker.scope.directory``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from app.accounting import (
     Accounting,
     Admission,
     Usage,
+    estimate_choice_tokens,
     estimate_completion_tokens,
     estimate_prompt_tokens,
 )
 from app.audit import Event, EventType
-from worker.directory import Directory
+from worker.scope.directory import Directory
 
 log = logging.getLogger(__name__)
 BLOCK_NOTICE = ("抱歉，本期 AI 助手的{scope}预算已用完，暂时无法回答。如需继续使用，请联系管理员。\n"
@@ -53,21 +54,24 @@ class Meter:
         return self.services.accounting
 
     def department_of(self, user_hash: str, user_id: str) -> str:
-        """The department a department budget charges (``worker.directory``)."""
+        """The department a department budget charges (``worker.scope.directory``)."""
         return self.directory.member(user_hash, user_id).main_department
 
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
-                model: str) -> Charge:
+                model: str, choices: tuple[str, ...] = ()) -> Charge:
+        """``choices``: the replies the model chooses among (KB_ANSWER_BY_QUOTING), whose
+        tokens the engine processes too (``estimate_choice_tokens``)."""
         department = self.department_of(row.user_hash, user_id)
+        prompt_tokens = estimate_prompt_tokens(messages) + estimate_choice_tokens(choices)
         if not getattr(row, "budgeted", True):
             # No budget was enabled at the claim (``app.outbox.rows``): admitted as reserve
             # would admit it, without a group commit that reads the budgets to find none; its
             # settle charges none either (one enabled meanwhile applies from the next message).
             return Charge(Admission(True, user_hash=row.user_hash, department=department,
                                     model=model, message_id=row.id,
-                                    prompt_tokens=estimate_prompt_tokens(messages), budgeted=False))
+                                    prompt_tokens=prompt_tokens, budgeted=False))
         admission = self.accounting.reserve(
-            row.user_hash, department, model, estimate_prompt_tokens(messages), max_new_tokens,
+            row.user_hash, department, model, prompt_tokens, max_new_tokens,
             message_id=row.id, user_hashes=self.services.blind_index.candidates("wecom-user", user_id))
         if admission.allowed:
             return Charge(admission)

@@ -47,7 +47,6 @@ from worker.delivery.channels import AIBOT, Deliveries, Delivery
 from worker.delivery.reply import FAILURE_NOTICE, Reply
 from worker.delivery.stream import DEADLINE
 from worker.delivery.stream_writer import fit
-from worker.directory import Directory
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
 from worker.media import handler as media
@@ -55,6 +54,8 @@ from worker.media.errors import MediaUnavailable
 from worker.media.files import FileContexts
 from worker.media.prompt import for_estimate, with_files, with_images
 from worker.metering import Meter
+from worker.scope.audience import Audiences, chat_of
+from worker.scope.directory import Directory
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ TABLE = rows.TABLE
 UNSUPPORTED_NOTICE = ("目前我只能阅读文字消息，请用文字描述你的问题。\n"
                       "I can only read text messages for now; please type your question.")
 WELCOME_EVENTS = ("subscribe", "enter_agent")
+CONTACT_EVENT = "change_contact"
 MAX_DRAIN = 20
 QUESTION_TYPES = ("text", "mixed", "voice")  # voice: the AI bot's, WeCom's own transcript
 
@@ -230,9 +232,11 @@ class MessageProcessor:
         self.wecom = wecom
         self.conversations = conversations
         self._llm_lock = threading.Lock()
-        directory = Directory(services, wecom)  # departments: budgets and the documents' scope
+        # departments: budgets and the documents' scope, forgotten on WeCom's change events
+        self.directory = directory = Directory(services, wecom)
         self.meter = Meter(services, directory)
         self.grounder = Grounder(services, wecom, directory)
+        self.audiences = Audiences(services, wecom, directory)  # who reads an answer
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
         self.files = FileContexts(services.redis, services.cipher, self.settings.conversation_ttl_s)
         self.media = media.MediaHandler(services, wecom, self.files)  # voice, images, files (worker/media/)
@@ -406,6 +410,8 @@ class MessageProcessor:
                 feedback.on_card_event(self.services, self.wecom, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
                 feedback.on_aibot_feedback(self.services, row, user_id, payload)
+            elif row.event == CONTACT_EVENT:  # the address book changed: departments asked again
+                self._forget_member(payload)
             return Reply.nothing()
         if media.handles(row, payload):
             conversation = self._conversation_key(row, payload)
@@ -416,7 +422,7 @@ class MessageProcessor:
             if isinstance(composed, Reply):
                 return composed
             answer = self._generate(row, composed.text, lease, channel, user_id, conversation,
-                                    images=composed.images, llm=composed.llm)
+                                    images=composed.images, llm=composed.llm, chat_id=chat_of(payload))
             return composed.reply(answer)
         if row.msg_type not in QUESTION_TYPES:
             return Reply(UNSUPPORTED_NOTICE)
@@ -431,7 +437,16 @@ class MessageProcessor:
                                               conversations=self.conversations, meter=self.meter,
                                               files=self.files, conversation_key=conversation)
             return Reply(commands.run(name, context))
-        return self._generate(row, text, lease, channel, user_id, conversation)
+        return self._generate(row, text, lease, channel, user_id, conversation, chat_id=chat_of(payload))
+
+    def _forget_member(self, payload: dict) -> None:
+        """``change_contact``: a member changed (or left); their cached departments go."""
+        if payload.get("change_type") not in ("update_user", "delete_user"):
+            return
+        named = {str(payload.get(k) or "") for k in ("user_id", "new_user_id")}
+        for user in (named | {u.lower() for u in named}) - {""}:  # ids are case-blind
+            self.directory.forget(rows.user_hash(self.services.blind_index, user))
+        log.info("address book change applied change_type=%s", payload.get("change_type"))
 
     def _welcome_due(self, row) -> bool:
         """Welcome on subscribe, and on entering the app at most once a day."""
@@ -444,13 +459,18 @@ class MessageProcessor:
 
     def _generate(self, row, text: str, lease: LeaseKeeper, channel: Delivery, user_id: str = "",
                   conversation: str | None = None, images: list[dict] | None = None,
-                  llm: LLMBackend | None = None) -> Reply:
-        """The model's answer (or the knowledge base's "not found", or the budget's notice)."""
+                  llm: LLMBackend | None = None, chat_id: str | None = None) -> Reply:
+        """The model's answer (or the knowledge base's "not found", or the budget's notice).
+        ``chat_id``: the group chat it is asked in (its members read the answer), None in 1:1."""
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
-        # The knowledge base: passages for the prompt, or "not found" without asking the model.
-        grounding = None if images else self.grounder.ground(row.user_hash, user_id, text, history)
+        # The knowledge base: passages for the prompt, or "not found" without asking the model;
+        # what every reader of the answer may see (a group chat's members: worker/scope/audience.py).
+        grounding = None
+        if not images and self.grounder.wanted(text):
+            grounding = self.grounder.ground(row.user_hash, user_id, text, history,
+                                             self.audiences.of(row.user_hash, user_id, chat_id))
         if grounding is not None and not grounding.found:
             # No model call; the exchange is still kept, so that a follow-up has its context.
             return Reply(grounding.decline(), usage={"model": "kb-not-found"})
@@ -474,7 +494,7 @@ class MessageProcessor:
         except LLMError as exc:
             raise _model_failure(exc) from exc
         charge = self.meter.reserve(row, user_id, for_estimate(messages), params.max_tokens,
-                                    llm.model_name)
+                                    llm.model_name, choices=params.choice)
         if charge.blocked:
             return Reply(charge.notice)
         started = time.monotonic()

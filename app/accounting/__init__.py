@@ -39,6 +39,7 @@ from app.accounting.periods import PERIODS, local_day, period_end, period_start
 from app.accounting.prices import (
     FALLBACK_MODEL,
     cost_of,
+    estimate_choice_tokens,
     estimate_completion_tokens,
     estimate_prompt_tokens,
     retire_price,
@@ -49,7 +50,8 @@ from app.accounting.prices import (
 __all__ = [
     "ACTIONS", "FALLBACK_MODEL", "PERIODS", "PERIOD_NAMES", "SCOPE_NAMES", "Accounting",
     "Admission", "AlertSender", "RaisedAlert", "Settled", "Usage", "alert_text",
-    "applicable_budgets", "cost_of", "estimate_completion_tokens", "estimate_prompt_tokens",
+    "applicable_budgets", "cost_of", "estimate_choice_tokens", "estimate_completion_tokens",
+    "estimate_prompt_tokens",
     "local_day", "mark_delivered", "parse_thresholds", "period_end", "period_start",
     "retire_price", "set_budget", "set_budget_enabled", "set_price", "worst_case",
 ]

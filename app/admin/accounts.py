@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, case, literal, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
@@ -66,38 +66,79 @@ def authenticate(db, name: str, password: str, max_attempts: int = 5,
     per lockout (a read-then-write counted parallel guesses as one). argon2 runs outside any
     transaction (on SQLite the whole login held the one write lock) and, with ``slots``, a few
     at a time (each check takes 64 MiB). A right password clears the count.
+
+    The state is consistent whatever happens between the two transactions: the reservation that
+    takes the last attempt also locks the account (``locked_until``) while that attempt is
+    checked, so a check that never finishes (the process killed) leaves a lock that expires,
+    never a full count without one (which refused even the right password for ever); a check
+    that could not run (``LoginBusy``: no slot) gives its attempt back. An expired lock starts
+    a fresh count.
     """
     now = now or utcnow()
+    until = now + lockout
     with db.transaction() as session:
         user_id = session.scalar(select(AdminUser.id).where(AdminUser.name == name))
         reserved = None if user_id is None else session.execute(
-            update(AdminUser)
-            .where(AdminUser.id == user_id, AdminUser.failed_attempts < max_attempts,
-                   or_(AdminUser.locked_until.is_(None), AdminUser.locked_until <= now))
-            .values(failed_attempts=AdminUser.failed_attempts + 1)
-            .returning(AdminUser.failed_attempts, AdminUser.password_hash)
-            .execution_options(synchronize_session=False)).first()
+            _reserve(user_id, max_attempts, now, until)).first()
     if user_id is None or reserved is None:  # unknown or locked: the same work, no answer
         _check(slots, _DUMMY_HASH, password)
         return LoginResult(None, "unknown_user") if user_id is None else _result(db, user_id, "locked")
     attempt, password_hash = reserved
-    right = _check(slots, password_hash, password)
+    try:
+        right = _check(slots, password_hash, password)
+    except BaseException:
+        _give_back(db, user_id, attempt, max_attempts)
+        raise
     with db.transaction() as session:
         user = session.get(AdminUser, user_id, populate_existing=True)
         if not right:
             if attempt >= max_attempts:
-                user.locked_until, user.failed_attempts = now + lockout, 0
+                user.locked_until, user.failed_attempts = until, 0
             session.flush()
             return LoginResult(user, "bad_password")
         user.failed_attempts = 0
+        user.locked_until = None
         if not user.enabled:
             session.flush()
             return LoginResult(user, "disabled")
-        user.locked_until, user.last_login_at = None, now
+        user.last_login_at = now
         if hasher.check_needs_rehash(user.password_hash):
             user.password_hash = hasher.hash(password)
         session.flush()
         return LoginResult(user, "ok")
+
+
+def _reserve(user_id: int, max_attempts: int, now: datetime, until: datetime):
+    """The UPDATE that takes one attempt (RETURNING its number and the hash), or matches nothing
+    while the account is locked or its attempts are taken.
+
+    A lock that has expired, or a full count left without a lock (by a version that did not
+    lock on the last attempt), starts a fresh count of 1. The last attempt locks the account
+    until ``until`` while it is checked; the check's outcome then keeps or lifts the lock."""
+    lock, count = AdminUser.locked_until, AdminUser.failed_attempts
+    lock_expired = and_(lock.is_not(None), lock <= now)
+    stuck = and_(lock.is_(None), count >= max_attempts)
+    attempt = case((or_(lock_expired, stuck), 1), else_=count + 1)
+    return (update(AdminUser)
+            .where(AdminUser.id == user_id, or_(lock.is_(None), lock <= now),
+                   or_(count < max_attempts, lock_expired, stuck))
+            .values(failed_attempts=attempt,
+                    locked_until=case((attempt >= max_attempts, literal(until, lock.type)),
+                                      else_=null()))
+            .returning(AdminUser.failed_attempts, AdminUser.password_hash)
+            .execution_options(synchronize_session=False))
+
+
+def _give_back(db, user_id: int, attempt: int, max_attempts: int) -> None:
+    """The reserved attempt was never checked: uncount it (and lift the lock it took, when it
+    was the last)."""
+    values = {"failed_attempts": case((AdminUser.failed_attempts > 0, AdminUser.failed_attempts - 1),
+                                      else_=0)}
+    if attempt >= max_attempts:
+        values["locked_until"] = None
+    with db.transaction() as session:
+        session.execute(update(AdminUser).where(AdminUser.id == user_id, AdminUser.failed_attempts == attempt)
+                        .values(**values).execution_options(synchronize_session=False))
 
 
 def _result(db, user_id: int, outcome: str) -> LoginResult:

@@ -32,6 +32,7 @@ from app.config import parse_thresholds
 from app.db import row_id
 from app.models import AdminRole, Budget, BudgetScope, ModelPrice
 from app.outbox.rows import user_hash
+from app.wecom.departments import DepartmentIdError, department_id
 
 POSITIVE = amount(Decimal("0.000001"), "must be more than 0")
 NOT_NEGATIVE = amount(Decimal(0), "must not be negative")
@@ -55,8 +56,15 @@ class BudgetForm(FlaskForm):
     enabled = BooleanField("Enabled 启用", default=True)
 
     def validate_scope_value(self, field) -> None:
+        if any(ord(c) < 32 or c == "\x7f" for c in field.data or ""):  # PostgreSQL refuses a NUL
+            raise ValidationError("no control characters")
         if self.scope.data != BudgetScope.GLOBAL and not (field.data or "").strip():
             raise ValidationError(f"a {self.scope.data} budget needs the {self.scope.data} it applies to")
+        if self.scope.data == BudgetScope.DEPARTMENT:
+            try:
+                department_id(field.data)
+            except DepartmentIdError as exc:
+                raise ValidationError(str(exc)) from None
 
 
 class PriceForm(FlaskForm):
@@ -101,6 +109,8 @@ def budget_new():
         if form.scope.data == BudgetScope.USER:
             value = user_hash(svc.blind_index, value)
         try:
+            if form.scope.data == BudgetScope.DEPARTMENT and value:  # as usage rows name it: "07" is 7
+                value = str(department_id(value))  # DepartmentIdError is a ValueError
             with svc.db.transaction() as session:
                 exists = session.scalar(select(Budget.id).where(
                     Budget.scope == form.scope.data, Budget.period == form.period.data,

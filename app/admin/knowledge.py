@@ -14,12 +14,19 @@ from flask_login import current_user
 from flask_wtf import FlaskForm
 from flask_wtf.file import FileField, FileRequired
 from wtforms import BooleanField, StringField, TextAreaField
-from wtforms.validators import DataRequired, Length, Optional, Regexp
+from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from app.admin import bp, roles_required, services
 from app.models import AdminRole
+from app.wecom.departments import DepartmentIdError, department_ids
 
-DEPARTMENTS = Regexp(r"^\s*(\d+\s*(,\s*\d+\s*)*)?$", message="WeCom department ids such as 1,2")
+
+def valid_departments(form, field) -> None:
+    """WeCom department ids such as 1,2 (``app.wecom.departments``)."""
+    try:
+        department_ids(field.data)
+    except DepartmentIdError as exc:
+        raise ValidationError(f"WeCom department ids such as 1,2: {exc}") from None
 MULTIPART_SLACK = 64 * 1024  # the form's other fields and boundaries around the file
 
 
@@ -28,7 +35,7 @@ class UploadForm(FlaskForm):
     title = StringField("Title 标题 (a document with this title is replaced)",
                         validators=[DataRequired(), Length(max=200)])
     departments = StringField("Visible to departments 可见部门 (empty = everyone)",
-                              validators=[Optional(), DEPARTMENTS])
+                              validators=[Optional(), valid_departments])
     contact = StringField("Team to ask 负责团队 (named when the bot cannot answer; e.g. 财务部 分机 8300)",
                           validators=[Optional(), Length(max=200)])
 
@@ -36,7 +43,7 @@ class UploadForm(FlaskForm):
 class SearchForm(FlaskForm):
     question = TextAreaField("Question 问题", validators=[DataRequired(), Length(max=500)])
     departments = StringField("As a member of departments 以部门身份 (empty = public documents only)",
-                              validators=[Optional(), DEPARTMENTS])
+                              validators=[Optional(), valid_departments])
     everything = BooleanField("Every document, whatever its visibility 全部文档")
 
 

@@ -20,6 +20,7 @@ from app.accounting import parse_thresholds, period_start
 from app.admin.limits import DATE_RANGE_MESSAGE, day_in_range
 from app.db import utcnow
 from app.models import Budget, BudgetAlert, BudgetPeriod, InboundMessage, UsageDaily
+from app.wecom.departments import DepartmentIdError, department_filter
 
 MAX_RANGE_DAYS = 366
 
@@ -60,7 +61,10 @@ def parse_filters(args, tz: ZoneInfo, today: date | None = None) -> Filters:
         raise ValueError("the start date is after the end date")
     if (until - since).days >= MAX_RANGE_DAYS:
         raise ValueError(f"at most {MAX_RANGE_DAYS} days at a time")
-    department = (args.get("department") or "").strip()[:32] or None
+    try:  # a department id or nothing: a 30-digit number or a NUL byte never reaches the query
+        department = department_filter(args.get("department"))
+    except DepartmentIdError as exc:
+        raise ValueError(f"department: {exc}") from None
     return Filters(since, until, department)
 
 

@@ -28,6 +28,7 @@ from app.accounting import (
     Accounting,
     Admission,
     Usage,
+    estimate_choice_tokens,
     estimate_completion_tokens,
     estimate_prompt_tokens,
     period_end,
@@ -73,9 +74,13 @@ class Gateway:
     def admit(self, caller: Caller, chat: ChatRequest) -> Admission:
         """Reserve the call's worst case, or raise 429 when an ``api_key`` (or global) budget
         that blocks is used up; ``Retry-After`` is the time until its period ends."""
+        # guided_choice's replies are processed like prompt tokens: counted in the reservation,
+        # which the settle charges at least (``Accounting.settle``)
+        # and so are the tools offered (a long list of tools is never a way around a budget)
+        prompt_tokens = estimate_prompt_tokens(chat.messages, chat.tools) + estimate_choice_tokens(chat.params.choice)
         admission = self.accounting.reserve(
-            caller.actor[:64], "", self.model_name, estimate_prompt_tokens(chat.messages, chat.tools),
-            chat.params.max_tokens, api_key_id=caller.name)
+            caller.actor[:64], "", self.model_name, prompt_tokens, chat.params.max_tokens,
+            api_key_id=caller.name)
         if admission.allowed:
             return admission
         budget, now = admission.blocked_by, utcnow()

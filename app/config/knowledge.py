@@ -45,6 +45,12 @@ class KnowledgeSettings(SettingsGroup):
     kb_min_relevance: float = Field(default=0.5, ge=-100, le=100,
                                     description="with a reranker: its score from which a passage is relevant "
                                                 "(instead of KB_MIN_SCORE / KB_MIN_SIMILARITY)")
+    chat_members_cache_s: int = Field(
+        default=60, ge=0, le=3600, description="a group chat's member list (appchat/get) is cached this "
+                                               "long: a member who joins or leaves counts after it")
+    group_scope_max_members: int = Field(
+        default=100, ge=1, le=2000, description="a group chat with more members than this gets only the "
+                                                "documents visible to everyone (each member is a user/get)")
 
 
 class KnowledgeServerSettings(SettingsGroup):

@@ -21,8 +21,9 @@ class WorkerSettings(SettingsGroup):
     feedback_cards: bool = True
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
     wecom_user_rate_limit: str = Field(default="20/min", description="per WeCom user; 0 = off")
-    department_cache_s: int = Field(default=24 * 3600,
-                                    description="a user's departments, from WeCom's directory")
+    department_cache_s: int = Field(
+        default=300, ge=0, description="a user's departments, from WeCom's directory, are cached this "
+                                       "long (WeCom's change_contact events drop an entry at once)")
 
     @field_validator("wecom_user_rate_limit")
     @classmethod

@@ -32,9 +32,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, select
 
 from app import metrics
+from app.knowledge.audience import Audience, documents_visible_to
 from app.knowledge.embeddings import EmbeddingError, client_from
 from app.knowledge.glossary import equivalents
 from app.knowledge.rerank import RerankError
@@ -44,9 +45,7 @@ from app.knowledge.terms import terms
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,
-    KnowledgeDocumentDepartment,
     KnowledgePosting,
-    KnowledgeVisibility,
 )
 
 log = logging.getLogger(__name__)
@@ -172,15 +171,12 @@ def _coverage(words: list[_Word], idf: dict[str, float], matched: set[str]) -> f
 
 
 def _visible_documents(departments):
-    query = select(KnowledgeDocument.id)
+    """The ids of the documents ``departments`` may see: an ``Audience`` (a group chat's members),
+    one reader's department ids ([] = public documents only), or ``EVERYTHING``."""
     if departments is EVERYTHING:
-        return query
-    allowed = KnowledgeDocument.visibility == KnowledgeVisibility.ALL
-    if departments:
-        allowed = or_(allowed, KnowledgeDocument.id.in_(
-            select(KnowledgeDocumentDepartment.document_id)
-            .where(KnowledgeDocumentDepartment.department_id.in_(sorted(set(departments))))))
-    return query.where(allowed)
+        return select(KnowledgeDocument.id)
+    audience = departments if isinstance(departments, Audience) else Audience.member(departments)
+    return documents_visible_to(audience)
 
 
 class Retriever:
@@ -194,9 +190,11 @@ class Retriever:
         self.vectors = services.knowledge_caches.vector_index
         self.breaker = services.knowledge_caches.breaker
 
-    def search(self, question: str, departments: list[int] | None, *, previous: str | None = None,
-               top_k: int | None = None, min_score: float | None = None) -> SearchResult:
-        """The best passages visible to members of ``departments`` ([] = public documents only).
+    def search(self, question: str, departments: list[int] | Audience | None, *,
+               previous: str | None = None, top_k: int | None = None,
+               min_score: float | None = None) -> SearchResult:
+        """The best passages visible to members of ``departments`` ([] = public documents only),
+        or to every reader of an ``Audience`` (``app.knowledge.audience``).
 
         With ``previous`` (the conversation's previous question): a question that opens like a
         follow-up is searched together with it; a short one that finds nothing alone, too, unless

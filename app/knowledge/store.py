@@ -34,6 +34,7 @@ from app.models import (
     KnowledgePosting,
     KnowledgeVisibility,
 )
+from app.wecom.departments import DepartmentIdError, department_id, department_ids
 
 CHUNK_ID_SPAN = 1_000_000  # a chunk's id: document id * span + ordinal
 MAX_CHUNKS = CHUNK_ID_SPAN - 1
@@ -88,16 +89,12 @@ class DocumentInfo:
 
 
 def parse_departments(spec: str | None) -> list[int]:
-    """``"1,2"`` -> [1, 2]; empty or None -> [] (everyone)."""
-    if not spec or not spec.strip():
-        return []
+    """``"1,2"`` -> [1, 2]; empty or None -> [] (everyone); ``UploadError`` for anything that is
+    not a list of WeCom department ids (``app.wecom.departments``)."""
     try:
-        ids = sorted({int(part) for part in spec.split(",") if part.strip()})
-    except ValueError:
-        raise UploadError("departments must be WeCom department ids like '1,2'") from None
-    if any(i < 0 for i in ids):
-        raise UploadError("department ids are positive numbers")
-    return ids
+        return department_ids(spec)
+    except DepartmentIdError as exc:
+        raise UploadError(f"departments must be WeCom department ids like '1,2': {exc}") from None
 
 
 COPY_POSTINGS = "COPY kb_postings (term, chunk_id, document_id, tf, dl) FROM STDIN"
@@ -185,6 +182,10 @@ class KnowledgeStore:
               departments: list[int], document_id: int | None = None, actor: str = "cli",
               size_bytes: int = 0, audit: bool = True, force: bool = False,
               contact: str = "") -> AddResult:
+        try:
+            departments = sorted({department_id(d) for d in departments})
+        except DepartmentIdError as exc:
+            raise UploadError(f"departments must be WeCom department ids: {exc}") from None
         bi = self.services.blind_index
         known_hashes = title_hashes(bi, title)
         title_hash = known_hashes[0]

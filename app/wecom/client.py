@@ -396,6 +396,19 @@ class WeComClient:
             raise ValueError("userid is empty")
         return self._call("GET", "/cgi-bin/user/get", params={"userid": userid})
 
+    # --- appchat/get ---------------------------------------------------------------------------
+
+    def get_app_chat(self, chatid: str) -> dict:
+        """A group chat's ``chat_info`` (``chatid``, ``name``, ``owner``, ``userlist``) from
+        appchat/get. WeCom answers it only for a group chat this app created (appchat/create);
+        any other chat is an errcode (86003 unknown, 86008 not this app's)."""
+        if not chatid:
+            raise ValueError("chatid is empty")
+        info = self._call("GET", "/cgi-bin/appchat/get", params={"chatid": chatid}).get("chat_info")
+        if not isinstance(info, dict) or not isinstance(info.get("userlist"), list):
+            raise WeComAPIError(-1, "appchat/get answered without chat_info.userlist", {})
+        return info
+
     # --- media/get -----------------------------------------------------------------------------
 
     def get_media(self, media_id: str, *, max_bytes: int,

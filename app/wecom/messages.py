@@ -11,8 +11,9 @@ What WeCom sends (接收消息与事件, docs 90239 message formats and 90240 ev
 
 ``file`` is not on WeCom's list of app messages (90239), but some clients send one (``MediaId``,
 sometimes ``Title``/``FileName``); it is read as ``FileMessage`` so an employee's PDF is not lost.
-Anything else (a message type or event this module does not model, such as the contact/approval
-events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
+``change_contact`` (the address book changed) is read as ``ContactChangeEvent``: the worker
+forgets the member's cached departments (``worker.scope.directory``). Anything else (a message type
+or event this module does not model, such as the approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
 of its fields in ``raw``: new WeCom features must never break the callback.
 
 Parsing (``xmlparse``) refuses any DTD before a declaration in it is read, which refuses
@@ -173,6 +174,26 @@ class TemplateCardEvent(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ContactChangeEvent(Message):
+    """The address book changed (通讯录变更, ``change_contact``; FromUserName is ``sys``, no
+    AgentID). ``change_type``: ``create_user``, ``update_user``, ``delete_user`` (and the
+    department and tag changes); ``user_id`` is the member's UserID, ``new_user_id`` their new
+    one when it changed; ``departments`` the new Department list when it changed, else empty."""
+
+    change_type: str
+    user_id: str = ""
+    new_user_id: str = ""
+    departments: str = ""
+
+    @property
+    def dedup_key(self) -> str:
+        # Every change comes from "sys": two changes in one second (two members, or one member
+        # twice) are two events; WeCom's retry of one repeats all of its fields.
+        return (f"evt:{self.from_user}:{self.create_time}:{self.event}:{self.change_type}:"
+                f"{self.user_id}:{self.new_user_id}:{self.departments}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UnknownEvent(Message):
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -322,6 +343,14 @@ def _parse_event(f: dict[str, Any], common: dict[str, Any]) -> Message:
             task_id=_optional(f, "TaskId"),
             card_type=_optional(f, "CardType"),
             response_code=_optional(f, "ResponseCode"),
+        )
+    if event == "change_contact":
+        return ContactChangeEvent(
+            **common,
+            change_type=_optional(f, "ChangeType"),
+            user_id=_optional(f, "UserID"),
+            new_user_id=_optional(f, "NewUserID"),
+            departments=_optional(f, "Department"),
         )
     logger.info("unknown WeCom event %r kept as UnknownEvent", event[:32])
     return UnknownEvent(**common, raw=f)

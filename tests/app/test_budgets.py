@@ -414,3 +414,19 @@ def test_one_batch_writes_its_usage_rows_and_sums_its_rollups_per_key(services, 
     assert records[0].created_at == now and records[0].day == now.date()
     assert (daily["u1"].calls, daily["u1"].prompt_tokens, daily["u1"].cost) == (3, 3000, Decimal("0.075000"))
     assert (daily["u2"].calls, daily["u2"].completion_tokens) == (1, 500)
+
+
+def test_the_cli_takes_a_department_budget_by_its_wecom_id(services, monkeypatch):
+    from click.testing import CliRunner
+
+    from app import cli
+    from app.models import Budget
+
+    monkeypatch.setattr(cli, "_services", lambda: services)
+    runner = CliRunner()
+    for value in ("9" * 30, "rd", "7\x00"):
+        out = runner.invoke(cli.cli, ["budgets", "set", "department", value, "--limit", "10"])
+        assert out.exit_code == 2 and "department id" in out.output, out.output
+    assert runner.invoke(cli.cli, ["budgets", "set", "department", "07", "--limit", "10"]).exit_code == 0
+    with services.db.session() as session:
+        assert [b.scope_value for b in session.query(Budget)] == ["7"]

@@ -290,6 +290,50 @@ def test_user_get_and_department_list(emu):
     assert [d["id"] for d in depts["department"]] == [2, 3]
 
 
+def test_appchat_lists_only_the_chats_the_app_created(emu):
+    t = token(emu)
+    made = requests.post(emu.url + "/cgi-bin/appchat/create", params={"access_token": t},
+                         json={"chatid": "finance01", "userlist": ["XuLi", "sunhao"]}, timeout=5).json()
+    assert made == {"errcode": 0, "errmsg": "ok", "chatid": "finance01"}
+
+    def get(chatid):
+        return requests.get(emu.url + "/cgi-bin/appchat/get", params={"access_token": t, "chatid": chatid},
+                            timeout=5).json()
+
+    assert get("finance01")["chat_info"] == {"chatid": "finance01", "name": "", "owner": "xuli",
+                                             "userlist": ["xuli", "sunhao"]}
+    assert admin(emu, "POST", "chats", json={"chatid": "botgroup", "userlist": ["lina", "xuli"],
+                                             "by_app": False}).ok
+    assert get("botgroup")["errcode"] == 86008 and get("nosuchchat")["errcode"] == 86003
+    updated = requests.post(emu.url + "/cgi-bin/appchat/update", params={"access_token": t},
+                            json={"chatid": "finance01", "add_user_list": ["lina"],
+                                  "del_user_list": ["sunhao"]}, timeout=5).json()
+    assert updated["errcode"] == 0 and get("finance01")["chat_info"]["userlist"] == ["xuli", "lina"]
+    bad = requests.post(emu.url + "/cgi-bin/appchat/create", params={"access_token": t},
+                        json={"userlist": ["xuli", "ghost"]}, timeout=5).json()
+    assert bad["errcode"] == 86007
+    emu.state.config.aibot_token, emu.state.config.aibot_aes_key = "aibot-token", "a" * 43
+    outsider = admin(emu, "POST", "aibot/send", json={"from_user": "sunhao", "content": "hi",
+                                                      "chat_type": "group", "chat_id": "finance01"})
+    assert outsider.status_code == 400 and "not a member" in outsider.json()["error"]
+
+
+def test_a_contact_change_updates_the_directory_and_sends_change_contact(receiver_emu):
+    emu, receiver = receiver_emu
+    answer = admin(emu, "POST", "contact", json={"userid": "huangmin", "department": [5, 7], "wait": True}).json()
+    assert answer["user"]["department"] == [5, 7] and answer["callback"]["first_attempt"]["outcome"] == "ok"
+    xml = wait_for(lambda: receiver.posts)[-1]["xml"]
+    assert (xml.findtext("FromUserName"), xml.findtext("Event"), xml.findtext("ChangeType"),
+            xml.findtext("UserID"), xml.findtext("Department")) == (
+        "sys", "change_contact", "update_user", "huangmin", "5,7")
+    assert xml.find("AgentID") is None
+    user = requests.get(emu.url + "/cgi-bin/user/get", params={"access_token": token(emu), "userid": "huangmin"},
+                        timeout=5).json()
+    assert user["department"] == [5, 7] and user["main_department"] == 5
+    assert admin(emu, "POST", "contact", json={"userid": "huangmin", "department": [99]}).status_code == 400
+    assert admin(emu, "POST", "contact", json={"userid": "ghost", "department": [5]}).status_code == 404
+
+
 # -- fault injection --------------------------------------------------------------------------
 def test_faults_are_consumed_one_per_call_in_order(emu):
     t = token(emu)

@@ -21,7 +21,8 @@ parser does: one call of the named function (or of the first tool), id ``call_fa
 arguments ``{"question": <the last user message>}``, ``finish_reason`` "tool_calls"; streamed,
 the id and name first, then the arguments in two pieces. After a ``tool`` message it answers
 with the results it was given (``工具结果: ...``), as a model that read them.
-``last_body`` is the last request. Served with keep-alive, as model servers are
+``last_body`` is the last request, ``prompts`` the messages of the last ``PROMPTS_KEPT`` (what
+the model was shown: a test looks for a passage that must not be there). Served with keep-alive, as model servers are
 (``emulator/http_server.py``).
 """
 
@@ -31,6 +32,7 @@ import json
 import re
 import threading
 import time
+from collections import deque
 
 from flask import Flask, Response, jsonify, request
 
@@ -39,6 +41,7 @@ from emulator.http_server import WSGIServer
 THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
 REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
 _MODE = re.compile(r"#reasoning=(\w+)")
+PROMPTS_KEPT = 1000
 
 
 def reply_for(messages: list[dict], choice: list[str] | None = None) -> str:
@@ -90,6 +93,7 @@ class FakeOpenAIServer:
         self.stream_piece_delay_s = stream_piece_delay_s
         self.reasoning = reasoning
         self.last_body: dict | None = None
+        self.prompts: deque[list[dict]] = deque(maxlen=PROMPTS_KEPT)
         self.fail_next = 0
         self.calls = 0
         self.in_flight = 0  # generations started and not yet answered
@@ -117,6 +121,7 @@ class FakeOpenAIServer:
                     return jsonify(error={"message": "injected failure"}), 500
             body = request.get_json(force=True)
             self.last_body = body
+            self.prompts.append(body.get("messages") or [])
             if self.delay_s:
                 with self.lock:
                     self.in_flight += 1

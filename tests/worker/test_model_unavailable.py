@@ -19,7 +19,7 @@ REDIS_DB = 7
 
 
 def test_missing_model_fails_with_a_notice(tmp_path):
-    r = redis.Redis(db=REDIS_DB)
+    r = redis.Redis.from_url(redis_url(REDIS_DB))
     r.flushdb()
     env = make_env(DATABASE_URL=f"sqlite:///{tmp_path / 'bot.sqlite3'}",
                    REDIS_URL=redis_url(REDIS_DB))

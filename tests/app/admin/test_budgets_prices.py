@@ -25,14 +25,14 @@ def _changes(services):
 
 def test_budget_create_edit_disable(as_role, services):
     client = as_role("admin")
-    response = post(client, NEW, {"scope": "department", "scope_value": "rd", "period": "month",
+    response = post(client, NEW, {"scope": "department", "scope_value": "2", "period": "month",
                                   "limit": "100.50", "action": "warn", "thresholds": "80,50",
                                   "enabled": "y"})
     assert response.status_code == 302, response.get_data(as_text=True)
     with services.db.session() as session:
         budget = session.scalars(select(Budget)).one()
     assert (budget.scope_value, budget.limit, budget.action, budget.thresholds, budget.enabled) == \
-        ("rd", Decimal("100.500000"), "warn", "50,80", True)
+        ("2", Decimal("100.500000"), "warn", "50,80", True)
 
     edit = f"/admin/budgets/{budget.id}/edit"
     assert "100.500000" in client.get(edit).get_data(as_text=True)
@@ -70,9 +70,12 @@ def test_budget_validation_errors(as_role, services):
         ({"thresholds": "50,abc"}, "whole percentages"),
         ({"thresholds": "0,5000"}, "between 1 and 1000"),
         ({"scope_value": ""}, "needs the department it applies to"),
+        ({"scope_value": "rd"}, "a WeCom department id is a whole number"),
+        ({"scope_value": "9" * 30}, "a WeCom department id is a whole number"),
+        ({"scope_value": "7\x00"}, "no control characters"),
         ({"period": "year"}, "Not a valid choice"),
     ]
-    good = {"scope": "department", "scope_value": "rd", "period": "month", "limit": "10",
+    good = {"scope": "department", "scope_value": "2", "period": "month", "limit": "10",
             "action": "block", "thresholds": "50,80,100", "enabled": "y"}
     for change, message in cases:
         response = post(client, NEW, {**good, **change})

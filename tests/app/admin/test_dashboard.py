@@ -14,8 +14,8 @@ def _usage(services):
     accounting = Accounting(services.db, services.settings.timezone, audit=services.audit)
     with services.db.transaction() as session:
         set_price(session, "glm-4", 10, 2, 30, valid_from=utcnow() - timedelta(days=1))
-        set_budget(session, "department", "rd", "month", "0.05", thresholds="50,80,100")
-    for user, dept in (("u" * 64, "rd"), ("v" * 64, "rd"), ("w" * 64, "sales")):
+        set_budget(session, "department", "2", "month", "0.05", thresholds="50,80,100")
+    for user, dept in (("u" * 64, "2"), ("v" * 64, "2"), ("w" * 64, "5")):
         accounting.settle(None, Usage(user_hash=user, department=dept, model="glm-4",
                                       prompt_tokens=1000, completion_tokens=500))  # 0.025 each
     with services.db.transaction() as session:
@@ -31,12 +31,12 @@ def test_dashboard_shows_spend_budgets_alerts_and_messages(as_role, services):
     assert 'id="total-cost">0.0750<' in page
     assert 'id="answered">2<' in page and 'id="failed">1<' in page
     assert ">" + "u" * 12 + "</code>" in page  # the blind index, shortened
-    assert "100.0%" in page  # rd spent 0.05 of 0.05
+    assert "100.0%" in page  # department 2 spent 0.05 of 0.05
     assert "echarts.min.js" in page and 'id="chart-data"' in page
     assert page.count("100%</td>") >= 1  # the 100 % alert is listed
 
-    rd = client.get("/admin/api/spend?department=sales").get_json()
-    assert sum(rd["daily_cost"]) == 0.025 and rd["departments"] == [{"name": "sales", "value": 0.025}]
+    five = client.get("/admin/api/spend?department=5").get_json()
+    assert sum(five["daily_cost"]) == 0.025 and five["departments"] == [{"name": "5", "value": 0.025}]
     assert client.get("/admin/api/spend?since=2026-13-01").status_code == 400
 
 

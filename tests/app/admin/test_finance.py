@@ -15,10 +15,10 @@ from tests.app.admin.conftest import post
 
 def _rollups(services):
     with services.db.transaction() as session:
-        for day, dept, user, cost in ((date(2026, 11, 30), "rd", "a" * 64, "1.5"),
-                                      (date(2026, 12, 1), "rd", "a" * 64, "2.25"),
-                                      (date(2026, 12, 2), "rd", "a" * 64, "0.25"),
-                                      (date(2026, 12, 2), "sales", "b" * 64, "4")):
+        for day, dept, user, cost in ((date(2026, 11, 30), "2", "a" * 64, "1.5"),
+                                      (date(2026, 12, 1), "2", "a" * 64, "2.25"),
+                                      (date(2026, 12, 2), "2", "a" * 64, "0.25"),
+                                      (date(2026, 12, 2), "5", "b" * 64, "4")):
             session.add(UsageDaily(day=day, department=dept, user_hash=user, model="glm-4",
                                    calls=1, prompt_tokens=10, cached_tokens=0,
                                    completion_tokens=5, cost=cost))
@@ -38,13 +38,13 @@ def test_finance_export_by_month_and_day(as_role, services):
     assert response.status_code == 200 and response.mimetype == "text/csv"
     rows = _rows(response)
     assert [(r["period"], r["department"], r["cost"]) for r in rows] == [
-        ("2026-11", "rd", "1.500000"), ("2026-12", "rd", "2.500000"), ("2026-12", "sales", "4.000000")]
+        ("2026-11", "2", "1.500000"), ("2026-12", "2", "2.500000"), ("2026-12", "5", "4.000000")]
     assert {r["accounting_subject"] for r in rows} == {"研发费用-外部技术服务费"}
     assert {r["invoice_item"] for r in rows} == {"AI模型调用服务费"}
     assert rows[0]["user"] == "a" * 64 and rows[0]["currency"] == "CNY"
 
     daily = _rows(post(client, "/admin/finance/export", {**form, "granularity": "day",
-                                                        "department": "rd"},
+                                                        "department": "2"},
                        form_page="/admin/dashboard"))
     assert [r["period"] for r in daily] == ["2026-11-30", "2026-12-01", "2026-12-02"]
 

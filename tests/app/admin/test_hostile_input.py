@@ -10,7 +10,7 @@ from app.models import Budget, ModelPrice
 from tests.app.admin.conftest import post
 
 AMOUNTS = ["NaN", "nan", "sNaN", "Infinity", "-Infinity", "inf", "1e30", "1E+400", "99999999999999"]
-GOOD_BUDGET = {"scope": "department", "scope_value": "rd", "period": "month", "limit": "10",
+GOOD_BUDGET = {"scope": "department", "scope_value": "2", "period": "month", "limit": "10",
                "action": "block", "thresholds": "50,80,100", "enabled": "y"}
 GOOD_PRICE = {"model": "glm-4", "input_per_m": "10", "cached_per_m": "", "output_per_m": "30",
               "currency": "CNY", "valid_from": ""}

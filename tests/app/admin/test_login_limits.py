@@ -171,3 +171,58 @@ def test_one_address_and_everyone_together_are_limited(limited_app, real_checks)
     others = [login(_from(limited_app, f"10.2.2.{i}"), "x", "not the password").status_code for i in range(5)]
     assert others == [401, 401, 401, 429, 429]  # 6 a minute for everyone: 3 used above
     assert real_checks["running"] == checks
+
+
+def _account(services, name: str) -> AdminUser:
+    with services.db.session() as session:
+        return session.scalar(select(AdminUser).where(AdminUser.name == name))
+
+
+def test_a_busy_last_attempt_gives_it_back_and_the_right_password_still_works(app, users, services,
+                                                                              monkeypatch):
+    """The 5th reserved attempt finds no password-check slot (LoginBusy): it was never
+    checked, so it is not counted, and nothing is left locked for ever."""
+    db = services.db
+    for _ in range(4):
+        assert accounts.authenticate(db, "fiona", "wrong").outcome == "bad_password"
+    monkeypatch.setattr(accounts, "SLOT_WAIT_S", 0.05)
+    with pytest.raises(accounts.LoginBusy):
+        accounts.authenticate(db, "fiona", PASSWORD, slots=threading.Semaphore(0))
+    user = _account(services, "fiona")
+    assert (user.failed_attempts, user.locked_until) == (4, None)
+    assert accounts.authenticate(db, "fiona", PASSWORD).outcome == "ok"
+    assert _account(services, "fiona").failed_attempts == 0
+
+
+def test_a_last_attempt_that_never_finished_leaves_a_lock_that_expires(app, users, services, monkeypatch):
+    """The process dies while the 5th attempt's hash is checked: the account is locked for the
+    lockout (the attempt counted), and a fresh count starts when the lock has passed."""
+    from datetime import timedelta
+
+    from app.db import utcnow
+
+    db = services.db
+    for _ in range(4):
+        accounts.authenticate(db, "fiona", "wrong")
+
+    def killed(password_hash, password):
+        raise SystemExit("worker killed")  # what is left is what a kill leaves: nothing given back
+
+    monkeypatch.setattr(accounts, "_check", lambda slots, h, p: killed(h, p))
+    monkeypatch.setattr(accounts, "_give_back", lambda *args: None, raising=False)
+    with pytest.raises(SystemExit):
+        accounts.authenticate(db, "fiona", PASSWORD)
+    monkeypatch.undo()
+    user = _account(services, "fiona")
+    assert user.failed_attempts == 5 and user.locked_until is not None
+    assert accounts.authenticate(db, "fiona", PASSWORD).outcome == "locked"
+    later = utcnow() + timedelta(minutes=16)
+    assert accounts.authenticate(db, "fiona", PASSWORD, now=later).outcome == "ok"
+
+
+def test_a_full_count_left_without_a_lock_is_not_locked_for_ever(app, users, services):
+    """What the LoginBusy of a version before this fix left behind: failed_attempts at the
+    limit and no locked_until. The right password works again (a fresh count)."""
+    with services.db.transaction() as session:
+        session.scalar(select(AdminUser).where(AdminUser.name == "fiona")).failed_attempts = 5
+    assert accounts.authenticate(services.db, "fiona", PASSWORD).outcome == "ok"

@@ -148,3 +148,25 @@ def test_a_database_outage_is_503_not_500(setup, monkeypatch):
                        json={"model": "fake-glm", "messages": MESSAGES})
     assert resp.status_code == 503 and resp.headers["Retry-After"] == "5"
     assert resp.get_json()["error"]["code"] == "storage_unavailable"
+
+
+def test_guided_choice_replies_are_counted_in_usage_and_budgets(setup):
+    """64 replies of 300 characters are tokens the engine processes (scored whole, or walked
+    by the constraint): the server reports the 3 prompt tokens, the ledger charges at least the
+    replies' bytes, and the budget they used up refuses the next call."""
+    from app.accounting import estimate_choice_tokens
+
+    client, _, services, headers = setup
+    choices = [f"{i:02d}" + "长" * 298 for i in range(64)]
+    with services.db.transaction() as session:
+        set_price(session, "fake-glm", 10, 2, 30)
+        set_budget(session, "api_key", "unit", "day", "0.5")  # the replies alone cost ~0.57
+    resp = client.post("/v1/chat/completions", headers=headers,
+                       json={"model": "fake-glm", "messages": MESSAGES, "max_tokens": 16,
+                             "guided_choice": choices})
+    assert resp.status_code == 200
+    [usage] = _usage(services)
+    assert usage.prompt_tokens >= estimate_choice_tokens(choices) >= 64 * 300
+    after = client.post("/v1/chat/completions", headers=headers,
+                        json={"model": "fake-glm", "messages": MESSAGES, "max_tokens": 16})
+    assert after.status_code == 429  # charged as 3 tokens, the replies would have left room

@@ -228,6 +228,21 @@ def test_an_extractive_model_may_only_quote_a_passage_or_decline(app, services, 
     assert llm.params[-1].choice_scoring == "tokens" and llm.params[-1].choice_bias == ()
 
 
+def test_the_quoted_replies_are_counted_in_the_answers_usage(app, services, loaded, monkeypatch):
+    """KB_ANSWER_BY_QUOTING: the engine processes every passage offered as a reply, so the
+    usage row counts them, not only the prompt the model server reported (100 here)."""
+    from app.accounting import estimate_choice_tokens, estimate_prompt_tokens
+    from app.models import UsageRecord
+
+    monkeypatch.setattr(services.settings, "kb_answer_by_quoting", True)
+    llm = PromptLLM()
+    ask(app, services, processor_with(services, llm), "bob-sales", "我第一年能休几天年假？", 530)
+    with services.db.session() as session:
+        usage = session.scalars(select(UsageRecord).order_by(UsageRecord.id.desc())).first()
+    replies = estimate_choice_tokens(llm.params[-1].choice)
+    assert replies > 100 and usage.prompt_tokens >= estimate_prompt_tokens(llm.prompts[-1]) + replies
+
+
 def test_the_ai_bot_stream_ends_with_markdown_sources(services, loaded, monkeypatch):
     from tests.worker.test_reasoning_replies import aibot_row
 
@@ -375,6 +390,11 @@ def test_cli_add_list_search_remove(services, tmp_path, monkeypatch):
     assert SENTINEL not in runner.invoke(cli.cli, ["kb", "search", "bonus pool code"]).output
     assert SENTINEL in runner.invoke(cli.cli, ["kb", "search", "bonus pool code",
                                                "--department", "7"]).output
+    for ids in ("9" * 30, "7,x", "0"):  # a clear refusal, never a database error
+        out = runner.invoke(cli.cli, ["kb", "add", str(secret), "--title", "x", "--departments", ids])
+        assert out.exit_code == 2 and "department id" in out.output, out.output
+    out = runner.invoke(cli.cli, ["kb", "search", "bonus", "--department", "9" * 30])
+    assert out.exit_code == 2 and "--department" in out.output
     bad = tmp_path / "fake.pdf"
     bad.write_text("not a pdf", encoding="utf-8")
     out = runner.invoke(cli.cli, ["kb", "add", str(bad), "--title", "x"])

@@ -34,7 +34,7 @@ def database(request, tmp_path):
 
 @pytest.fixture
 def env(database):
-    r = redis.Redis(db=REDIS_DB)
+    r = redis.Redis.from_url(redis_url(REDIS_DB))
     r.flushdb()
     yield make_env(DATABASE_URL=database.url, REDIS_URL=redis_url(REDIS_DB))
     r.flushdb()

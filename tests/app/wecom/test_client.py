@@ -152,7 +152,7 @@ def test_short_lived_token_is_kept_for_half_its_life(wecom, r):
 
 def test_concurrent_refreshers_fetch_once(wecom, r):
     wecom.gettoken_delay = 0.3
-    clients = [make_client(wecom, redis.Redis(db=15)) for _ in range(8)]
+    clients = [make_client(wecom, redis.Redis.from_url(redis_url(15))) for _ in range(8)]
     results, barrier = [], threading.Barrier(len(clients))
 
     def run(client):

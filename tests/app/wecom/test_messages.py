@@ -240,3 +240,21 @@ def test_xxe_is_refused():
 def test_oversized_body_is_refused():
     with pytest.raises(MessageParseError, match="too large"):
         parse_message(msg("text", "<Content>" + "a" * (m.MAX_XML_BYTES + 1) + "</Content>"))
+
+
+def test_change_contact_names_the_member_and_each_change_is_its_own_event():
+    """通讯录变更 (from "sys", no AgentID): two members, or one member twice, changed in one
+    second are separate events; WeCom's retry of one (the same fields) is a duplicate."""
+    def change(user: str, departments: str) -> m.ContactChangeEvent:
+        return parse_message(
+            "<xml><ToUserName><![CDATA[ww1234567890abcdef]]></ToUserName><FromUserName><![CDATA[sys]]>"
+            "</FromUserName><CreateTime>1403610513</CreateTime><MsgType><![CDATA[event]]></MsgType>"
+            "<Event><![CDATA[change_contact]]></Event><ChangeType>update_user</ChangeType>"
+            f"<UserID><![CDATA[{user}]]></UserID><Department><![CDATA[{departments}]]></Department>"
+            "<MainDepartment>1</MainDepartment></xml>")
+
+    parsed = change("zhangsan", "1,2,3")
+    assert isinstance(parsed, m.ContactChangeEvent) and parsed.agent_id is None
+    assert (parsed.change_type, parsed.user_id, parsed.departments) == ("update_user", "zhangsan", "1,2,3")
+    keys = {change(u, d).dedup_key for u, d in (("zhangsan", "1,2,3"), ("lisi", "1,2,3"), ("zhangsan", "1"))}
+    assert len(keys) == 3 and change("zhangsan", "1").dedup_key in keys

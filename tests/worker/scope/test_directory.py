@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.directory import UNKNOWN, Directory, Member
+from worker.scope.directory import UNKNOWN, Directory, Member
 
 
 class _WeCom:
@@ -63,3 +63,18 @@ def test_the_process_remembers_a_bounded_number(services, monkeypatch):
     for user in ("a", "b", "c"):
         directory.member(user, user)
     assert list(directory._local) == ["b", "c"]
+
+
+def test_a_change_event_forgets_the_member_everywhere(services, redis_client):
+    wecom = _WeCom({"department": [7]})
+    directory = Directory(services, wecom)
+    assert directory.member("h5", "dave") == Member("7", (7,))
+    wecom.answer = {"department": [4]}
+    directory.forget("h5")  # WeCom's change_contact: update_user
+    assert redis_client.get("member:h5") is None
+    assert directory.member("h5", "dave") == Member("4", (4,)) and wecom.asked == 2
+
+
+def test_ids_that_are_not_department_ids_never_reach_a_query(services):
+    wecom = _WeCom({"department": [10**30, "7", -3, 5], "main_department": 10**30})
+    assert Directory(services, wecom).member("h6", "erin") == Member("7", (5, 7))

@@ -4,9 +4,14 @@ needs it.
 A department budget charges the employee's main department (``main_department``, else the first
 of ``department``); the knowledge base searches the documents of all their departments. One
 lookup serves both: cached in Redis for ``DEPARTMENT_CACHE_S`` (one key per user, shared by every
-worker), and in front of that in the process for up to ``LOCAL_S``, so a worker does not ask
-Redis again for an employee it served a moment ago. A change in WeCom reaches the bot when the
-Redis entry expires, at most ``LOCAL_S`` later than it did with Redis alone.
+worker; 5 minutes by default), and in front of that in the process for up to ``LOCAL_S``, so a
+worker does not ask Redis again for an employee it served a moment ago.
+
+A change in WeCom reaches the bot when the Redis entry expires, or at once when WeCom tells us:
+its ``change_contact`` event (update_user, delete_user) makes ``forget`` drop the member's Redis
+entry and this process's own; another worker process may still answer from its own entry for
+up to ``LOCAL_S``. So a member moved out of finance stops seeing finance documents within
+``LOCAL_S`` of the event, and within ``DEPARTMENT_CACHE_S`` + ``LOCAL_S`` without one.
 
 When ``user/get`` fails the employee is a member of no department (only global and personal
 budgets apply, only documents visible to everyone are searched), and nothing is cached: the next
@@ -23,6 +28,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from app.wecom.departments import DepartmentIdError, department_id, known_ids
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +43,7 @@ UNKNOWN = Member()
 
 
 class Directory:
-    LOCAL_S = 60.0
+    LOCAL_S = 30.0
     LOCAL_MAX = 10_000  # employees remembered in the process (the least recent go first)
 
     def __init__(self, services, wecom):
@@ -62,8 +69,21 @@ class Directory:
                     self._local.popitem(last=False)
         return member
 
+    def forget(self, user_hash: str) -> None:
+        """Drop what is cached of one member (WeCom said they changed): asked again next time."""
+        with self._lock:
+            self._local.pop(user_hash, None)
+        try:
+            self.services.redis.delete(self.key(user_hash))
+        except Exception:  # noqa: BLE001 - the entry then expires on its own (DEPARTMENT_CACHE_S)
+            log.warning("department cache entry not dropped (Redis)")
+
+    @staticmethod
+    def key(user_hash: str) -> str:
+        return f"member:{user_hash}"
+
     def _shared(self, user_hash: str, user_id: str) -> Member:
-        key = f"member:{user_hash}"
+        key = self.key(user_hash)
         try:
             cached = self.services.redis.get(key)
             if cached is not None:
@@ -73,9 +93,7 @@ class Directory:
             log.debug("department cache unavailable")
         try:
             found = self.wecom.get_user(user_id)
-            listed = found.get("department") or []
-            member = Member(str(found.get("main_department") or (listed[0] if listed else "")),
-                            tuple(sorted({int(d) for d in listed})))
+            member = _member_of(found)
         except Exception:  # noqa: BLE001 - unknown: no department budget, public documents only
             log.warning("user/get failed; departments unknown for this message")
             return UNKNOWN
@@ -83,3 +101,18 @@ class Directory:
             self.services.redis.set(key, json.dumps([member.main_department, list(member.departments)]),
                                     ex=self.services.settings.department_cache_s)
         return member
+
+
+def _member_of(found: dict) -> Member:
+    """``user/get``'s answer as a ``Member``; ids that are not department ids are dropped."""
+    listed = found.get("department")
+    listed = listed if isinstance(listed, list) else []
+    departments = known_ids(listed)
+    main = ""
+    for candidate in (found.get("main_department"), *listed):  # else the first listed
+        try:
+            main = str(department_id(candidate))
+            break
+        except DepartmentIdError:
+            continue
+    return Member(main, departments)
