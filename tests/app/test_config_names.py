@@ -2,9 +2,10 @@
 
 The names below were taken from ``app/config.py`` before its settings were grouped by concern
 (one ``Settings`` class of 123 fields, main at 411f7b9), with the two main added since
-(``MEDIA_URL_HOSTS``, ``VOICE_MAX_DURATION_S``) and issue 50's (``API_MAX_CONCURRENT_PER_KEY``,
-``AUDIT_STALE_MINUTES``, ``WEB_ROLE``): renaming, dropping or aliasing one of them fails here. A
-new setting is added to the list on purpose.
+(``MEDIA_URL_HOSTS``, ``VOICE_MAX_DURATION_S``), group chats' two (``CHAT_MEMBERS_CACHE_S``,
+``GROUP_SCOPE_MAX_MEMBERS``), issue 52's two (``KB_MODE``, ``WECOM_MARKDOWN``) and issue 50's
+three (``API_MAX_CONCURRENT_PER_KEY``, ``AUDIT_STALE_MINUTES``, ``WEB_ROLE``): renaming,
+dropping or aliasing one of them fails here. A new setting is added to the list on purpose.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ ENGINE_KV_CACHE_BYTES ENGINE_MAX_MODEL_LEN ENGINE_MAX_NUM_SEQS ENGINE_SPECULATIV
 FILE_CONTEXT_MAX_CHARS FINANCE_ACCOUNTING_SUBJECT FINANCE_INVOICE_ITEM GROUP_SCOPE_MAX_MEMBERS
 INFERENCE_BACKEND
 INTAKE_LINGER_MS INTAKE_SOCKET KB_ANSWER_BY_QUOTING KB_CHOICE_SCORING KB_CHUNK_TOKENS
-KB_DECLINE_BIAS KB_ENABLED KB_FALLBACK_CONTACT KB_MAX_UPLOAD_BYTES KB_MIN_RELEVANCE KB_MIN_SCORE
+KB_DECLINE_BIAS KB_ENABLED KB_FALLBACK_CONTACT KB_MAX_UPLOAD_BYTES KB_MIN_RELEVANCE KB_MIN_SCORE KB_MODE
 KB_MIN_SIMILARITY KB_PASSAGES_IN_PROMPT KB_SERVER_RETRY_S KB_TOP_K LOG_FORMAT LOG_LEVEL
 MAX_NEW_TOKENS MEDIA_MAX_BYTES MEDIA_URL_HOSTS METRICS_ADDR METRICS_PORT METRICS_TOKEN MODEL_DIR OPENAI_API_KEY
 OPENAI_BASE_URL OPENAI_MODEL OPENAI_REPLY_START OPENAI_TIMEOUT_S REDIS_URL REQUEST_BODY_TIMEOUT_S
@@ -44,7 +45,7 @@ RERANK_API_KEY RERANK_BASE_URL RERANK_CANDIDATES RERANK_MODEL RERANK_TIMEOUT_S S
 SECRET_KEY_PREVIOUS SESSION_COOKIE_SECURE SWEEP_INTERVAL_S SWEEP_QUEUED_AFTER_S SYSTEM_PROMPT
 TASK_MAX_RETRIES TEMPERATURE TOP_P TRUSTED_PROXIES VISION_API_KEY VISION_BASE_URL VISION_MODEL
 VISION_TIMEOUT_S VOICE_MAX_DURATION_S WECOM_AES_KEY WECOM_AGENT_ID WECOM_API_BASE WECOM_CORP_ID WECOM_DUPLICATE_CHECK_S
-WECOM_RATE_LIMIT_RETRY_S WECOM_SECRET WECOM_TOKEN WECOM_USER_RATE_LIMIT WELCOME_MESSAGE
+WECOM_MARKDOWN WECOM_RATE_LIMIT_RETRY_S WECOM_SECRET WECOM_TOKEN WECOM_USER_RATE_LIMIT WELCOME_MESSAGE
 WEB_ROLE WORKER_HEARTBEAT_TTL_S
 """.split())  # noqa: SIM905 - a block of names reads and diffs better than 123 strings
 # ``settings.<name>`` that are computed from the variables above.
@@ -53,7 +54,7 @@ DERIVED = ("aibot_enabled", "aibot_ws_enabled", "alert_recipients", "blind_index
 
 
 def test_the_settings_read_exactly_the_environment_names_deployments_use():
-    assert len(ENVIRONMENT_NAMES) == 130  # 127, and issue 50's three (docs/security.md)
+    assert len(ENVIRONMENT_NAMES) == 132  # 129, and issue 50's three (docs/security.md)
     read = {name.upper() for name in Settings.model_fields}
     assert sorted(read - ENVIRONMENT_NAMES) == [], "a new variable: add it to the list on purpose"
     assert sorted(ENVIRONMENT_NAMES - read) == [], "renamed or dropped: deployments set these"
