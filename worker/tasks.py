@@ -12,7 +12,13 @@ from celery import shared_task
 from celery.exceptions import Retry
 
 from worker import runtime
-from worker.celery_app import AUDIT_CHECKPOINT, DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
+from worker.celery_app import (
+    AUDIT_CHECKPOINT,
+    DATA_MAINTENANCE,
+    HANDLE_MESSAGE,
+    SIEM_EXPORT,
+    SWEEP_OUTBOX,
+)
 from worker.sweeper import sweep
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,14 @@ def audit_checkpoint() -> int:
     """Every AUDIT_CHECKPOINT_MINUTES: a sealed checkpoint event reseals the chain head."""
     services = runtime.processor().services
     return services.audit.checkpoint(services.db)
+
+
+@shared_task(name=SIEM_EXPORT, acks_late=False)
+def siem_export() -> dict:
+    """Every SIEM_INTERVAL_S: audit events and spend past each SIEM sink's cursor (app.siem)."""
+    from app.siem import export_once
+
+    return export_once(runtime.processor().services).as_dict()
 
 
 @shared_task(bind=True, name=HANDLE_MESSAGE, max_retries=None, acks_late=True)
