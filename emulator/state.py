@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
-FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get",
+FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "department/get", "media/get",
               "message/update_template_card", "appchat/get")
 _MAX_TOKENS = 1000
 

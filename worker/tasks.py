@@ -27,8 +27,11 @@ MAX_WAITS = 1200  # behind an earlier message: look again for at most ~10 minute
 
 @shared_task(name=DATA_MAINTENANCE, acks_late=False)
 def data_maintenance() -> dict:
-    """Hourly: purge audit events past the retention (anchored), charge stale budget reservations."""
+    """Hourly: purge audit events past the retention (anchored), charge stale budget reservations,
+    send again the budget alerts a dead worker left undelivered."""
     from contextlib import suppress
+
+    from app.accounting import redeliver
 
     processor = runtime.processor()
     services = processor.services
@@ -39,10 +42,11 @@ def data_maintenance() -> dict:
     try:
         purged = services.audit.purge(services.db, settings.audit_retention_days)
         charged = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
-        if purged or charged:
-            log.info("data maintenance: purged %d audit events, charged %d expired reservations",
-                     purged, charged)
-        return {"purged": purged, "charged": charged}
+        resent = redeliver(services.db, services.alert_sender, settings.currency)
+        if purged or charged or resent:
+            log.info("data maintenance: purged %d audit events, charged %d expired reservations, "
+                     "sent %d budget alerts again", purged, charged, resent)
+        return {"purged": purged, "charged": charged, "alerts_resent": resent}
     finally:
         with suppress(Exception):  # the lock expires by itself
             lock.release()
