@@ -41,8 +41,12 @@ def migrate(database_url: str | None) -> None:
         from app.config import Settings
 
         database_url = Settings.model_fields["database_url"].default
+    before = migrations.current_revision(database_url)
     migrations.upgrade(database_url)
-    click.echo("database is at the newest revision")
+    after = migrations.current_revision(database_url)
+    if before != after:
+        click.echo(f"database upgraded from revision {before or '(empty)'} to {after}")
+    click.echo(f"database is at the newest revision ({after})")
 
 
 def _services():

@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 
+from emulator import rendering
 from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
@@ -195,6 +196,8 @@ class EmulatorState:
 
     # -- recorded traffic ---------------------------------------------------------------------
     def store_message(self, record: dict) -> dict:
+        """A message the bot sent, with ``shown``: what WeCom shows of it (emulator.rendering)."""
+        record = dict(record, shown=rendering.shown(record))
         with self.lock:
             record = dict(record, seq=self.next_seq(), direction="out")
             self.messages.append(record)

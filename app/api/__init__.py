@@ -14,6 +14,11 @@ A reasoning model's think part is never part of ``content``: with ``API_REASONIN
 comes beside it as ``reasoning_content`` (``delta.reasoning_content`` in a stream, as vLLM and
 hosted GLM APIs send it), with ``strip`` it is dropped. ``chat_template_kwargs.enable_thinking``
 reaches the model (the bundled engine's chat layout, or the model server's).
+
+``tools`` and ``tool_choice`` reach the model too (``app/llm/tools.py``); its calls come back as
+``message.tool_calls`` (``content`` null when it wrote no text) and, streamed, as
+``delta.tool_calls`` pieces, with ``finish_reason`` "tool_calls". The tools count in the prompt's
+tokens: the budget reservation estimates them, the usage is the model's count.
 """
 
 from __future__ import annotations
@@ -176,9 +181,12 @@ def _completion_id() -> str:
 
 
 def _completion(chat: ChatRequest, generation: Generation, show_reasoning: bool) -> dict:
-    message = {"role": "assistant", "content": generation.text}
+    calls = [call.as_openai() for call in generation.tool_calls]
+    message = {"role": "assistant", "content": generation.text or (None if calls else "")}
     if show_reasoning and generation.reasoning:
         message["reasoning_content"] = generation.reasoning
+    if calls:
+        message["tool_calls"] = calls
     return {"id": _completion_id(), "object": "chat.completion", "created": int(time.time()),
             "model": chat.model, "system_fingerprint": None,
             "choices": [{"index": 0, "message": message, "logprobs": None,
@@ -212,6 +220,7 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
     def events():
         parts: list[str] = []
         thoughts: list[str] = []
+        called: list[str] = []  # the calls' names and argument pieces: written, so charged
         final: Generation | None = None
         done = False
 
@@ -220,13 +229,14 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
             done = True
             text, reasoning = "".join(parts), "".join(thoughts)
             generation = final
-            if generation is None and (parts or thoughts):
+            if generation is None and (parts or thoughts or called):
                 # Cut short (client gone, model failed): charge what was produced, thinking
                 # included, estimated as the reservation does, so hanging up is never a way
                 # around the budget.
                 generation = Generation(text=text, model=gw.model_name,
-                                        prompt_tokens=estimate_prompt_tokens(chat.messages),
-                                        completion_tokens=estimate_completion_tokens(text, reasoning),
+                                        prompt_tokens=estimate_prompt_tokens(chat.messages, chat.tools),
+                                        completion_tokens=estimate_completion_tokens(
+                                            text + "".join(called), reasoning),
                                         finish_reason="abort", reasoning=reasoning)
             if generation is not None:
                 gw.settle(admission, caller, generation)
@@ -247,6 +257,9 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
                 if piece.text:
                     parts.append(piece.text)
                     yield chunk({"content": piece.text})
+                for call in piece.tool_calls:
+                    called.append((call.name or "") + call.arguments)
+                    yield chunk({"tool_calls": [call.as_openai()]})
                 piece = next(deltas, None)
             # Recorded before the last events: a client that has read [DONE] finds its usage.
             finish("ok")

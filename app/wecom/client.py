@@ -375,7 +375,7 @@ class WeComClient:
 
     def _send_chunks(self, touser: str, msgtype: str, content: str,
                      duplicate_check_interval: int | None, first_chunk: int) -> list[dict]:
-        chunks = split_for_wecom(content, BYTE_LIMITS[msgtype])
+        chunks = split_for_wecom(content, BYTE_LIMITS[msgtype], markup=msgtype == "markdown")
         if not chunks:
             raise ValueError("content is empty")
         answers = []

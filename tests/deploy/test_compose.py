@@ -161,16 +161,38 @@ def _torch_pin() -> str:
     return next(d.split("==")[1] for d in deps if d.startswith("torch=="))
 
 
-@pytest.mark.parametrize("name, base, index", [
-    ("Dockerfile.cpu", r"python:3\.11-slim", r"https://download\.pytorch\.org/whl/cpu"),
-    ("Dockerfile.cuda", r"nvidia/cuda:[\d.]+-runtime-ubuntu[\d.]+", r"https://download\.pytorch\.org/whl/cu\d+"),
+def test_images_pin_the_torch_of_pyproject():
+    """The CPU image installs torch's CPU build from the lock (tests/deploy/test_lock.py); the
+    CUDA image installs its CUDA build by version from PyTorch's index, then the rest of the lock."""
+    cpu = (ROOT / "docker" / "Dockerfile.cpu").read_text()
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cpu$", cpu, re.M)
+    assert "--require-hashes" in cpu and "requirements.lock" in cpu
+    cuda = (ROOT / "docker" / "Dockerfile.cuda").read_text()
+    assert f"ARG TORCH_VERSION={_torch_pin()}\n" in cuda
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cu\d+$", cuda, re.M)
+    assert "--lock-without-torch" in cuda and "--require-hashes" in cuda
+    for text in (cpu, cuda):
+        assert "USER bot" in text
+
+
+@pytest.mark.parametrize("name, arg, base", [
+    ("Dockerfile.cpu", "BASE_IMAGE", r"python:3\.11-slim-bookworm"),
+    ("Dockerfile.cuda", "CUDA_IMAGE", r"nvidia/cuda:[\d.]+-runtime-ubuntu[\d.]+"),
 ])
-def test_images_pin_the_torch_of_pyproject(name, base, index):
+def test_image_bases_are_pinned_by_digest_and_replaceable(name, arg, base):
     text = (ROOT / "docker" / name).read_text()
-    assert re.search(rf"^(FROM |ARG CUDA_IMAGE=){base}", text, re.M)
-    assert f"ARG TORCH_VERSION={_torch_pin()}\n" in text
-    assert re.search(rf"^ARG TORCH_INDEX_URL={index}$", text, re.M)
-    assert "USER bot" in text
+    assert re.search(rf"^ARG {arg}={base}@sha256:[0-9a-f]{{64}}$", text, re.M)
+    froms = re.findall(r"^FROM (\S+)", text, re.M)
+    assert froms and all(f == f"${{{arg}}}" for f in froms), froms
+
+
+def test_public_images_are_pinned_by_digest_and_replaceable(services):
+    for name, variable, tag in (("postgres", "POSTGRES_IMAGE", "postgres:17"),
+                                ("redis", "REDIS_IMAGE", "redis:7-alpine"),
+                                ("nginx", "NGINX_IMAGE", "nginx:1.27-alpine")):
+        image = services[name]["image"]
+        assert re.fullmatch(rf"\$\{{{variable}:-{re.escape(tag)}@sha256:[0-9a-f]{{64}}\}}", image), image
+        assert (ROOT / "docker" / "local" / f"{name}.Dockerfile").is_file(), "a stand-in to build here"
 
 
 def test_requirements_helper_leaves_torch_to_the_image():
@@ -207,3 +229,8 @@ def test_docker_compose_accepts_the_files(tmp_path):
 def test_images_carry_only_the_demo_model():
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ignored.index("models/*") < ignored.index("!models/demo")
+
+
+def test_aibot_connection_runs_two_replicas_under_both_composes(services):
+    # podman-compose counts deploy.replicas only with mode: replicated said (Docker's default)
+    assert services["aibot-connection"]["deploy"] == {"mode": "replicated", "replicas": 2}

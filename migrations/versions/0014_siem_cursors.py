@@ -4,8 +4,8 @@ One row per (sink, stream): the last audit seq or usage row id the receiver ackn
 forward by a compare-and-set after each batch it took, so an export resumes after an outage, a
 restart or a second exporter without losing or repeating what lies behind it.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-08 10:00:00
 """
 
@@ -13,8 +13,8 @@ from alembic import op
 import sqlalchemy as sa
 
 
-revision = '0013'
-down_revision = '0012'
+revision = '0014'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 
