@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 class Charge:
     admission: Admission
     notice: str | None = None
-    notice_kind: str = "text"  # markdown: the notice card
 
     @property
     def blocked(self) -> bool:
@@ -88,7 +87,7 @@ class Meter:
         first = self.first_notice(budget, row, now)
         notice = budget_notice(budget, admission.spent, now, self.settings.timezone,
                                getattr(budget, "currency", None) or self.settings.currency, first)
-        return Charge(admission, notice.text, notice.kind)
+        return Charge(admission, notice.text)
 
     def first_notice(self, budget, row, now) -> bool:
         """Is this the first message ``budget`` refuses this employee in its period? The mark

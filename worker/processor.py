@@ -567,7 +567,7 @@ class MessageProcessor:
         charge = self.meter.reserve(row, user_id, for_estimate(messages), params.max_tokens,
                                     llm.model_name, choices=params.choice)
         if charge.blocked:
-            return Reply(charge.notice, kind=charge.notice_kind)
+            return Reply(charge.notice)
         started = time.monotonic()
         try:
             generation = channel.generate(llm, messages, params)
