@@ -514,3 +514,19 @@ class FeedbackComment(Base):
 
 
 ENCRYPTED_COLUMNS[FeedbackComment.__tablename__] = ("id", ("comment_enc",))
+
+
+# -- the SIEM export (app.siem) --------------------------------------------------------------------
+class SiemCursor(Base):
+    """How far one sink has taken one stream: the last audit seq (or usage row id) its receiver
+    acknowledged. Moved only forward, by a compare-and-set, after the receiver took the batch."""
+
+    __tablename__ = "siem_cursors"
+
+    sink: Mapped[str] = mapped_column(String(16), primary_key=True)  # syslog | otlp
+    stream: Mapped[str] = mapped_column(String(16), primary_key=True)  # audit | usage
+    position: Mapped[int] = mapped_column(BigInteger, default=0)
+    exported: Mapped[int] = mapped_column(BigInteger, default=0)  # events sent, all runs
+    clear_fields: Mapped[str | None] = mapped_column(String(512))  # the policy last exported under
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(String(200))  # why the last run stopped; None: ok

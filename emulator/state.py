@@ -20,7 +20,7 @@ from emulator import rendering
 from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
-FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get",
+FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "department/get", "media/get",
               "message/update_template_card", "appchat/get")
 _MAX_TOKENS = 1000
 

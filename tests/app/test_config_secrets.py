@@ -28,6 +28,7 @@ from app.config.secret_fields import (
     URL,
     is_pattern,
 )
+from app.config.siem import HEADERS
 from scripts.dev_env import random_aes_key
 from tests.support.env import make_env
 
@@ -115,8 +116,13 @@ def sentinel_env() -> tuple[dict[str, str], dict[str, list[str]]]:
                 value = f"wss://bot:{password}@openws.example.test/"
             elif name == "alert_webhook_url":  # a WeCom group robot: the key is the secret
                 value = f"https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key={password}"
+            elif name == "siem_syslog_url":
+                value = f"tls://svc:{password}@siem.example.test:6514"
             else:
                 value = f"https://svc:{password}@{name.replace('_', '-')}.example.test/v1"
+        elif marker is HEADERS:  # a collector's token in SIEM_OTLP_HEADERS
+            hidden = [f"Bearer {secrets.token_urlsafe(24)}", secrets.token_urlsafe(16)]
+            value = f"Authorization={hidden[0]},X-Scope-Token={hidden[1]}"
         else:
             raise AssertionError(f"{name}: a marker this test cannot make a value for")
         env[name.upper()] = value

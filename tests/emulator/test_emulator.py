@@ -661,3 +661,19 @@ def test_make_runs_secrets_are_the_emulators_demo_values():
 
     refuse_foreign_secrets(EmulatorConfig.from_env(dev_env()))
     refuse_foreign_secrets(EmulatorConfig.from_env({}))  # the AI bot off: no secret at all
+
+
+def test_department_get_names_the_heads(emu):
+    t = token(emu)
+
+    def get(dept_id):
+        return requests.get(emu.url + "/cgi-bin/department/get", params={"access_token": t, "id": dept_id},
+                            timeout=5).json()
+
+    algorithms = get(3)
+    assert algorithms["department"]["department_leader"] == ["wangfang"]  # is_leader_in_dept there
+    assert algorithms["department"]["parentid"] == 2 and algorithms["department"]["name"] == "算法组"
+    assert get(2)["department"]["department_leader"] == ["zhangwei"]
+    assert get(99)["errcode"] == 60123
+    emu.state.directory.update_user("wangfang", departments=[4])  # moved: no longer 算法组's head
+    assert get(3)["department"]["department_leader"] == []
