@@ -2,6 +2,8 @@
 
 ``create_app()`` is the factory gunicorn runs (``app:create_app()``); it reads the settings from
 the environment, so a missing or malformed secret stops start-up with a message naming it.
+``WEB_ROLE`` picks the routes: ``all``, or ``web`` (callbacks, admin, probes) and ``api`` (``/v1``)
+for two gunicorns, so that streams of a slow model never hold the callbacks' threads.
 """
 
 from __future__ import annotations
@@ -29,6 +31,21 @@ class RowIdConverter(IntegerConverter):
         super().__init__(map, fixed_digits, min, max, signed)
 
 
+def body_limits(settings: Settings):
+    """The largest body each path takes: a document upload, a /v1 conversation, else a callback
+    (the app's MAX_CONTENT_LENGTH; the admin forms are far smaller)."""
+    from app.admin.knowledge import MULTIPART_SLACK
+
+    def limit_for(path: str) -> int:
+        if path == "/admin/knowledge/upload":
+            return settings.kb_max_upload_bytes + MULTIPART_SLACK
+        if path.startswith("/v1/"):
+            return settings.api_max_body_bytes
+        return settings.callback_max_bytes
+
+    return limit_for
+
+
 def create_app(settings: Settings | None = None, services: Services | None = None) -> Flask:
     settings = settings or (services.settings if services else get_settings())
     services = services or Services(settings)
@@ -46,19 +63,27 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.extensions["services"] = services
     from app import aibot_callback, api, callback, health, metrics_view
+    from app.body_reader import BodyFirst, raise_body_error
     from app.proxy import trust_proxies
+
+    # Every body is in (or refused: 408, 413) before any hook or view reads it, CSRF included.
+    app.wsgi_app = BodyFirst(app.wsgi_app, settings.request_body_timeout_s, body_limits(settings))
+    app.before_request(raise_body_error)  # the first hook
 
     trust_proxies(app, settings.trusted_proxies)
     app.register_blueprint(health.bp)
-    app.register_blueprint(callback.bp)
-    app.register_blueprint(aibot_callback.bp)
-    app.register_blueprint(api.bp)
+    if settings.web_role != "api":  # WEB_ROLE: the callbacks' service serves them
+        app.register_blueprint(callback.bp)
+        app.register_blueprint(aibot_callback.bp)
+    if settings.web_role != "web":  # ... and /v1 has a service of its own (docs/deploy.md)
+        app.register_blueprint(api.bp)
     app.register_blueprint(metrics_view.bp)
     app.extensions["metrics_registry"] = metrics_view.scrape_registry(services)
 
-    from app import admin
+    if settings.web_role != "api":
+        from app import admin
 
-    admin.init_app(app, services)
+        admin.init_app(app, services)
 
     from app.cli import apikeys, audit, budgets, keys, prices, users
 
@@ -88,6 +113,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):
         if request.path.startswith("/v1/"):  # unknown API routes and methods, in OpenAI's shape
+            if settings.web_role == "web" and exc.code == 404:
+                exc.description = "/v1 is served by the API service (WEB_ROLE=api), not this one"
             return api.http_error(exc)
         return jsonify(error=exc.description if exc.code != 413 else "body too large"), exc.code
 

@@ -20,6 +20,11 @@ transcript), images, files and mixed messages as by callback, each image's and f
 (``app.feedback``); a ``feedback_event`` (the employee's 👍/👎 on it) goes to the outbox like
 the callback's, deduplicated by msgid, and the worker records it.
 
+**Pushes** (``aibot_send_msg``: the bot writing first, e.g. a budget alert to a department
+head) are queued in Redis by any process (``app.aibot_pushes``); the holder sends each with the
+pump and marks it sent once WeCom acknowledged it (a holder that dies before the ack leaves it to
+the next, which sends it again).
+
 **Replies** are the stream the worker writes to Redis for the callback's refresh polls
 (``app.aibot_streams``); nothing in the worker changes. The holder pushes each stream instead of
 waiting to be polled: a Redis hash ``aibot:ws:pending`` (stream id -> the message's ``req_id``)
@@ -54,6 +59,7 @@ import redis
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import aibot_callback, redis_client
+from app.aibot_pushes import Pushes
 from app.callback import CallbackRejected
 from app.intake.protocol import IntakeUnavailable
 from app.logging_setup import request_id_var
@@ -198,6 +204,7 @@ class Session:
     unacked: dict[str, int] = field(default_factory=dict)  # req_id -> respond frames awaiting ack
     finished: dict[str, str] = field(default_factory=dict)  # req_id -> its stream, finish sent
     offered: dict[str, str] = field(default_factory=dict)  # stream id -> feedback id, first frame
+    pushing: dict[str, str] = field(default_factory=dict)  # aibot_send_msg req_id -> push key
 
     def send(self, frame: aibot_ws.Frame) -> None:
         self.ws.send(frame.encode())
@@ -269,6 +276,9 @@ class Session:
     def acked(self, frame: aibot_ws.Frame) -> None:
         if frame.req_id.startswith(aibot_ws.PING):
             self.heartbeat.acked()
+            return
+        if frame.req_id in self.pushing:
+            self.pushed(frame)
             return
         if frame.errcode:
             log.warning("frame refused req_id=%s errcode=%s errmsg=%s", frame.req_id, frame.errcode,
@@ -380,10 +390,40 @@ class Session:
         stream = message["stream"]
         self.send(aibot_ws.respond_stream(req_id, stream["id"], stream["content"], stream["finish"]))
 
+    # -- messages the bot writes first (app.aibot_pushes) --------------------------------------
+    def push_waiting(self) -> None:
+        """Send each queued ``aibot_send_msg`` not yet in flight on this connection."""
+        try:
+            waiting = self.holder.pushes.waiting()
+        except redis.RedisError as exc:
+            log.warning("pushes unavailable: %s", type(exc).__name__)
+            return
+        in_flight = set(self.pushing.values())
+        for push in waiting:
+            if push.key in in_flight:
+                continue
+            frame = aibot_ws.send_markdown(push.chatid, push.content)
+            self.send(frame)
+            self.pushing[frame.req_id] = push.key
+
+    def pushed(self, frame: aibot_ws.Frame) -> None:
+        """WeCom's answer to a push: sent (never again), or refused (dropped: it would be refused
+        again; what it carried went by app message as well)."""
+        key = self.pushing.pop(frame.req_id)
+        if frame.errcode:
+            log.warning("push refused req_id=%s errcode=%s errmsg=%s", frame.req_id, frame.errcode,
+                        frame.errmsg)
+            self.holder.pushes.drop(key)
+        else:
+            self.holder.pushes.sent(key)
+            log.info("pushed over the long connection req_id=%s", frame.req_id)
+
     # -- stream frames to WeCom ----------------------------------------------------------------
     def pump(self) -> None:
-        """Push every owed stream whose text changed since the last frame; finish the done."""
+        """Push every owed stream whose text changed since the last frame; finish the done; send
+        the messages the bot writes first."""
         holder = self.holder
+        self.push_waiting()
         try:
             owed = holder.pending.all()
         except redis.RedisError as exc:
@@ -434,6 +474,7 @@ class Holder:
         self.stopping = stopping or threading.Event()
         self.lease = Lease(services.redis, s.aibot_ws_lease_s)
         self.pending = Pending(services.redis)
+        self.pushes = Pushes(services.redis)
         self.backoff = aibot_ws.Backoff(1.0, s.aibot_ws_backoff_max_s)
         self.keeper: LeaseKeeper | None = None
         self._connect = connect or _connect

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from app.audit_checks import ChainChecks
-from app.audit_head import Head, HeadFile
+from app.audit_head import FORKED, Coalesced, Head, HeadFile
 from app.audit_keys import ChainKeys, chain_key
 from app.db import utcnow
 from app.models import AuditChain, AuditEvent
@@ -139,14 +139,18 @@ class ChainBroken(RuntimeError):
 
 class AuditLog:
     def __init__(self, cipher: FieldCipher, secret: bytes | str, previous_secrets: list = (), *,
-                 checkpoint_minutes: int = 0, head_file: str | None = None):
+                 checkpoint_minutes: int = 0, head_file: str | None = None, stale_minutes: int = 0):
         """``previous_secrets``: SECRET_KEYs before a rotation, whose rows still verify (up to
         the rotation event). ``checkpoint_minutes``: how often the beat writes a checkpoint; 0:
-        none, and no staleness check. ``head_file``: the head's copy outside the database."""
+        none, and no staleness check. ``head_file``: the head's copy outside the database.
+        ``stale_minutes``: how old a head (or copy) may be before ``verify`` reports it (0:
+        twice ``checkpoint_minutes``)."""
         self.cipher = cipher
         self.keys = ChainKeys(secret, previous_secrets)
         self.checkpoint_minutes = checkpoint_minutes
+        self.stale_minutes = stale_minutes
         self.head_file = HeadFile(head_file) if head_file else None
+        self._copier: Coalesced | None = None
 
     # -- sealing -------------------------------------------------------------------------------
     def seal(self, row: AuditEvent, seq: int | None = None, key: bytes | None = None) -> str:
@@ -246,20 +250,42 @@ class AuditLog:
         self.publish_head(db)
         return row.seq
 
-    def publish_head(self, db) -> None:
+    def publish_head(self, db, resealed: bool = False) -> None:
         """Copy the committed head outside the database (when AUDIT_HEAD_FILE is set).
 
         A copy that cannot be written is logged, not raised: the event is committed already,
         and a caller that retried on the error would write it twice; ``verify`` reports the
-        copy as missing or behind."""
+        copy as missing or behind. ``resealed``: the chain was re-linked with the key (a
+        SECRET_KEY or data key rotation verified it first), so the copy's row hash changed
+        honestly and the copy follows."""
         if self.head_file is None:
             return
         with db.reader() as session:
             head = Head.of(session.get(AuditChain, 1, populate_existing=True))
-        try:
-            self.head_file.write(head)
-        except OSError as exc:
-            log.warning("audit head copy not written to %s: %s", self.head_file.path, exc)
+
+            def stored_hash(seq: int) -> str | None:
+                return session.scalar(select(AuditEvent.row_hash).where(AuditEvent.seq == seq))
+
+            try:
+                outcome = self.head_file.write(head, None if resealed else stored_hash)
+            except OSError as exc:
+                log.warning("audit head copy not written to %s: %s", self.head_file.path, exc)
+                return
+        if outcome == FORKED:
+            log.error("audit head copy at %s names a row the chain no longer holds (cut and "
+                      "appended to since?): kept as evidence, not overwritten; run 'audit verify'",
+                      self.head_file.path)
+
+    def head_moved(self, db) -> None:
+        """``publish_head`` soon, in a thread of this process (``Coalesced``): for writers
+        whose commits are many and latency-bound (the callbacks' group commit). Without it the
+        copy lagged the chain by every callback since the last checkpoint, and a tail cut back
+        into that lag, under an old head put back, showed nowhere."""
+        if self.head_file is None:
+            return
+        if self._copier is None:
+            self._copier = Coalesced(lambda: self.publish_head(db))
+        self._copier.poke()
 
     # -- verifying -----------------------------------------------------------------------------
     def check(self, db, now: datetime | None = None) -> VerifyReport:
@@ -316,11 +342,13 @@ class AuditLog:
         self._check_ends(session, head, report)
         checks.head(Head.of(head), head.head_mac, now or utcnow(), self._max_head_age())
         report.issues += checks.issues
-        report.issues += self._check_copy(session, head)
+        report.issues += self._check_copy(session, head, now or utcnow())
         report.issues.sort(key=lambda issue: (issue.seq, issue.kind))
         return report
 
     def _max_head_age(self) -> timedelta | None:
+        if self.stale_minutes:
+            return timedelta(minutes=self.stale_minutes)
         return timedelta(minutes=2 * self.checkpoint_minutes) if self.checkpoint_minutes else None
 
     def _moved_from(self, session: Session, row: AuditEvent) -> int | None:
@@ -373,8 +401,9 @@ class AuditLog:
     def _intact(self, row: AuditEvent) -> bool:
         return self.sealed(row)
 
-    def _check_copy(self, session: Session, head: AuditChain) -> list[Issue]:
-        """The head against its copy outside the database: the copy may lag, never lead."""
+    def _check_copy(self, session: Session, head: AuditChain, now: datetime) -> list[Issue]:
+        """The head against its copy outside the database: the copy may lag, never lead, and
+        not for longer than the stale limit."""
         if self.head_file is None:
             return []
         path = self.head_file.path
@@ -393,6 +422,17 @@ class AuditLog:
             if stored != copy.last_hash:
                 return [Issue("external", copy.last_seq, f"the head copy at {path} names another "
                               f"row at seq {copy.last_seq}: the chain was rewritten from there")]
+        max_age = self._max_head_age()
+        if max_age is not None and copy.last_seq < head.last_seq:
+            try:
+                age = now - datetime.fromisoformat(copy.sealed_at)
+            except (TypeError, ValueError):
+                return [Issue("external", copy.last_seq, f"the head copy at {path} has no valid time")]
+            if age > max_age:
+                return [Issue("external", copy.last_seq, f"the head copy at {path} is {_minutes(age)} "
+                              f"old and behind the chain (seq {copy.last_seq} of {head.last_seq}), "
+                              f"past the stale limit of {_minutes(max_age)}: copies stopped (can "
+                              "the services write the file?)")]
         return []
 
     # -- retention -----------------------------------------------------------------------------
@@ -547,3 +587,7 @@ def _missing_issues(seen: bytearray, anchor_seq: int) -> list[Issue]:
             issues.append(Issue("deleted", a, "missing" if a == b else f"seq {a}..{b} missing"))
             start = None
     return issues
+
+
+def _minutes(delta: timedelta) -> str:
+    return f"{int(delta.total_seconds() // 60)} min"

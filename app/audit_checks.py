@@ -86,8 +86,9 @@ class ChainChecks:
                 age = now - head.sealed_at
                 if max_age is not None and age > max_age:
                     self._add("stale", head.last_seq, f"the chain head was last sealed "
-                              f"{_hours(age)} ago (checkpoints should reseal it every "
-                              f"{_hours(max_age / 2)}): newest events cut off, or checkpoints stopped")
+                              f"{_hours(age)} ago, past the stale limit of {_hours(max_age)} "
+                              "(AUDIT_STALE_MINUTES; checkpoints reseal it): an old head put back "
+                              "over cut events, or checkpoints stopped")
         self._anchor(head)
 
     def _anchor(self, head: Head) -> None:

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+WRITTEN, BEHIND, FORKED = "written", "behind", "forked"
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,14 @@ class HeadFile:
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{self.path} is not a head copy: {exc}") from None
 
-    def write(self, head: Head) -> bool:
-        """Replace the copy with ``head`` unless the copy there is newer; True if written."""
+    def write(self, head: Head, stored_hash: Callable[[int], str | None] | None = None) -> str:
+        """Replace the copy with ``head`` unless the copy there is newer (``BEHIND``) or names
+        a row the chain no longer holds (``FORKED``); ``WRITTEN`` when written.
+
+        ``stored_hash(seq)``: the chain's row hash at ``seq`` now (None: purged or absent). An
+        old head put back over a cut tail, then appended to, reuses the cut seqs: overwriting
+        the copy would hide the cut for good, so a copy whose row was replaced is kept, as the
+        evidence ``verify`` reports."""
         copy = HeadCopy(head.last_seq, head.last_hash, head.anchor_seq,
                         head.sealed_at.astimezone(UTC).isoformat(timespec="microseconds"))
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +104,10 @@ class HeadFile:
             except ValueError:
                 there = None
             if there is not None and there.last_seq > copy.last_seq:
-                return False
+                return BEHIND
+            if there is not None and stored_hash is not None and there.last_seq > head.anchor_seq \
+                    and stored_hash(there.last_seq) != there.last_hash:
+                return FORKED
             fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", dir=self.path.parent)
             try:
                 with os.fdopen(fd, "w") as out:
@@ -103,4 +118,39 @@ class HeadFile:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-        return True
+        return WRITTEN
+
+
+class Coalesced:
+    """Runs ``publish`` in a thread of its own soon after ``poke``, at most once every
+    ``min_interval_s``: many commits (the callbacks' group commit, a batch every few ms under
+    load) cost one copy of the head, and no committing thread waits for the file's fsync.
+
+    The thread starts on the first poke in each process (a forked web worker gets its own)."""
+
+    def __init__(self, publish: Callable[[], None], min_interval_s: float = 0.5):
+        self._publish = publish
+        self.min_interval_s = min_interval_s
+        self._poked = threading.Event()
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    def poke(self) -> None:
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._poked = threading.Event()
+                    threading.Thread(target=self._run, args=(self._poked,), name="audit-head-copy",
+                                     daemon=True).start()
+                    self._pid = os.getpid()
+        self._poked.set()
+
+    def _run(self, poked: threading.Event) -> None:
+        while True:
+            poked.wait()
+            poked.clear()
+            try:
+                self._publish()
+            except Exception:  # noqa: BLE001 - 'audit verify' reports a copy behind the chain
+                log.exception("the audit head was not copied out")
+            threading.Event().wait(self.min_interval_s)

@@ -12,6 +12,7 @@
 - ``apikeys create`` / ``apikeys list`` / ``apikeys disable``: keys of the ``/v1`` API.
 - ``kb add FILE --title T [--departments 1,2] [--contact TEAM]`` / ``kb list`` / ``kb remove ID`` /
   ``kb search QUESTION [--department N]`` / ``kb reindex``: the knowledge base.
+- ``siem status`` / ``siem export``: the SIEM sinks' cursors, one export run now (app/siem).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from datetime import datetime
 import click
 
 from app.config import ConfigError
+from app.siem.cli import siem_group
 
 
 @click.group()
@@ -565,6 +567,7 @@ def kb_search(question: str, departments: tuple[int, ...], everything: bool,
 
 for _group in (keys, audit, prices, budgets, users, apikeys, kb):
     cli.add_command(_group)
+cli.add_command(siem_group(_services))
 
 
 def main() -> None:

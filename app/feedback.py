@@ -3,8 +3,10 @@
 On the app channel the worker follows a model answer with a template card of WeCom's
 ``button_interaction`` type (模板卡片消息, ``message/send`` with ``msgtype: template_card``). Its
 ``task_id`` names the answered message (``fb-<message id>-<keyed check>``): the check is a blind
-index of the id, so a task id cannot be made up for another message. A click comes back as the
-``template_card_event`` callback (``EventKey`` the button's key, ``TaskId``, ``ResponseCode``),
+index of the id, so a task id cannot be made up for another message. Its drop-down
+(``button_selection``) offers the 👎's reasons. A click comes back as the
+``template_card_event`` callback (``EventKey`` the button's key, ``TaskId``, ``ResponseCode``,
+``SelectedItems`` the drop-down's choice, stored as the 👎's reason codes),
 signed and encrypted like every callback; it goes through the outbox like any event, and the
 worker records the rating and turns the card's buttons into "rated" with
 ``message/update_template_card`` (the callback's ``response_code``, usable once, for 72 h).
@@ -71,6 +73,12 @@ FEEDBACK_ID_MAX_BYTES = 256
 
 CARD_TITLE = "这个回答有帮助吗？"
 CARD_DESC = "Was this answer helpful?"
+# The card's 👎 reasons: a button_selection (WeCom's drop-down of a button_interaction card, at
+# most 10 options, the first selected unless another is) whose choice comes back with the click
+# in SelectedItems; the codes are the AI bot's (REASONS), so both channels' reasons count alike.
+REASON_KEY = "fb_reason"
+NO_REASON = "0"
+CARD_REASONS = {NO_REASON: "👎 原因（可不选）", "1": "与问题无关", "2": "内容不完整", "3": "内容有错误"}
 RATED_TEXT = {1: "已评价：👍 有帮助 · thanks", -1: "已评价：👎 没帮助 · thanks"}
 
 
@@ -93,11 +101,15 @@ def message_of(blind_index, task: str) -> int | None:
 
 
 def build_card(task: str) -> dict:
-    """The ``template_card`` object: a button_interaction card with 👍 and 👎."""
+    """The ``template_card`` object: a button_interaction card with 👍 and 👎, and the 👎's
+    reasons as its drop-down (sent with the click)."""
     return {
         "card_type": "button_interaction",
         "main_title": {"title": CARD_TITLE, "desc": CARD_DESC},
         "task_id": task,
+        "button_selection": {"question_key": REASON_KEY, "title": "原因 Why",
+                             "option_list": [{"id": k, "text": v} for k, v in CARD_REASONS.items()],
+                             "selected_id": NO_REASON},
         "button_list": [
             {"text": "👍 有帮助", "style": 1, "key": UP},
             {"text": "👎 没帮助", "style": 2, "key": DOWN},
@@ -115,6 +127,7 @@ class CardClick:
     message_id: int
     rating: int
     response_code: str
+    reasons: tuple[int, ...] = ()  # a 👎's reason codes (REASONS), from the card's drop-down
 
 
 def parse_click(blind_index, payload: dict) -> CardClick | None:
@@ -123,7 +136,10 @@ def parse_click(blind_index, payload: dict) -> CardClick | None:
     rating = rating_of(str(payload.get("event_key") or ""))
     if message_id is None or rating is None:
         return None
-    return CardClick(message_id, rating, str(payload.get("response_code") or ""))
+    chosen = (payload.get("selected") or {}).get(REASON_KEY) if isinstance(payload.get("selected"), dict) else None
+    reasons = tuple(sorted({int(c) for c in (chosen or ()) if isinstance(c, str) and c in CARD_REASONS
+                            and c != NO_REASON})) if rating < 0 else ()
+    return CardClick(message_id, rating, str(payload.get("response_code") or ""), reasons)
 
 
 # -- the AI bot's feedback id and event -------------------------------------------------------------
@@ -204,8 +220,10 @@ class Recorded:
 
 
 def record_rating(services, message_id: int, user_hashes: list[str] | str, rating: int,
-                  tz, channel: str = "app", request_id: str | None = None) -> str:
-    """Store ``rating`` (+1/-1) of the answer ``message_id`` by its own asker, once; audited."""
+                  tz, channel: str = "app", request_id: str | None = None,
+                  reasons: tuple[int, ...] = ()) -> str:
+    """Store ``rating`` (+1/-1) of the answer ``message_id`` by its own asker, once, with a 👎's
+    reason codes; audited."""
     if rating not in (1, -1):
         raise ValueError("rating must be 1 or -1")
     hashes = [user_hashes] if isinstance(user_hashes, str) else list(user_hashes)
@@ -225,14 +243,15 @@ def record_rating(services, message_id: int, user_hashes: list[str] | str, ratin
                 session.add(AnswerRating(message_id=message_id, rating=rating, channel=channel,
                                          user_hash=message.user_hash, department=department or "",
                                          model=model[:64], day=now.astimezone(tz).date(),
-                                         created_at=now))
+                                         created_at=now,
+                                         reasons=",".join(str(r) for r in reasons if rating < 0)[:32]))
         except IntegrityError:  # a concurrent delivery of the same click won
             return Recorded.DUPLICATE
         services.audit.append(session, EventType.FEEDBACK, actor=message.user_hash,
                               request_id=request_id,
                               payload={"kind": "rating", "message_id": message_id,
                                        "rating": "up" if rating > 0 else "down", "model": model[:64],
-                                       "channel": channel})
+                                       "channel": channel, **({"reasons": list(reasons)} if reasons else {})})
     _publish_head(services)
     return Recorded.STORED
 

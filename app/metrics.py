@@ -69,3 +69,10 @@ def message_finished(status: str, latency_s: float | None) -> None:
 def generation(model: str, completion_tokens: int, seconds: float) -> None:
     GENERATED_TOKENS.labels(model=model).inc(max(completion_tokens, 0))
     GENERATION_SECONDS.labels(model=model).inc(max(seconds, 0.0))
+SIEM_EXPORTED = Counter(
+    "wecom_bot_siem_exported",
+    "Audit events and usage rows a SIEM sink acknowledged (app/siem)", ["sink", "stream"])
+SIEM_FAILURES = Counter(
+    "wecom_bot_siem_failures",
+    "SIEM batches not acknowledged (sent again next run); rising: the receiver is down",
+    ["sink", "stream"])

@@ -475,6 +475,28 @@ class AnswerRating(Base):
                       Index("ix_ratings_day", "day"))
 
 
+class AnswerSource(Base):
+    """One passage a model answer cited (revision 0013): its number in the answer, the document
+    and chunk, ``section_key`` (a blind index of the document and section, so the 👎 report
+    groups without decrypting) and "title › section" sealed with the row's id. Written when the
+    answer is stored, before it is sent (``app.answer_sources``); a file the employee sent is
+    never recorded here."""
+
+    __tablename__ = "answer_sources"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    message_id: Mapped[int] = mapped_column(BigInt)
+    position: Mapped[int] = mapped_column(Integer)
+    document_id: Mapped[int] = mapped_column(BigInt)
+    chunk_id: Mapped[int] = mapped_column(BigInt)
+    section_key: Mapped[str] = mapped_column(String(64))
+    source_enc: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (UniqueConstraint("message_id", "position", name="uq_answer_sources_message_position"),
+                      Index("ix_answer_sources_section", "document_id", "section_key"))
+
+
 class FeedbackComment(Base):
     """A ``/feedback <text>`` comment, sealed; ``message_id``: the user's last answer, if any."""
 
@@ -492,3 +514,19 @@ class FeedbackComment(Base):
 
 
 ENCRYPTED_COLUMNS[FeedbackComment.__tablename__] = ("id", ("comment_enc",))
+
+
+# -- the SIEM export (app.siem) --------------------------------------------------------------------
+class SiemCursor(Base):
+    """How far one sink has taken one stream: the last audit seq (or usage row id) its receiver
+    acknowledged. Moved only forward, by a compare-and-set, after the receiver took the batch."""
+
+    __tablename__ = "siem_cursors"
+
+    sink: Mapped[str] = mapped_column(String(16), primary_key=True)  # syslog | otlp
+    stream: Mapped[str] = mapped_column(String(16), primary_key=True)  # audit | usage
+    position: Mapped[int] = mapped_column(BigInteger, default=0)
+    exported: Mapped[int] = mapped_column(BigInteger, default=0)  # events sent, all runs
+    clear_fields: Mapped[str | None] = mapped_column(String(512))  # the policy last exported under
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(String(200))  # why the last run stopped; None: ok

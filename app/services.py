@@ -65,7 +65,8 @@ class Services:
 
         s = self.settings
         return AuditLog(self.cipher, s.secret_key.get_secret_value(), s.previous_secret_keys,
-                        checkpoint_minutes=s.audit_checkpoint_minutes, head_file=s.audit_head_file)
+                        checkpoint_minutes=s.audit_checkpoint_minutes, head_file=s.audit_head_file,
+                        stale_minutes=s.audit_stale_minutes)
 
     @cached_property
     def intake(self) -> Intake:
@@ -135,12 +136,23 @@ class Services:
 
     @built_once
     def alert_sender(self) -> AlertSender:
-        """Budget alerts to ``ALERT_WECOM_USERS`` and the webhook, off the reply path."""
+        """Budget alerts to ``ALERT_WECOM_USERS``, the webhook and the department's heads, off
+        the reply path."""
         from app.accounting import AlertSender
 
         s = self.settings
         return AlertSender(self.wecom, s.alert_recipients, s.alert_webhook_url,
-                           s.alert_webhook_timeout_s, db=self.db)
+                           s.alert_webhook_timeout_s, db=self.db, routes=self._alert_routes())
+
+    def _alert_routes(self) -> list:
+        """A department budget's alerts to its heads (ALERT_DEPARTMENT_HEADS), by the AI bot
+        too where its long connection is set up."""
+        if not self.settings.alert_department_heads:
+            return []
+        from app.accounting import DepartmentHeads
+        from app.aibot_pushes import Pushes
+
+        return [DepartmentHeads(self.wecom, Pushes(self.redis) if self.settings.aibot_ws_enabled else None)]
 
     @built_once
     def accounting(self) -> Accounting:

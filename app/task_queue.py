@@ -21,6 +21,7 @@ HANDLE_MESSAGE = "worker.tasks.handle_message"
 SWEEP_OUTBOX = "worker.tasks.sweep_outbox"
 DATA_MAINTENANCE = "worker.tasks.data_maintenance"
 AUDIT_CHECKPOINT = "worker.tasks.audit_checkpoint"
+SIEM_EXPORT = "worker.tasks.siem_export"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -77,6 +78,11 @@ def make_celery(settings: Settings) -> Celery:
             **({"audit-checkpoint": {"task": AUDIT_CHECKPOINT,
                                      "schedule": settings.audit_checkpoint_minutes * 60.0}}
                if settings.audit_checkpoint_minutes else {}),
+            # Audit events and spend past each SIEM sink's cursor (app/siem); a run that
+            # waited longer than the period in the queue is dropped, the next one takes over.
+            **({"siem-export": {"task": SIEM_EXPORT, "schedule": settings.siem_interval_s,
+                                "options": {"expires": settings.siem_interval_s}}}
+               if settings.siem_enabled else {}),
         },
     )
     if is_amqp(settings.celery_broker_url):

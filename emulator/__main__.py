@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from emulator.config import EmulatorConfig, UnsafeToRun, refuse_production
+from emulator.config import EmulatorConfig, UnsafeToRun, refuse_foreign_secrets, refuse_production
 from emulator.directory import Directory
 from emulator.server import create_emulator, serve
 
@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         aibot_ws_port=args.aibot_ws_port,
         directory=Directory.load(args.directory) if args.directory else None,
     )
+    try:
+        refuse_foreign_secrets(config)
+    except UnsafeToRun as exc:
+        print(f"refusing to start the WeCom emulator: {exc}", file=sys.stderr)
+        return 2
     app, state = create_emulator(config)
     server = serve(app, config.host, config.port)
     log = logging.getLogger("emulator")

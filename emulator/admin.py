@@ -170,8 +170,11 @@ def send():
 
 @bp.post("/_emulator/card_click")
 def card_click():
-    """A user clicks a button of a template card the app sent: {"userid", "task_id", "key"}.
-    Delivers the ``template_card_event`` callback with a fresh ``response_code`` for that card."""
+    """A user clicks a button of a template card the app sent: {"userid", "task_id", "key",
+    "selected"?: {question_key: option id}}. Delivers the ``template_card_event`` callback with a
+    fresh ``response_code`` for that card and, for a card with a drop-down (``button_selection``),
+    ``SelectedItems``: the option chosen, else the card's ``selected_id`` (else its first), as
+    WeCom sends it."""
     body = _json_body()
     st = state()
     userid, task_id, key = (str(body.get(k) or "") for k in ("userid", "task_id", "key"))
@@ -183,9 +186,19 @@ def card_click():
         return bad_request("key is not one of the card's buttons")
     if card.get("card_update"):
         return bad_request("the card was updated: its buttons are no longer clickable", 409)
+    selection = (card.get("payload") or {}).get("button_selection")
+    selected = {}
+    if isinstance(selection, dict):
+        options = [str(o.get("id")) for o in selection.get("option_list") or []]
+        chosen = str((body.get("selected") or {}).get(selection.get("question_key"))
+                     or selection.get("selected_id") or (options[0] if options else ""))
+        if chosen not in options:
+            return bad_request("the selected option is not one of the card's drop-down")
+        selected = {selection.get("question_key"): [chosen]}
     spec = {"from_user": card["touser"], "event": "template_card_event", "event_key": key,
             "task_id": task_id, "card_type": card["payload"].get("card_type", ""),
-            "response_code": st.issue_response_code(card["seq"]), "wait": body.get("wait")}
+            "response_code": st.issue_response_code(card["seq"]), "selected": selected,
+            "wait": body.get("wait")}
     try:
         return jsonify(deliverer().send(spec, wait=bool(body.get("wait"))))
     except CallbackError as exc:

@@ -16,7 +16,10 @@ stream is acknowledged and counted as ``duplicate_finish``, shown to nobody). A 
 answered before its connection closed is pushed again, same msgid, new req_id, to the next
 subscribed connection (the app deduplicates by msgid). A ``stream.feedback.id`` on the first
 frame of a message's req_id makes the reply ratable (``AibotDeliverer.rate``); the rating is an
-``aibot_event_callback`` frame (``feedback_event``) that no frame answers.
+``aibot_event_callback`` frame (``feedback_event``) that no frame answers. ``aibot_send_msg``
+(the bot writing first: markdown or a template card, to a member's single chat or a group) is
+acknowledged and shown as an outbound message (``source: aibot_ws_send``); text is refused
+(40008), as WeCom refuses it there.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ log = logging.getLogger("emulator")
 BAD_SECRET = 40001
 UNKNOWN_REQ_ID = 40058  # WeCom's "invalid parameter"
 STREAM_EXPIRED = 846608
+INVALID_MSGTYPE = 40008
+PUSH_TYPES = ("markdown", "template_card")
+PUSH_MAX_BYTES = 20480
 
 
 def own_keys(body: dict) -> None:
@@ -134,6 +140,8 @@ class LongConnection:
                     conn.send(self._respond(frame, conn.number).encode())
                 elif frame.cmd == proto.RESPOND_WELCOME:
                     conn.send(self._welcome(frame).encode())
+                elif frame.cmd == proto.SEND:
+                    conn.send(self._pushed(frame).encode())
                 else:
                     conn.send(proto.ack(frame.req_id, UNKNOWN_REQ_ID, "unknown cmd").encode())
         except Exception as exc:  # noqa: BLE001 - a connection's end, however it comes
@@ -341,6 +349,35 @@ class LongConnection:
         st.store_message({"msgid": None, "touser": record["from_user"], "chat_id": "", "msgtype": "text",
                           "content": content, "payload": {}, "agentid": None, "time": st.wall(),
                           "source": "aibot_ws_welcome", "delivery_id": delivery_id})
+        return proto.ack(frame.req_id)
+
+    def _pushed(self, frame) -> proto.Frame:
+        """``aibot_send_msg``: the bot writes first (a markdown or a template card) to a user's
+        single chat (``chatid`` = the userid) or a group chat; shown as an outbound message."""
+        st = self.state
+        body = frame.body or {}
+        chatid, msgtype = body.get("chatid"), body.get("msgtype")
+        if not isinstance(chatid, str) or not chatid.strip():
+            st.bump("aibot_ws", "send_refused")
+            return proto.ack(frame.req_id, UNKNOWN_REQ_ID, "chatid required")
+        if msgtype not in PUSH_TYPES:  # WeCom takes neither text nor stream here
+            st.bump("aibot_ws", "send_refused")
+            return proto.ack(frame.req_id, INVALID_MSGTYPE, "invalid message type")
+        item = body.get(msgtype)
+        content = item.get("content") if isinstance(item, dict) and msgtype == "markdown" else None
+        if msgtype == "markdown" and (not isinstance(content, str) or not content.strip()
+                                      or len(content.encode()) > PUSH_MAX_BYTES):
+            st.bump("aibot_ws", "send_refused")
+            return proto.ack(frame.req_id, UNKNOWN_REQ_ID, "markdown.content empty or too long")
+        group = body.get("chat_type") == 2
+        if not group and st.directory.user(chatid) is None:
+            st.bump("aibot_ws", "send_refused")
+            return proto.ack(frame.req_id, UNKNOWN_REQ_ID, "chatid is not a member")
+        st.store_message({"msgid": None, "touser": "" if group else chatid.lower(),
+                          "chat_id": chatid if group else "", "msgtype": msgtype, "content": content,
+                          "payload": body, "agentid": None, "time": st.wall(),
+                          "source": "aibot_ws_send"})
+        st.bump("aibot_ws", "sent")
         return proto.ack(frame.req_id)
 
     def drop(self) -> bool:

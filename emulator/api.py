@@ -1,5 +1,5 @@
 """WeCom's HTTP API as the app sees it: ``/cgi-bin/gettoken``, ``message/send``, ``user/get``,
-``department/list``, ``appchat/create``/``get``/``update`` (group chats: ``emulator.chats``).
+``department/list``, ``department/get``, ``appchat/create``/``get``/``update`` (group chats: ``emulator.chats``).
 
 Like the real service every answer is HTTP 200 with ``{"errcode", "errmsg", ...}`` (errmsg carries
 a ``hint`` and the ``more info at`` link), except a queued HTTP fault. The checks run in roughly
@@ -335,6 +335,27 @@ def _department_list() -> dict:
             return error(60123)
         return error(0, department=found)
     return error(0, department=st.directory.departments)
+
+
+@bp.get("/department/get")
+def department_get():
+    return answer("department/get", _department_get)
+
+
+def _department_get() -> dict:
+    """One department with its heads (``department_leader``), as WeCom answers it since 2022."""
+    st = state()
+    code = st.check_token(request.args.get("access_token"))
+    if code:
+        return error(code)
+    dept_id = request.args.get("id", "")
+    if not dept_id:
+        return error(41009, "missing id")
+    department = st.directory.department(dept_id)
+    if department is None:
+        return error(60123)
+    fields = {k: department[k] for k in ("id", "name", "name_en", "parentid", "order") if k in department}
+    return error(0, department={**fields, "department_leader": st.directory.leaders(dept_id)})
 
 
 # -- group chats (appchat) ------------------------------------------------------------------

@@ -73,6 +73,12 @@ def build_callback_xml(corp_id: str, agent_id: int, spec: dict, create_time: int
                        ("TaskId", spec.get("task_id") or "", True),
                        ("CardType", spec.get("card_type") or "button_interaction", True),
                        ("ResponseCode", spec.get("response_code") or "", True)]
+            if spec.get("selected"):  # a drop-down's or a vote's choice (模板卡片事件推送)
+                items = "".join(
+                    f"<SelectedItem><QuestionKey>{cdata(q)}</QuestionKey><OptionIds>"
+                    + "".join(f"<OptionId>{cdata(o)}</OptionId>" for o in ids)
+                    + "</OptionIds></SelectedItem>" for q, ids in spec["selected"].items())
+                fields.append(("SelectedItems", items, False))
         elif event not in ("subscribe", "unsubscribe"):
             fields.append(("EventKey", spec.get("event_key") or "", True))
     else:

@@ -18,6 +18,10 @@ DEFAULT_SECRET = "emulator-demo-secret-not-for-production"  # noqa: S105 - publi
 DEFAULT_AGENT_ID = 1000002
 DEFAULT_TOKEN = "emulatordemotoken"  # noqa: S105 - public demo value
 DEFAULT_AES_KEY = "cWluZ2hlLXdlY29tLWVtdWxhdG9yLWRlbW8ta2V5ISE"  # 43 chars, 32 bytes decoded
+# The AI bot's demo values (its callback's token and key, the long connection's secret).
+DEFAULT_AIBOT_TOKEN = "emulatordemoaibottoken"  # noqa: S105 - public demo value
+DEFAULT_AIBOT_AES_KEY = "cWluZ2hlLXdlY29tLWVtdWxhdG9yLWFpYm90LWtleSE"  # noqa: S105 - 32 bytes decoded
+DEFAULT_AIBOT_SECRET = "emulator-demo-aibot-secret-not-for-production"  # noqa: S105 - public demo value
 DEFAULT_CALLBACK_URL = "http://127.0.0.1:5000/wecom/callback"
 DEFAULT_AIBOT_CALLBACK_URL = "http://127.0.0.1:5000/wecom/aibot"
 DEFAULT_AIBOT_NAME = "AI助手"
@@ -141,3 +145,30 @@ def refuse_production(host: str, environ: dict[str, str] | None = None) -> None:
     api_base = env.get("WECOM_API_BASE", "").strip()
     if api_base and not loopback(urlsplit(api_base).hostname or ""):
         raise UnsafeToRun("WECOM_API_BASE names a real WeCom host, not this emulator")
+
+
+# The secrets the emulator shares with the app, each with the one value it will run with.
+DEMO_SECRETS = {
+    "WECOM_SECRET": ("secret", DEFAULT_SECRET),
+    "WECOM_TOKEN": ("token", DEFAULT_TOKEN),
+    "WECOM_AES_KEY": ("aes_key", DEFAULT_AES_KEY),
+    "AIBOT_TOKEN": ("aibot_token", DEFAULT_AIBOT_TOKEN),
+    "AIBOT_ENCODING_AES_KEY": ("aibot_aes_key", DEFAULT_AIBOT_AES_KEY),
+    "AIBOT_SECRET": ("aibot_secret", DEFAULT_AIBOT_SECRET),
+}
+
+
+def refuse_foreign_secrets(config: EmulatorConfig) -> None:
+    """Refuse to run with any shared secret but the emulator's own public demo value.
+
+    The emulator signs callbacks with the app's token and key and knows the corp secret: given
+    a real deployment's secrets (copied into a shell, a ``.env`` beside production's) it could
+    forge WeCom's callbacks to the real app from anywhere that reaches it. Its demo values are
+    public, so an app that accepts them is a demo app (``scripts/dev_env.py`` writes them for
+    ``make run``; the app's own keys stay random). An AI bot secret left empty is the AI bot off."""
+    foreign = [name for name, (attr, demo) in DEMO_SECRETS.items()
+               if getattr(config, attr) and getattr(config, attr) != demo]
+    if foreign:
+        raise UnsafeToRun(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not the "
+                          "emulator's demo value (a real deployment's secret?); the emulator runs "
+                          "only with its own public demo secrets (scripts/dev_env.py writes them)")

@@ -2,6 +2,8 @@
 
 The JSON file given with ``--directory`` has the same shape as ``Directory.default().to_json()``:
 ``{"departments": [{"id", "name", "parentid"}], "users": [{"userid", "name", "department", ...}]}``.
+A department's heads are its members flagged in ``is_leader_in_dept``, or the department's own
+``department_leader`` list when the file gives one (``department/get`` answers them).
 Userids are matched case-insensitively and answered in lower case, as WeCom does.
 """
 
@@ -126,6 +128,23 @@ class Directory:
                 if int(d.get("parentid", 0)) == parent and d is not root and d not in found:
                     found.append(d)
                     frontier.append(int(d["id"]))
+        return found
+
+    def leaders(self, dept_id) -> list[str]:
+        """The department's heads (``department/get``'s ``department_leader``): the list the
+        directory file gives the department, else its members marked ``is_leader_in_dept`` for
+        it (the flag is per department, in the order of the member's ``department`` list)."""
+        department = self.department(dept_id)
+        if department is None:
+            return []
+        if isinstance(department.get("department_leader"), list):
+            return [str(u).lower() for u in department["department_leader"]]
+        wanted, found = int(department["id"]), []
+        for user in self.users:
+            flags = user.get("is_leader_in_dept") or []
+            for index, dept in enumerate(user.get("department") or []):
+                if int(dept) == wanted and index < len(flags) and int(flags[index]) == 1:
+                    found.append(user["userid"])
         return found
 
     def members(self, dept_id: int) -> list[str]:

@@ -16,10 +16,11 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 
+from emulator import rendering
 from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
-FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "media/get",
+FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "department/get", "media/get",
               "message/update_template_card", "appchat/get")
 _MAX_TOKENS = 1000
 
@@ -195,6 +196,8 @@ class EmulatorState:
 
     # -- recorded traffic ---------------------------------------------------------------------
     def store_message(self, record: dict) -> dict:
+        """A message the bot sent, with ``shown``: what WeCom shows of it (emulator.rendering)."""
+        record = dict(record, shown=rendering.shown(record))
         with self.lock:
             record = dict(record, seq=self.next_seq(), direction="out")
             self.messages.append(record)

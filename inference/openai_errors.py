@@ -8,8 +8,9 @@ from flask import Flask, jsonify, request
 from pydantic import ValidationError
 
 
-def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-    response = jsonify({"error": {"message": message, "type": kind, "param": None, "code": code}})
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+          param: str | None = None):
+    response = jsonify({"error": {"message": message, "type": kind, "param": param, "code": code}})
     response.status_code = status
     return response
 

@@ -3,6 +3,8 @@
 import math
 from dataclasses import dataclass, field
 
+from inference.tool_calls import ForcedToolCall
+
 
 @dataclass
 class SamplingParams:
@@ -30,6 +32,9 @@ class SamplingParams:
     # With "likelihood": added to each choice's score (mean log-probability per token), one per
     # choice; a prior for or against a reply (e.g. the knowledge base's "not found")
     choice_bias: list[float] = field(default_factory=list)
+    # The reply must be a call of one of these tools, written in the model's call format
+    # (OpenAI's tool_choice "required" or a named function: inference.engine.tool_constraint)
+    tool_call: ForcedToolCall | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -55,6 +60,8 @@ class SamplingParams:
                 raise ValueError("choice_bias needs choice_scoring='likelihood' and one number per choice")
             if not all(isinstance(b, (int, float)) and math.isfinite(b) for b in self.choice_bias):
                 raise ValueError("choice_bias must be finite numbers")
+        if self.tool_call is not None and (self.choice or self.ignore_eos):
+            raise ValueError("a forced tool call cannot be combined with choice or ignore_eos")
         if self.choice and self.ignore_eos:
             raise ValueError("choice ends the reply with its text: it cannot ignore_eos")
 

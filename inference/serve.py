@@ -14,6 +14,11 @@ all their requests share one batch and the weights exist once, as with `vllm ser
   choice, added to its score); `usage` with
   `prompt_tokens_details.cached_tokens` (prefix-cache hits). A reasoning model's think part is
   sent apart as `reasoning_content` (vLLM's `--reasoning-parser` convention), never in `content`.
+  `tools` and `tool_choice` with OpenAI's semantics on GLM-4.5+ models (`inference.reply`): the
+  calls come back as `tool_calls` (streamed as OpenAI streams them) with `finish_reason`
+  "tool_calls"; assistant turns with `tool_calls` and `tool` turns are checked as OpenAI checks
+  them (`inference.tool_calls`) and laid out as the model's template does. `prompt_tokens`
+  counts the tools' schemas, which are part of the prompt.
 - `POST /v1/embeddings` with `--embeddings DIR` (an `inference.embedder` model: the demo's
   `models/demo-embed`, which the knowledge base's dense retrieval reaches through
   `EMBEDDINGS_BASE_URL`; `inference/embedding_api.py`).
@@ -65,8 +70,9 @@ from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestF
 from inference.engine.service import EngineService
 from inference.openai_errors import error as _error
 from inference.openai_errors import register_http_errors, validation_detail
-from inference.reasoning import ReasoningSplitter
+from inference.reply import ReplyReader, ToolUse, tool_use
 from inference.sampling_params import SamplingParams
+from inference.tool_calls import ToolRequestError, check_tool_choice, check_tool_turns, check_tools
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -93,6 +99,8 @@ class ChatRequest(BaseModel):
     guided_choice: list[str] | None = Field(default=None, min_length=1, max_length=MAX_CHOICES)
     choice_scoring: Literal["tokens", "likelihood"] = "tokens"
     choice_bias: list[FiniteFloat] | None = Field(default=None, max_length=MAX_CHOICES)
+    tools: list | None = None  # checked by inference.tool_calls, with OpenAI's messages
+    tool_choice: str | dict | None = None
 
     @field_validator("guided_choice")
     @classmethod
@@ -111,7 +119,8 @@ class ChatRequest(BaseModel):
     @field_validator("messages")
     @classmethod
     def _texts(cls, messages: list[dict]) -> list[dict]:
-        """Each message: a role and text content (a string, or text parts joined)."""
+        """Each message: a role and text content (a string, or text parts joined), and its tool
+        parts (an assistant's ``tool_calls``, a tool result's ``tool_call_id``) as given."""
         out = []
         for i, message in enumerate(messages):
             role, content = message.get("role"), message.get("content")
@@ -125,15 +134,17 @@ class ChatRequest(BaseModel):
                 content = ""
             if not isinstance(content, str):
                 raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
-            out.append({"role": role, "content": content})
+            message = {**{k: message[k] for k in ("tool_calls", "tool_call_id") if k in message},
+                       "role": role, "content": content}
+            out.append(message)
         return out
 
-    def sampling(self, default_max_tokens: int) -> SamplingParams:
+    def sampling(self, default_max_tokens: int, tools: ToolUse) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed,
                               max_tokens=self.max_completion_tokens or self.max_tokens or default_max_tokens,
                               choice=list(self.guided_choice or []), choice_scoring=self.choice_scoring,
-                              choice_bias=list(self.choice_bias or []))
+                              choice_bias=list(self.choice_bias or []), tool_call=tools.forced)
 
     @property
     def thinking(self) -> bool:
@@ -224,9 +235,19 @@ def create_app(service: EngineService, model_name: str, api_key: str = "", defau
                           code="model_not_found")
         if chat.guided_choice and tokenizer.thinking:
             return _error(400, "guided_choice: this model writes a think part first; choices need one that does not")
-        prompt = tokenizer.apply_chat_template(chat.messages, enable_thinking=chat.thinking)
-        completion = Completion(service, metrics, tokenizer, model_name, chat, prompt,
-                                chat.sampling(default_max_tokens))
+        try:
+            tools = check_tools(chat.tools)
+            choice = check_tool_choice(chat.tool_choice, tools)
+            messages = check_tool_turns(chat.messages)
+            use = tool_use(tokenizer, tools, choice, chat.thinking)
+            prompt = tokenizer.apply_chat_template(messages, enable_thinking=chat.thinking, tools=use.shown)
+            params = chat.sampling(default_max_tokens, use)
+        except ToolRequestError as exc:
+            return _error(400, str(exc), param=exc.param)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        completion = Completion(service, metrics, tokenizer, model_name, chat, prompt, params,
+                                ReplyReader(tokenizer, chat.thinking, use.read))
         if chat.stream:
             return Response(completion.events(), mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -239,17 +260,11 @@ class Completion:
     """One chat completion: the engine's outputs turned into OpenAI's answer or its stream."""
 
     def __init__(self, service: EngineService, metrics: Metrics, tokenizer, model_name: str, chat: ChatRequest,
-                 prompt, params: SamplingParams) -> None:
+                 prompt, params: SamplingParams, reader: ReplyReader) -> None:
         self.service, self.metrics, self.model_name, self.chat = service, metrics, model_name, chat
-        self.prompt, self.params = prompt, params
+        self.prompt, self.params, self.reader = prompt, params, reader
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        self.splitter = None
-        if tokenizer.thinking:
-            self.splitter = ReasoningSplitter("thinking" if tokenizer.reply_starts_thinking(chat.thinking) else "answer")
         self.started = time.perf_counter()
-
-    def _split(self, text: str) -> tuple[str, str]:
-        return self.splitter.feed(text) if self.splitter else ("", text)
 
     def _outputs(self) -> Iterator:
         """The engine's outputs; the first one's arrival is the time to the first token."""
@@ -282,17 +297,19 @@ class Completion:
                 pass
         except (PromptTooLongError, RequestFailedError, ValueError) as exc:
             return _error(*self._failure(exc))
-        reasoning, content = "", output.text
-        if self.splitter is not None:
-            self.splitter.feed(output.text)
-            self.splitter.finish()
-            reasoning, content = self.splitter.reasoning, self.splitter.answer
-        message = {"role": "assistant", "content": content}
-        if reasoning:
-            message["reasoning_content"] = reasoning
+        reader = self.reader
+        reader.feed(output.text)
+        reader.finish()
+        calls = [call.as_openai() for call in reader.tool_calls]
+        message = {"role": "assistant", "content": reader.content or (None if calls else "")}
+        if reader.reasoning:
+            message["reasoning_content"] = reader.reasoning
+        if calls:
+            message["tool_calls"] = calls
         self.metrics.finished("ok", output, self.started)
         return jsonify({"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_name,
-                        "choices": [{"index": 0, "message": message, "finish_reason": output.finish_reason}],
+                        "choices": [{"index": 0, "message": message,
+                                     "finish_reason": reader.finish_reason(output.finish_reason)}],
                         "usage": self._usage(output)})
 
     def _chunk(self, delta: dict, finish: str | None = None) -> str:
@@ -301,13 +318,17 @@ class Completion:
                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]},
                                      ensure_ascii=False) + "\n\n"
 
-    def _delta(self, reasoning: str, content: str) -> dict:
+    def _deltas(self, piece) -> Iterator[str]:
+        """A piece of the reply as chunks: its text, then each piece of a call in a chunk of its own."""
         delta = {}
-        if reasoning:
-            delta["reasoning_content"] = reasoning
-        if content:
-            delta["content"] = content
-        return delta
+        if piece.reasoning:
+            delta["reasoning_content"] = piece.reasoning
+        if piece.content:
+            delta["content"] = piece.content
+        if delta:
+            yield self._chunk(delta)
+        for call in piece.tool_calls:
+            yield self._chunk({"tool_calls": [call.as_openai()]})
 
     def events(self) -> Iterator[str]:
         """Server-sent events; a client that goes away aborts the request in the engine (the
@@ -317,9 +338,7 @@ class Completion:
         try:
             for output in self._outputs():
                 if output.delta:
-                    delta = self._delta(*self._split(output.delta))
-                    if delta:
-                        yield self._chunk(delta)
+                    yield from self._deltas(self.reader.feed(output.delta))
             finished = True
         except (PromptTooLongError, RequestFailedError, ValueError) as exc:
             status, message, kind, code = self._failure(exc)
@@ -330,11 +349,8 @@ class Completion:
         finally:
             if not finished and output is not None and not output.finished:
                 self.metrics.finished("abandoned")
-        if self.splitter is not None:
-            delta = self._delta(*self.splitter.finish())
-            if delta:
-                yield self._chunk(delta)
-        yield self._chunk({}, output.finish_reason)
+        yield from self._deltas(self.reader.finish())
+        yield self._chunk({}, self.reader.finish_reason(output.finish_reason))
         if self.chat.include_usage:
             yield "data: " + json.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                                          "model": self.model_name, "choices": [],

@@ -17,6 +17,7 @@ Three chat layouts, chosen by what the tokenizer has (``ChatTokenizer.layout``):
 """
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,10 @@ from tokenizers import (
     pre_tokenizers,
     trainers,
 )
+
+from inference import tool_prompt
+from inference.tool_parser import TOOL_TAGS
+from inference.tool_prompt import Markup
 
 # Fixed low ids 0..9, in this order, for every tokenizer we train.
 GLM_SPECIAL_TOKENS = [
@@ -58,7 +63,7 @@ GLM_CHAT_TEMPLATE = (
 
 THINK_OPEN, THINK_CLOSE, NO_THINK = "<think>", "</think>", "/nothink"
 LAYOUTS = ("glm4", "glm45", "glm47")
-THINKING_ROLES = ("system", "user", "assistant")
+THINKING_ROLES = ("system", "user", "assistant", "tool")
 
 
 class Special(str):
@@ -111,13 +116,18 @@ class ChatTokenizer:
             for role in CHAT_ROLES
             if tokenizer.token_to_id(f"<|{role}|>") is not None
         }
-        # Decoding skips special tokens but keeps the think tags, which a tokenizer may mark
-        # special too: the reply's think part must stay visible to whoever splits it off.
-        think_ids = {tokenizer.token_to_id(THINK_OPEN), tokenizer.token_to_id(THINK_CLOSE)}
+        # Decoding skips special tokens but keeps the think and tool-call tags, which a tokenizer
+        # may mark special too: the reply's think part and calls must stay visible to whoever
+        # splits them off.
+        kept_ids = {tokenizer.token_to_id(t) for t in (THINK_OPEN, THINK_CLOSE, *TOOL_TAGS)}
+        added = tokenizer.get_added_tokens_decoder()
         self._skipped_ids = None
         if self.thinking:
-            added = tokenizer.get_added_tokens_decoder()
-            self._skipped_ids = {i for i, t in added.items() if t.special and i not in think_ids}
+            self._skipped_ids = {i for i, t in added.items() if t.special and i not in kept_ids}
+        # The template's own text is split at the added tokens, as a tokenizer splits a rendered
+        # prompt (longest first); what clients and tools wrote never is.
+        contents = sorted((t.content for t in added.values()), key=len, reverse=True)
+        self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     @property
     def thinking(self) -> bool:
@@ -156,16 +166,26 @@ class ChatTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True
+        self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """The prompt's ids, laid out as the model's own chat template renders it.
 
         ``enable_thinking=False`` does what the template does for it (GLM-4.5+; GLM-4 has no
-        think part and ignores it).
+        think part and ignores it). ``tools`` (OpenAI's tool dicts), assistant turns with
+        ``tool_calls`` and ``tool`` turns are laid out as GLM-4.5+ templates do
+        (``inference.tool_prompt``); GLM-4's layout has no tool format here and refuses them.
         """
         if self.thinking:
-            return self._thinking_template(messages, add_generation_prompt, enable_thinking)
+            return self._thinking_template(messages, add_generation_prompt, enable_thinking, tools or [])
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            raise ValueError("tools need a GLM-4.5 or later chat format; this model's (GLM-4) has none")
         return self._glm4_template(messages, add_generation_prompt)
+
+    @property
+    def has_tool_tokens(self) -> bool:
+        """Are the tool-call tags single tokens (as in GLM-4.5+), so a call can be forced token by token?"""
+        return all(self.tokenizer.token_to_id(t) is not None for t in TOOL_TAGS)
 
     def reply_ids(self, text: str) -> list[int]:
         """A whole reply's tokens as the model writes them after ``<|assistant|>`` (GLM-4's
@@ -196,9 +216,9 @@ class ChatTokenizer:
         return ids
 
     def _thinking_template(
-        self, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool
+        self, messages: list[dict], add_generation_prompt: bool, enable_thinking: bool, tools: list[dict]
     ) -> list[int]:
-        """GLM-4.5/4.7's template for text conversations (no tools).
+        """GLM-4.5/4.7's template.
 
         Unlike GLM-4's, empty messages are kept. An assistant turn keeps its reasoning (its
         ``reasoning_content``, or the ``<think>...</think>`` part of its content) only after the
@@ -210,12 +230,16 @@ class ChatTokenizer:
                  "assistant": Special("<|assistant|>")}
         last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
         nothink = Special(NO_THINK) if self.tokenizer.token_to_id(NO_THINK) is not None else NO_THINK
-        pieces: list[str] = []
+        pieces: list[str] = [roles["system"], *tool_prompt.tools_turn(self.layout, tools)] if tools else []
         for index, message in enumerate(messages):
             role = message["role"]
             if role not in THINKING_ROLES:
                 raise ValueError(f"unknown chat role {role!r}; expected one of {list(THINKING_ROLES)}")
             content = visible_text(message.get("content"))
+            if role == "tool":
+                first = index == 0 or messages[index - 1]["role"] != "tool"
+                pieces += tool_prompt.response_pieces(self.layout, content, first)
+                continue
             if role != "assistant":
                 pieces += [roles[role], layout.newline, content]
                 if role == "user" and layout.user_nothink and not enable_thinking \
@@ -235,6 +259,7 @@ class ChatTokenizer:
                 pieces += layout.empty_think
             if content.strip():
                 pieces += [layout.newline, content.strip()]
+            pieces += tool_prompt.call_pieces(self.layout, message.get("tool_calls"))
         if add_generation_prompt:
             pieces.append(roles["assistant"])
             pieces += layout.prompt_thinking if enable_thinking else layout.prompt_not_thinking
@@ -245,7 +270,7 @@ class ChatTokenizer:
         tokenizer splits a rendered prompt at its added tokens before encoding the rest."""
         ids: list[int] = []
         text: list[str] = []
-        for piece in pieces:
+        for piece in self._split_markup(pieces):
             if isinstance(piece, Special):
                 if "".join(text):
                     ids += self.encode("".join(text))
@@ -256,6 +281,24 @@ class ChatTokenizer:
         if "".join(text):
             ids += self.encode("".join(text))
         return ids
+
+    def _split_markup(self, pieces: list[str]) -> list[str]:
+        """The template's own text (``Markup``) split at the added tokens it holds."""
+        out: list[str] = []
+        for piece in pieces:
+            if not isinstance(piece, Markup) or self._added is None:
+                out.append(piece)
+                continue
+            start = 0
+            for found in self._added.finditer(piece):
+                out += [str(piece[start:found.start()]), Special(found.group())]
+                start = found.end()
+            out.append(str(piece[start:]))
+        return out
+
+    def encode_reply(self, pieces: list[str]) -> list[int]:
+        """Ids of text the model writes, laid out in pieces as ``inference.tool_prompt`` gives them."""
+        return self._encode_pieces(pieces)
 
     def detokenizer(self, skip_special_tokens: bool = True) -> "IncrementalDetokenizer":
         if skip_special_tokens and self._skipped_ids is not None:

@@ -5,7 +5,8 @@ Starts, in order: migrations, the model server (``python -m inference serve`` on
 knowledge base's dense retrieval, unless ``INFERENCE_BACKEND=openai`` names another server), the
 handbook's two editions (English, Chinese) loaded into the knowledge base (``kb add``, left alone
 when unchanged; embedded by the model server), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
-gunicorn with the callback (8080), a Celery worker and Celery beat, the AI bot's long-connection
+gunicorn with the callbacks and the admin area (8080), a second gunicorn with ``/v1`` (8083,
+``API_PORT``), a Celery worker and Celery beat, the AI bot's long-connection
 service (``python -m app.aibot_connection``, when ``var/dev.env`` has ``AIBOT_BOT_ID``), then asks
 the emulator to verify the callback URLs (the app's and the AI bot's) as WeCom's console does,
 and prints the chat page to open. Ctrl-C stops everything.
@@ -44,6 +45,7 @@ VENV_BIN = Path(sys.executable).parent
 EMULATOR_PORT = int(os.environ.get("EMULATOR_PORT", 8081))
 AIBOT_WS_PORT = int(os.environ.get("EMULATOR_AIBOT_WS_PORT", 8082))
 WEB_PORT = int(os.environ.get("WEB_PORT", 8080))
+API_PORT = int(os.environ.get("API_PORT", 8083))
 ENGINE_PORT = int(os.environ.get("ENGINE_PORT", 8090))
 STACK_ENV = ROOT / "var" / "stack.env"
 
@@ -93,7 +95,14 @@ def stack_env() -> dict[str, str]:
     env["MEDIA_URL_HOSTS"] = "127.0.0.1"
     env.setdefault("DATABASE_URL", f"sqlite:///{ROOT / 'var' / 'wecom-bot.sqlite3'}")
     env.setdefault("WEB_BIND", f"127.0.0.1:{WEB_PORT}")
+    env.setdefault("API_BIND", f"127.0.0.1:{API_PORT}")
     env.setdefault("SWEEP_INTERVAL_S", "10")
+    # The audit chain's head copied outside the database, compared by 'audit verify' (in
+    # production a path the database's administrators cannot write); checkpoints every 10
+    # minutes, and a head or copy older than 30 is reported (docs/data.md).
+    env.setdefault("AUDIT_HEAD_FILE", str(ROOT / "var" / "audit-head.json"))
+    env.setdefault("AUDIT_CHECKPOINT_MINUTES", "10")
+    env.setdefault("AUDIT_STALE_MINUTES", "30")
     # The bundled demo model is small: its answers are most faithful to the handbook greedy.
     env.setdefault("TEMPERATURE", "0")
     # Readable logs on a terminal (production keeps the JSON default); the worker's metrics
@@ -172,7 +181,9 @@ def programs(env: dict[str, str]) -> list[Program]:
                              "--port", str(EMULATOR_PORT), "--callback-url", callback,
                              "--aibot-callback-url", f"http://127.0.0.1:{WEB_PORT}/wecom/aibot"]),
         # gunicorn's master replaces its own dead workers; the master itself must not die.
-        Program("web", [str(VENV_BIN / "gunicorn"), "app:create_app()"]),
+        # Two of them: the WeCom callbacks (and admin) apart from /v1, so streams of a slow model
+        # never hold the threads that answer WeCom within its 5 s (docs/deploy.md).
+        *web_programs(env),
         Program("worker", [*celery, "worker", "--pool", "threads",
                            "--concurrency", env.get("WORKER_CONCURRENCY", "8"),
                            "-Q", "chat", "--loglevel", "INFO"],
@@ -180,6 +191,18 @@ def programs(env: dict[str, str]) -> list[Program]:
         Program("beat", [*celery, "beat", "--loglevel", "INFO",
                          "--schedule", str(ROOT / "var" / "celerybeat-schedule")], restart=True),
         *connection,
+    ]
+
+
+def web_programs(env: dict[str, str]) -> list[Program]:
+    """gunicorn for the callbacks, the admin area and the probes on ``WEB_BIND``, and
+    gunicorn for ``/v1`` on ``API_BIND`` (no intake server there: it takes no callbacks)."""
+    gunicorn = [str(VENV_BIN / "gunicorn"), "app:create_app()"]
+    return [
+        Program("web", gunicorn, env={"WEB_ROLE": "web"}),
+        Program("api", gunicorn, env={"WEB_ROLE": "api", "WEB_BIND": env["API_BIND"],
+                                      "INTAKE_SERVER": "0",
+                                      "WEB_THREADS": env.get("API_THREADS", "16")}),
     ]
 
 
@@ -215,13 +238,15 @@ def main() -> None:
         load_handbook(env)  # after the engine: it embeds the chunks when dense retrieval is on
         wait_http(f"http://127.0.0.1:{EMULATOR_PORT}/")
         wait_http(f"http://127.0.0.1:{WEB_PORT}/healthz")
+        wait_http(f"http://{env['API_BIND']}/healthz")
         verified = requests.post(f"http://127.0.0.1:{EMULATOR_PORT}/_emulator/verify", timeout=10).json()
         print(f"callback URL verification: {verified}")
         if env.get("AIBOT_TOKEN"):
             verified = requests.post(f"http://127.0.0.1:{EMULATOR_PORT}/_emulator/aibot/verify", timeout=10).json()
             print(f"AI bot callback URL verification: {verified}")
         print(f"\n  WeCom emulator chat page: http://127.0.0.1:{EMULATOR_PORT}/\n"
-              f"  metrics: http://127.0.0.1:{WEB_PORT}/metrics (web), "
+              f"  the /v1 API: http://{env['API_BIND']}/v1\n"
+              f"  metrics: http://127.0.0.1:{WEB_PORT}/metrics (web), http://{env['API_BIND']}/metrics (api), "
               f"http://127.0.0.1:{env['METRICS_PORT']}/metrics (worker)"
               + (f", http://127.0.0.1:{ENGINE_PORT}/metrics (engine)" if env.get("ENGINE_SERVED") else "")
               + f"\n  commands beside it (kb add, users create): set -a; . {STACK_ENV.relative_to(ROOT)}; set +a"

@@ -36,7 +36,7 @@ class Program:
 
     ``nice`` (0..19) lowers its CPU priority, e.g. so that the web acknowledgements WeCom waits
     for are served before background answers on a small machine. ``stdout``: a file to append
-    its output to (else the supervisor's own terminal).
+    its output to (else the supervisor's own terminal). ``env``: variables of its own.
     """
 
     name: str
@@ -44,6 +44,7 @@ class Program:
     restart: bool = False
     nice: int = 0
     stdout: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # over the supervisor's environment
 
 
 @dataclass
@@ -148,7 +149,8 @@ class Supervisor:
         out = open(program.stdout, "ab") if program.stdout else None  # noqa: SIM115
         try:
             running.proc = subprocess.Popen(
-                program.argv, env=self.env, cwd=self.cwd, stdout=out,
+                program.argv, env={**(os.environ if self.env is None else self.env), **program.env}
+                if program.env else self.env, cwd=self.cwd, stdout=out,
                 stderr=subprocess.STDOUT if out else None, start_new_session=True,
                 preexec_fn=_niceness(program.nice))
         finally:

@@ -15,6 +15,7 @@ from app.task_queue import (  # noqa: F401 - the worker's modules take the names
     AUDIT_CHECKPOINT,
     DATA_MAINTENANCE,
     HANDLE_MESSAGE,
+    SIEM_EXPORT,
     SWEEP_OUTBOX,
     make_celery,
 )

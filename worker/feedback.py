@@ -46,7 +46,7 @@ def on_card_event(services, wecom, row, user_id: str, payload: dict) -> None:
     askers = [row.user_hash, *services.blind_index.candidates("wecom-user", user_id)]
     result = feedback.record_rating(services, click.message_id, askers, click.rating,
                                     services.settings.timezone, channel=row.channel or "app",
-                                    request_id=row.request_id)
+                                    request_id=row.request_id, reasons=click.reasons)
     log.info("feedback rating message_id=%s rated=%s result=%s", row.id, click.message_id, result)
     if result == feedback.Recorded.UNKNOWN or not click.response_code:
         return

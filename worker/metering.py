@@ -1,8 +1,9 @@
 """Budgets and usage around one model call of the message path.
 
 ``MessageProcessor._generate`` asks ``Meter.reserve`` before ``llm.generate`` (a budget at 100 %
-with ``block`` gives the employee a notice instead of an answer, and a ``budget_block`` audit
-event), then ``settle`` with the token counts (the larger of the model server's report and the
+with ``block`` gives the employee a notice instead of an answer: the notice card the first time
+in the budget's period, a one-line reminder after it (``app.accounting.notices``); and a
+``budget_block`` audit event), then ``settle`` with the token counts (the larger of the model server's report and the
 upper-bound estimates, priced by the configured model), or ``release`` when the generation
 failed. A charge that fails leaves the reservation, charged its worst case when it expires.
 The user's department comes from WeCom ``user/get`` (``main_department``, else the first of
@@ -13,24 +14,24 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from app.accounting import (
     Accounting,
     Admission,
     Usage,
+    budget_notice,
     estimate_choice_tokens,
     estimate_completion_tokens,
     estimate_prompt_tokens,
+    period_end,
+    period_start,
 )
 from app.audit import Event, EventType
+from app.db import utcnow
 from worker.scope.directory import Directory
 
 log = logging.getLogger(__name__)
-BLOCK_NOTICE = ("抱歉，本期 AI 助手的{scope}预算已用完，暂时无法回答。如需继续使用，请联系管理员。\n"
-                "Sorry, the {scope_en} budget for the assistant is used up for this {period}. "
-                "Please contact your administrator.")
-SCOPE_WORDS = {"global": ("公司", "company"), "department": ("部门", "department"),
-               "user": ("个人", "personal"), "api_key": ("API key ", "API key")}
 
 
 @dataclass
@@ -82,9 +83,28 @@ class Meter:
             payload={"message_id": row.id, "budget_id": budget.id, "scope": budget.scope,
                      "period": budget.period, "spent": str(admission.spent),
                      "limit": str(budget.limit)})
-        zh, en = SCOPE_WORDS.get(budget.scope, ("", budget.scope))
-        notice = BLOCK_NOTICE.format(scope=zh, scope_en=en, period=budget.period)
-        return Charge(admission, notice)
+        now = utcnow()
+        first = self.first_notice(budget, row, now)
+        notice = budget_notice(budget, admission.spent, now, self.settings.timezone,
+                               getattr(budget, "currency", None) or self.settings.currency, first)
+        return Charge(admission, notice.text)
+
+    def first_notice(self, budget, row, now) -> bool:
+        """Is this the first message ``budget`` refuses this employee in its period? The mark
+        holds the message id, so a retried task gets the card again, not the reminder; without
+        Redis, the card (saying too much beats saying too little)."""
+        start = period_start(budget.period, now, self.settings.timezone)
+        expires = period_end(budget.period, start, self.settings.timezone) + timedelta(days=1)
+        key = f"budget:notice:{budget.id}:{int(start.timestamp())}:{row.user_hash}"
+        try:
+            redis = self.services.redis
+            if redis.set(key, str(row.id), nx=True, exat=int(expires.timestamp())):
+                return True
+            held = redis.get(key)
+            return held is not None and held.decode() == str(row.id)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.warning("budget notice mark unavailable; the card goes out message_id=%s", row.id)
+            return True
 
     def settle(self, charge: Charge, generation, latency_s: float) -> None:
         admission = charge.admission

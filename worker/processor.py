@@ -28,10 +28,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
-from app import metrics
+from app import answer_sources, metrics
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
+from app.knowledge import modes, prompt
 from app.knowledge.prompt import choice_bias
 from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
@@ -49,6 +50,7 @@ from worker.delivery.stream import DEADLINE
 from worker.delivery.stream_writer import fit
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.knowledge import Grounder
+from worker.media import file_questions
 from worker.media import handler as media
 from worker.media.errors import MediaUnavailable
 from worker.media.files import FileContexts
@@ -83,6 +85,21 @@ class Outcome:
     @property
     def retry(self) -> bool:
         return self.status in ("wait", "retry")
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the model said (the think part dropped), the usage columns, and whether the AI
+    bot's stream deadline cut it short."""
+
+    text: str
+    usage: dict
+    cut_short: bool = False
+
+    def reply(self, text: str, sources: tuple = ()) -> Reply:
+        """``text`` (the answer as the employee gets it) as the message's ``Reply``."""
+        return Reply(text + TRUNCATED_NOTICE if self.cut_short else text, usage=self.usage,
+                     sources=sources)
 
 
 DONE = Outcome("done")
@@ -334,13 +351,15 @@ class MessageProcessor:
         if row.reply_enc is None:
             payload = json.loads(cipher.decrypt(row.payload_enc, TABLE, "payload_enc", row.id))
             with sensitive(payload.get("content")):
-                reply = self._limited(row) or self._compose(row, user_id, payload, lease, channel)
+                reply = channel.present(self._limited(row) or self._compose(row, user_id, payload, lease,
+                                                                            channel))
             if not reply.sends:
                 channel.nothing()
                 values = {"failure_reason": reply.reason} if reply.reason else {}
                 return self._finish(row, owner, reply.status, then_next=True, **values)
             chunks = self._chunks(row, reply.kind, reply.text)
             lease.check()
+            self._record_sources(row, reply)
             with standalone(self.services.db) as sql:
                 stored = rows.save_progress(
                     sql, row.id, owner,
@@ -371,6 +390,15 @@ class MessageProcessor:
         channel.delivered(row, user_id)
         return after
 
+    def _record_sources(self, row, reply: Reply) -> None:
+        """The passages the answer cites, kept for the 👎 report (``app.answer_sources``)."""
+        if not reply.sources:
+            return
+        try:
+            answer_sources.record(self.services, row.id, reply.sources)
+        except Exception:  # noqa: BLE001 - the report misses one answer; the employee does not
+            log.warning("answer sources not recorded message_id=%s", row.id)
+
     def _limited(self, row) -> Reply | None:
         """The polite notice (first time in the window), silence after it, None within the limit.
 
@@ -390,7 +418,8 @@ class MessageProcessor:
     def _chunks(row, kind: str, reply: str) -> list[str]:
         if row.channel == AIBOT:
             return [fit(reply)]  # one stream, not several messages
-        return split_for_wecom(reply, MARKDOWN_LIMIT if kind == "markdown" else TEXT_LIMIT)
+        markdown = kind == "markdown"  # never cut inside a bold, code or link span
+        return split_for_wecom(reply, MARKDOWN_LIMIT if markdown else TEXT_LIMIT, markup=markdown)
 
     def _conversation_key(self, row, payload: dict) -> str:
         """Whose history a message continues: the user's own, or theirs within one group chat.
@@ -461,30 +490,72 @@ class MessageProcessor:
                   conversation: str | None = None, images: list[dict] | None = None,
                   llm: LLMBackend | None = None, chat_id: str | None = None) -> Reply:
         """The model's answer (or the knowledge base's "not found", or the budget's notice).
-        ``chat_id``: the group chat it is asked in (its members read the answer), None in 1:1."""
+        ``chat_id``: the group chat it is asked in (its members read the answer), None in 1:1.
+
+        The knowledge base and the conversation's files decide what the model is shown
+        (``worker.media.file_questions``: a question about a file is answered from it);
+        KB_MODE what happens when neither has anything (``app.knowledge.modes``)."""
         history = [{"role": t["role"], "content": t["content"]}
                    for t in self.conversations.history(conversation or row.user_hash)
                    if t.get("ref") != row.id]
+        files = [] if images else self.files.files(conversation or row.user_hash)
         # The knowledge base: passages for the prompt, or "not found" without asking the model;
         # what every reader of the answer may see (a group chat's members: worker/scope/audience.py).
         grounding = None
         if not images and self.grounder.wanted(text):
-            grounding = self.grounder.ground(row.user_hash, user_id, text, history,
-                                             self.audiences.of(row.user_hash, user_id, chat_id))
-        if grounding is not None and not grounding.found:
-            # No model call; the exchange is still kept, so that a follow-up has its context.
-            return Reply(grounding.decline(), usage={"model": "kb-not-found"})
+            grounding = self.grounder.ground(row.user_hash, user_id, file_questions.kb_question(text, files),
+                                             history, self.audiences.of(row.user_hash, user_id, chat_id))
+        from_files = file_questions.NOT_ABOUT
+        if grounding is not None:
+            from_files = file_questions.consider(text, files, grounding.found, self.settings)
+            grounding = file_questions.combined(grounding, from_files, text)
+            route = modes.route(self.settings.kb_mode, grounding.found)
+            if route == modes.DECLINE:
+                # No model call; the exchange is still kept, so that a follow-up has its context.
+                return Reply(grounding.decline(), usage={"model": "kb-not-found"})
+            if route == modes.GENERAL:  # no passage at all: nothing scoped reaches a general answer
+                return self._general(row, text, history, files, lease, channel, user_id, llm)
         if grounding is not None and self.settings.kb_passages_in_prompt:
             messages = grounding.messages(self.settings.system_prompt, history)
         else:
             messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
                         {"role": "user", "content": text}]
-        # The conversation's files (worker/media/files.py), and the images beside the question.
-        messages = with_files(messages, self.files.files(conversation or row.user_hash),
+        # The conversation's files not already among the passages, and the images beside the question.
+        messages = with_files(messages, file_questions.unshown(files, from_files),
                               self.settings.file_context_max_chars)
         if images:
             messages[-1] = with_images(messages[-1], images)
-        choice = grounding.choices(self.settings) if grounding is not None else ()
+        choice = (file_questions.reply_choices(grounding.choices(self.settings), from_files)
+                  if grounding is not None else ())
+        answer = self._ask_model(row, user_id, messages, choice, lease, channel, llm)
+        if isinstance(answer, Reply):
+            return answer  # the budget's notice
+        if grounding is not None and prompt.is_decline(answer.text):  # the passages do not answer
+            if modes.after_model_decline(self.settings.kb_mode) == modes.GENERAL:
+                return self._general(row, text, history, files, lease, channel, user_id, llm)
+            return Reply(file_questions.decline(grounding, from_files), usage=answer.usage)
+        if grounding is None:
+            return answer.reply(answer.text)
+        cited = prompt.cited_numbers(answer.text, len(grounding.passages))
+        # the sources, markdown in the AI bot's stream
+        return answer.reply(grounding.cite(answer.text, markdown=channel.streams),
+                            sources=tuple(grounding.passages[n - 1] for n in cited))
+
+    def _general(self, row, text: str, history: list[dict], files: list[dict], lease: LeaseKeeper,
+                 channel: Delivery, user_id: str, llm: LLMBackend | None) -> Reply:
+        """KB_MODE=open with nothing found: the model as a general assistant (the conversation,
+        no passage), its answer marked as not from company documents."""
+        messages = [{"role": "system", "content": self.settings.system_prompt}, *history,
+                    {"role": "user", "content": text}]
+        messages = with_files(messages, files, self.settings.file_context_max_chars)
+        answer = self._ask_model(row, user_id, messages, (), lease, channel, llm)
+        if isinstance(answer, Reply):
+            return answer
+        return answer.reply(modes.with_general_note(answer.text))
+
+    def _ask_model(self, row, user_id: str, messages: list[dict], choice: tuple[str, ...],
+                   lease: LeaseKeeper, channel: Delivery, llm: LLMBackend | None) -> _Answer | Reply:
+        """The model's answer, or the budget's notice as a ``Reply``."""
         params = GenerationParams(max_tokens=self.settings.max_new_tokens,
                                   temperature=self.settings.temperature, top_p=self.settings.top_p,
                                   choice=choice, choice_scoring=self.settings.kb_choice_scoring,
@@ -516,14 +587,12 @@ class MessageProcessor:
             # the tokens are paid for above; the employee gets the polite failure notice.
             raise PermanentFailure("model: no answer after its thinking" if generation.reasoning
                                    else "model: empty answer")
-        if grounding is not None:  # the sources, markdown in the AI bot's stream
-            reply = grounding.cite(reply, markdown=channel.streams)
         usage = {"model": generation.model[:64], "prompt_tokens": generation.prompt_tokens,
                  "completion_tokens": generation.completion_tokens}
-        if generation.finish_reason == DEADLINE:
-            reply += TRUNCATED_NOTICE
+        cut_short = generation.finish_reason == DEADLINE
+        if cut_short:
             usage["failure_reason"] = "aibot: answer cut short at the stream deadline"
-        return Reply(reply, usage=usage)
+        return _Answer(reply, usage, cut_short)
 
     # -- endings -------------------------------------------------------------------------------
     def _finish(self, row, owner: str, status: str, then_next: bool = False, **values):

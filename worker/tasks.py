@@ -12,7 +12,13 @@ from celery import shared_task
 from celery.exceptions import Retry
 
 from worker import runtime
-from worker.celery_app import AUDIT_CHECKPOINT, DATA_MAINTENANCE, HANDLE_MESSAGE, SWEEP_OUTBOX
+from worker.celery_app import (
+    AUDIT_CHECKPOINT,
+    DATA_MAINTENANCE,
+    HANDLE_MESSAGE,
+    SIEM_EXPORT,
+    SWEEP_OUTBOX,
+)
 from worker.sweeper import sweep
 
 log = logging.getLogger(__name__)
@@ -21,8 +27,11 @@ MAX_WAITS = 1200  # behind an earlier message: look again for at most ~10 minute
 
 @shared_task(name=DATA_MAINTENANCE, acks_late=False)
 def data_maintenance() -> dict:
-    """Hourly: purge audit events past the retention (anchored), charge stale budget reservations."""
+    """Hourly: purge audit events past the retention (anchored), charge stale budget reservations,
+    send again the budget alerts a dead worker left undelivered."""
     from contextlib import suppress
+
+    from app.accounting import redeliver
 
     processor = runtime.processor()
     services = processor.services
@@ -33,10 +42,11 @@ def data_maintenance() -> dict:
     try:
         purged = services.audit.purge(services.db, settings.audit_retention_days)
         charged = processor.meter.accounting.expire_reservations(settings.budget_reservation_ttl_s)
-        if purged or charged:
-            log.info("data maintenance: purged %d audit events, charged %d expired reservations",
-                     purged, charged)
-        return {"purged": purged, "charged": charged}
+        resent = redeliver(services.db, services.alert_sender, settings.currency)
+        if purged or charged or resent:
+            log.info("data maintenance: purged %d audit events, charged %d expired reservations, "
+                     "sent %d budget alerts again", purged, charged, resent)
+        return {"purged": purged, "charged": charged, "alerts_resent": resent}
     finally:
         with suppress(Exception):  # the lock expires by itself
             lock.release()
@@ -47,6 +57,14 @@ def audit_checkpoint() -> int:
     """Every AUDIT_CHECKPOINT_MINUTES: a sealed checkpoint event reseals the chain head."""
     services = runtime.processor().services
     return services.audit.checkpoint(services.db)
+
+
+@shared_task(name=SIEM_EXPORT, acks_late=False)
+def siem_export() -> dict:
+    """Every SIEM_INTERVAL_S: audit events and spend past each SIEM sink's cursor (app.siem)."""
+    from app.siem import export_once
+
+    return export_once(runtime.processor().services).as_dict()
 
 
 @shared_task(bind=True, name=HANDLE_MESSAGE, max_retries=None, acks_late=True)

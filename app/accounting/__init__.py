@@ -10,7 +10,10 @@ One job a module:
 - ``group_commit``: the ledger writer thread: calls waiting together share one transaction.
 - ``batch``: what one such transaction does, step by step, each call as if alone.
 - ``ledger``: ``Accounting``, the interface callers use (reserve, settle, release, expire, read).
-- ``alerts``: raised budget alerts, their text and their delivery (``AlertSender``).
+- ``alerts``: raised budget alerts, their text and their delivery (``AlertSender``);
+- ``heads``: a department budget's alerts to the department's heads (``DepartmentHeads``);
+- ``redelivery``: alerts a dead worker left undelivered, sent again (``redeliver``);
+- ``notices``: the notice an employee gets when a budget of theirs is spent.
 
 ``Services.accounting`` builds the process's one ``Accounting`` with its ``AlertSender``. The
 names below are the package's public face; import them from ``app.accounting``.
@@ -34,7 +37,9 @@ from app.accounting.budgets import (
     set_budget,
     set_budget_enabled,
 )
+from app.accounting.heads import DepartmentHeads
 from app.accounting.ledger import Accounting
+from app.accounting.notices import BudgetNotice, budget_notice
 from app.accounting.periods import PERIODS, local_day, period_end, period_start
 from app.accounting.prices import (
     FALLBACK_MODEL,
@@ -46,10 +51,12 @@ from app.accounting.prices import (
     set_price,
     worst_case,
 )
+from app.accounting.redelivery import redeliver
 
 __all__ = [
     "ACTIONS", "FALLBACK_MODEL", "PERIODS", "PERIOD_NAMES", "SCOPE_NAMES", "Accounting",
-    "Admission", "AlertSender", "RaisedAlert", "Settled", "Usage", "alert_text",
+    "Admission", "AlertSender", "BudgetNotice", "DepartmentHeads", "RaisedAlert", "Settled",
+    "Usage", "alert_text", "budget_notice", "redeliver",
     "applicable_budgets", "cost_of", "estimate_choice_tokens", "estimate_completion_tokens",
     "estimate_prompt_tokens",
     "local_day", "mark_delivered", "parse_thresholds", "period_end", "period_start",

@@ -3,8 +3,12 @@
 A threshold (percent of the limit) reached is one ``budget_alerts`` row, unique per (budget,
 period start, threshold), so each alert is raised once even under concurrency (the ledger
 writer inserts it). It is audited, then sent off the reply path by ``AlertSender``: a WeCom
-message to ``ALERT_WECOM_USERS`` and the optional webhook, in a background thread with a
-timeout; the channels that took it are recorded on its row.
+message to ``ALERT_WECOM_USERS``, the optional webhook, and the routes it is given (a department
+budget's alert to the department's heads: ``app.accounting.heads``), in a background thread
+with a timeout. The row is claimed first (``delivered`` from NULL to ``sending``, a
+compare-and-set), so the sender and the hourly redelivery of alerts a dead worker left
+(``app.accounting.redelivery``) never both send one; the channels that took it are then
+recorded on the row (NULL when none did: the redelivery tries again).
 """
 
 from __future__ import annotations
@@ -67,18 +71,36 @@ def alert_text(alert: RaisedAlert) -> str:
             f"{verb}: {alert.spent:.4f} / {alert.limit:.4f} {alert.currency}")
 
 
+SENDING = "sending"
+
+
+def claim(db, alert_id: int, expected: str | None = None) -> bool:
+    """Take the alert's delivery: ``delivered`` from ``expected`` (NULL: never tried, or nothing
+    took it) to ``sending``; False when another process has it or it was delivered."""
+    current = BudgetAlert.delivered.is_(None) if expected is None else BudgetAlert.delivered == expected
+    with db.transaction() as session:
+        result = session.execute(update(BudgetAlert).where(BudgetAlert.id == alert_id, current)
+                                 .values(delivered=SENDING).execution_options(synchronize_session=False))
+        return result.rowcount == 1
+
+
 def mark_delivered(db, alert_id: int, channels: list[str]) -> None:
     with db.transaction() as session:
         session.execute(update(BudgetAlert).where(BudgetAlert.id == alert_id)
                         .values(delivered=",".join(channels)[:64] or None))
 
 
+DUPLICATE_CHECK_S = 14400  # WeCom drops the same message sent again within 4 h (a redelivery)
+
+
 class AlertSender:
     """Sends alerts off the reply path: WeCom text to the admins, and the webhook (POST JSON)."""
 
     def __init__(self, wecom, recipients: list[str], webhook_url: str | None, timeout_s: float,
-                 db=None, http_post=None):
+                 db=None, http_post=None, routes=()):
+        """``routes``: more deliveries, each ``route(alert) -> [channel, ...]`` that took it."""
         self.wecom = wecom
+        self.routes = list(routes)
         self.recipients = recipients
         self.webhook_url = webhook_url
         self.timeout_s = timeout_s
@@ -95,12 +117,16 @@ class AlertSender:
         thread.start()
         return thread
 
-    def deliver(self, alerts: list[RaisedAlert]) -> None:
+    def deliver(self, alerts: list[RaisedAlert], claimed: bool = False) -> None:
+        """``claimed``: the caller holds the rows' claim already (the redelivery)."""
         for alert in alerts:
+            if self.db is not None and not claimed and not self._claim(alert):
+                continue
             channels = []
             if self.recipients and self.wecom is not None:
                 try:
-                    self.wecom.send("|".join(self.recipients), "text", alert_text(alert))
+                    self.wecom.send("|".join(self.recipients), "text", alert_text(alert),
+                                    duplicate_check_interval=DUPLICATE_CHECK_S)
                     channels.append("wecom")
                 except Exception:  # noqa: BLE001 - the alert row is on the dashboard anyway
                     log.warning("budget alert %s not sent to WeCom", alert.alert_id)
@@ -113,8 +139,20 @@ class AlertSender:
                         channels.append("webhook")
                 except Exception:  # noqa: BLE001 - same: never let delivery break anything
                     log.warning("budget alert %s not delivered to the webhook", alert.alert_id)
+            for route in self.routes:
+                try:
+                    channels.extend(route(alert))
+                except Exception:  # noqa: BLE001 - same
+                    log.warning("budget alert %s: a delivery route failed", alert.alert_id)
             if self.db is not None:
                 try:
                     mark_delivered(self.db, alert.alert_id, channels)
                 except Exception:  # noqa: BLE001
                     log.warning("could not record delivery of budget alert %s", alert.alert_id)
+
+    def _claim(self, alert: RaisedAlert) -> bool:
+        try:
+            return claim(self.db, alert.alert_id)
+        except Exception:  # noqa: BLE001 - unsure: send (at least once), as before claims existed
+            log.warning("budget alert %s: delivery not claimed; sent anyway", alert.alert_id)
+            return True

@@ -28,6 +28,7 @@ MILLION = Decimal(1_000_000)
 FALLBACK_MODEL = "*"
 TEMPLATE_TOKENS_PER_MESSAGE = 8  # role token, newline, metadata, separators: GLM's use 2-4
 TEMPLATE_TOKENS_PER_PROMPT = 8  # [gMASK]<sop>, the generation prompt, an empty think part
+TEMPLATE_TOKENS_FOR_TOOLS = 512  # the bytes of GLM's words around the tools (preamble, call format)
 
 
 # -- the price table -------------------------------------------------------------------------------
@@ -83,17 +84,21 @@ def _utf8_len(value) -> int:
     return len(value.encode("utf-8", "surrogatepass"))
 
 
-def estimate_prompt_tokens(messages: Iterable[dict]) -> int:
+def estimate_prompt_tokens(messages: Iterable[dict], tools: Iterable[dict] = ()) -> int:
     """An upper bound on the prompt's tokens without a tokenizer: its UTF-8 bytes.
 
     Every token of a byte-level BPE tokenizer (GLM's) covers at least one byte of text, and one
     with byte fallback spends at most one token a byte, so no text (emoji, rare CJK outside the
     vocabulary: 4 bytes, up to 4 tokens, for one character) takes more tokens than bytes. The
-    role and the template's tokens are added for every message and once for the prompt.
+    role and the template's tokens are added for every message and once for the prompt. The
+    tools offered (OpenAI's dicts, as JSON) and the calls in the conversation are prompt too: a
+    long list of tools is never a way around a budget.
     """
+    tools = list(tools)
     return TEMPLATE_TOKENS_PER_PROMPT + sum(
-        _utf8_len(m.get("content")) + _utf8_len(m.get("reasoning_content"))
-        + _utf8_len(m.get("role")) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages)
+        _utf8_len(m.get("content")) + _utf8_len(m.get("reasoning_content")) + _utf8_len(m.get("tool_calls"))
+        + _utf8_len(m.get("role")) + TEMPLATE_TOKENS_PER_MESSAGE for m in messages) + (
+        sum(_utf8_len(t) + TEMPLATE_TOKENS_PER_MESSAGE for t in tools) + TEMPLATE_TOKENS_FOR_TOOLS if tools else 0)
 
 
 def estimate_choice_tokens(choices: Iterable[str]) -> int:

@@ -236,9 +236,19 @@ def verify_export(path_or_file, public_key) -> list[str]:
     except (zipfile.BadZipFile, OSError) as exc:
         return [f"not a readable zip: {exc}"]
     with archive:
-        names = set(archive.namelist())
+        # Each member once, nothing beside the signed ones: zipfile's open(name) reads the last
+        # member of a name, another reader the first (a forged audit.csv placed before the real
+        # one); a comment or a member the manifest does not list is unsigned content.
+        listed = archive.namelist()
+        duplicates = sorted({name for name in listed if listed.count(name) > 1})
+        if duplicates:
+            return [f"members named more than once (a second copy hides behind the signed one): "
+                    f"{duplicates}"]
+        names = set(listed)
         if MANIFEST_NAME not in names:
             return ["manifest.json is missing"]
+        if archive.comment:
+            problems.append("the zip carries a comment, which nothing signs")
         try:
             manifest = json.loads(archive.read(MANIFEST_NAME))
         except (ValueError, zipfile.BadZipFile) as exc:
@@ -250,9 +260,12 @@ def verify_export(path_or_file, public_key) -> list[str]:
                             "export from before Ed25519 cannot be checked with a public key)")
         elif not audit_signing.verify(manifest, public_key):
             problems.append("manifest signature does not verify (changed, or signed by another key)")
-        expected = set(manifest.get("files", {})) | {MANIFEST_NAME}
-        if names != expected:
-            problems.append(f"unexpected members: {sorted(names ^ expected)}")
+        files = manifest.get("files")
+        if not isinstance(files, dict) or set(files) != {CSV_NAME, JSONL_NAME}:
+            return [*problems, f"the manifest must list exactly {CSV_NAME} and {JSONL_NAME}"]
+        expected = set(files) | {MANIFEST_NAME}
+        if names - expected:
+            problems.append(f"members the manifest does not sign: {sorted(names - expected)}")
         for name, meta in manifest.get("files", {}).items():
             if name not in names:
                 problems.append(f"{name} is missing")

@@ -1,12 +1,13 @@
 """The dashboard's feedback section (``app.feedback``): satisfaction by day, department and
-model for every dashboard role; the worst-rated answers, question and answer decrypted, for the
-admin role only (finance sees the aggregates alone)."""
+model for every dashboard role; for the admin role only (finance sees the aggregates alone) the
+worst-rated answers, question and answer decrypted, and the documents and sections they cited,
+worst first (``app.answer_sources``): which documents to fix."""
 
 from __future__ import annotations
 
 from flask_login import current_user
 
-from app import feedback
+from app import answer_sources, feedback
 from app.models import AdminRole
 
 
@@ -18,4 +19,6 @@ def feedback_context(svc, filters) -> dict:
         context["worst_rated"] = feedback.worst_rated(
             session, svc, filters.since, filters.until, filters.department,
             decrypt=True) if reviewer else None
+        context["worst_sources"] = answer_sources.worst_sources(
+            session, svc, filters.since, filters.until, filters.department) if reviewer else None
     return context

@@ -1,8 +1,9 @@
 """OpenAI-compatible API for internal applications: ``POST /v1/chat/completions`` (plain and
 SSE streaming) and ``GET /v1/models``, behind per-application API keys.
 
-A request goes: key (401) -> rate limit per key (429, ``app.api.ratelimit``) -> body and
-parameters (400, ``app.api.validation``) -> model name (404) -> budget reservation (429) ->
+A request goes: key (401) -> rate limit per key (429, ``app.api.ratelimit``) -> requests in
+flight per key (429, ``app.api.concurrency``; the slot is held until the answer, streamed or
+not, is done) -> body and parameters (400, ``app.api.validation``) -> model name (404) -> budget reservation (429) ->
 the model (503 when it is down or overloaded) -> usage and audit (``app.api.gateway``). Every
 error has OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``, so the official
 clients raise their usual exceptions; bad input is never a 500.
@@ -14,6 +15,11 @@ A reasoning model's think part is never part of ``content``: with ``API_REASONIN
 comes beside it as ``reasoning_content`` (``delta.reasoning_content`` in a stream, as vLLM and
 hosted GLM APIs send it), with ``strip`` it is dropped. ``chat_template_kwargs.enable_thinking``
 reaches the model (the bundled engine's chat layout, or the model server's).
+
+``tools`` and ``tool_choice`` reach the model too (``app/llm/tools.py``); its calls come back as
+``message.tool_calls`` (``content`` null when it wrote no text) and, streamed, as
+``delta.tool_calls`` pieces, with ``finish_reason`` "tool_calls". The tools count in the prompt's
+tokens: the budget reservation estimates them, the usage is the model's count.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 
 from app import json_input
 from app.accounting import estimate_completion_tokens, estimate_prompt_tokens
-from app.api import ratelimit
+from app.api import concurrency, ratelimit
 from app.api.errors import ApiError, from_llm_error, invalid
 from app.api.gateway import Gateway
 from app.api.keys import Caller, authenticate
@@ -47,6 +53,13 @@ def gateway() -> Gateway:
     if "api_gateway" not in ext:
         ext["api_gateway"] = Gateway(ext["services"])
     return ext["api_gateway"]
+
+
+def slots() -> concurrency.Holder:
+    ext = current_app.extensions
+    if "api_slots" not in ext:
+        ext["api_slots"] = concurrency.Holder(ext["services"].redis)
+    return ext["api_slots"]
 
 
 @bp.before_request
@@ -115,6 +128,25 @@ def chat_completions():
     if not verdict.allowed:
         raise ApiError(429, f"rate limit of {caller.rate_limit_per_min} requests per minute "
                        "reached", code="rate_limit_exceeded", retry_after=verdict.retry_after_s)
+    limit = services.settings.api_max_concurrent_per_key
+    slot = concurrency.acquire(slots(), caller.id, limit)
+    if not isinstance(slot, concurrency.Slot):
+        raise ApiError(429, f"{limit} requests of this API key are in flight already "
+                       "(API_MAX_CONCURRENT_PER_KEY); retry when one has finished",
+                       code="concurrency_limit_exceeded", retry_after=max(1, min(int(slot) + 1, 30)))
+    try:
+        response = _completion_of(services, caller, slot)
+    except BaseException:
+        slot.release()
+        raise
+    if response.is_streamed:  # held until the stream ends (its generator) or is closed unread
+        response.call_on_close(slot.release)
+    else:
+        slot.release()
+    return response
+
+
+def _completion_of(services, caller: Caller, slot: concurrency.Slot) -> Response:
     gw = gateway()
     audit = {"request_id": g.get("request_id"), "fingerprint": _fingerprint()}
     try:
@@ -129,7 +161,7 @@ def chat_completions():
         raise
     try:
         if chat.stream:
-            return _stream(gw, caller, chat, admission, audit)
+            return _stream(gw, caller, chat, admission, audit, slot)
         generation = gw.backend.generate(chat.messages, chat.params)
     except LLMError as exc:
         gw.release(admission)
@@ -176,9 +208,12 @@ def _completion_id() -> str:
 
 
 def _completion(chat: ChatRequest, generation: Generation, show_reasoning: bool) -> dict:
-    message = {"role": "assistant", "content": generation.text}
+    calls = [call.as_openai() for call in generation.tool_calls]
+    message = {"role": "assistant", "content": generation.text or (None if calls else "")}
     if show_reasoning and generation.reasoning:
         message["reasoning_content"] = generation.reasoning
+    if calls:
+        message["tool_calls"] = calls
     return {"id": _completion_id(), "object": "chat.completion", "created": int(time.time()),
             "model": chat.model, "system_fingerprint": None,
             "choices": [{"index": 0, "message": message, "logprobs": None,
@@ -191,7 +226,8 @@ def _sse(data: dict | str) -> str:
     return f"data: {text}\n\n"
 
 
-def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: dict) -> Response:
+def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: dict,
+            slot: concurrency.Slot) -> Response:
     show_reasoning = _show_reasoning(gw.settings)
     deltas = gw.backend.stream(chat.messages, chat.params)
     # Wait for the first piece here: a model server that is down is then still a 503 with a
@@ -212,6 +248,7 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
     def events():
         parts: list[str] = []
         thoughts: list[str] = []
+        called: list[str] = []  # the calls' names and argument pieces: written, so charged
         final: Generation | None = None
         done = False
 
@@ -220,13 +257,14 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
             done = True
             text, reasoning = "".join(parts), "".join(thoughts)
             generation = final
-            if generation is None and (parts or thoughts):
+            if generation is None and (parts or thoughts or called):
                 # Cut short (client gone, model failed): charge what was produced, thinking
                 # included, estimated as the reservation does, so hanging up is never a way
                 # around the budget.
                 generation = Generation(text=text, model=gw.model_name,
-                                        prompt_tokens=estimate_prompt_tokens(chat.messages),
-                                        completion_tokens=estimate_completion_tokens(text, reasoning),
+                                        prompt_tokens=estimate_prompt_tokens(chat.messages, chat.tools),
+                                        completion_tokens=estimate_completion_tokens(
+                                            text + "".join(called), reasoning),
                                         finish_reason="abort", reasoning=reasoning)
             if generation is not None:
                 gw.settle(admission, caller, generation)
@@ -247,6 +285,9 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
                 if piece.text:
                     parts.append(piece.text)
                     yield chunk({"content": piece.text})
+                for call in piece.tool_calls:
+                    called.append((call.name or "") + call.arguments)
+                    yield chunk({"tool_calls": [call.as_openai()]})
                 piece = next(deltas, None)
             # Recorded before the last events: a client that has read [DONE] finds its usage.
             finish("ok")
@@ -260,6 +301,7 @@ def _stream(gw: Gateway, caller: Caller, chat: ChatRequest, admission, audit: di
         finally:
             if not done:
                 finish("disconnected")
+            slot.release()
 
     return Response(events(), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

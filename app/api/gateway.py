@@ -76,7 +76,8 @@ class Gateway:
         that blocks is used up; ``Retry-After`` is the time until its period ends."""
         # guided_choice's replies are processed like prompt tokens: counted in the reservation,
         # which the settle charges at least (``Accounting.settle``)
-        prompt_tokens = estimate_prompt_tokens(chat.messages) + estimate_choice_tokens(chat.params.choice)
+        # and so are the tools offered (a long list of tools is never a way around a budget)
+        prompt_tokens = estimate_prompt_tokens(chat.messages, chat.tools) + estimate_choice_tokens(chat.params.choice)
         admission = self.accounting.reserve(
             caller.actor[:64], "", self.model_name, prompt_tokens, chat.params.max_tokens,
             api_key_id=caller.name)
@@ -97,8 +98,9 @@ class Gateway:
                 completion_tokens=generation.completion_tokens,
                 cached_tokens=generation.cached_tokens,
                 latency_ms=int(generation.latency_s * 1000), api_key_id=caller.name,
-                estimated_completion_tokens=estimate_completion_tokens(generation.text,
-                                                                       generation.reasoning)))
+                estimated_completion_tokens=estimate_completion_tokens(
+                    generation.text + "".join(c.name + c.arguments for c in generation.tool_calls),
+                    generation.reasoning)))
             metrics.generation(self.model_name[:64], generation.completion_tokens,
                                generation.latency_s)
         except Exception:  # noqa: BLE001 - the answer is out; the reservation stays, charged
@@ -125,6 +127,11 @@ class Gateway:
                                    for m in chat.messages[-20:]]
         if answer is not None:
             payload["answer"] = answer[:AUDIT_TEXT_CHARS]
+        if chat is not None and chat.tools:
+            payload["tools"] = [tool.name for tool in chat.params.tools]
+        if generation is not None and generation.tool_calls:
+            payload["tool_calls"] = [{"name": c.name, "arguments": c.arguments[:AUDIT_TEXT_CHARS]}
+                                     for c in generation.tool_calls]
         if generation is not None:
             payload.update(prompt_tokens=generation.prompt_tokens,
                            completion_tokens=generation.completion_tokens,

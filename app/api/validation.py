@@ -1,4 +1,8 @@
-"""The chat completion request, checked: anything malformed is a 400 that names the field."""
+"""The chat completion request, checked: anything malformed is a 400 that names the field.
+
+Tools as OpenAI takes them: ``tools``, ``tool_choice``, assistant turns with ``tool_calls`` and
+``tool`` turns answering them, checked by ``app.llm.tools`` (``parallel_tool_calls`` is accepted
+and has no effect: a reply may make several calls)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ from dataclasses import dataclass
 
 from app.api.errors import invalid
 from app.llm import GenerationParams
+from app.llm.tools import ToolRequestError, check_tool_choice, check_tool_turns, check_tools
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 MAX_MESSAGES = 256
 MAX_STOP = 4
 MAX_CHOICES = 64  # guided_choice: replies to choose among (the inference server's limit)
@@ -22,6 +27,11 @@ class ChatRequest:
     params: GenerationParams
     stream: bool
     include_usage: bool
+
+    @property
+    def tools(self) -> list[dict]:
+        """The tools offered, as the client sent them (prompt too: budgets count them)."""
+        return [tool.openai for tool in self.params.tools]
 
 
 def _content(value, index: int) -> str:
@@ -57,8 +67,16 @@ def _messages(value) -> list[dict]:
         content = message.get("content")
         if content is None and role == "assistant":
             content = ""  # an assistant turn that only called tools; we keep its place
-        out.append({"role": role, "content": _content(content, i)})
-    return out
+        turn = {"role": role, "content": _content(content, i)}
+        if role == "assistant" and message.get("tool_calls") is not None:
+            turn["tool_calls"] = message["tool_calls"]
+        if role == "tool":
+            turn["tool_call_id"] = message.get("tool_call_id")
+        out.append(turn)
+    try:
+        return check_tool_turns(out)
+    except ToolRequestError as exc:
+        raise invalid(str(exc), exc.param) from None
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float,
@@ -146,6 +164,11 @@ def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required", "model")
     messages = _messages(body.get("messages"))
+    try:
+        tools = check_tools(body.get("tools"))
+        tool_choice = check_tool_choice(body.get("tool_choice"), tools)
+    except ToolRequestError as exc:
+        raise invalid(str(exc), exc.param) from None
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise invalid("'stream' must be a boolean", "stream")
@@ -167,5 +190,7 @@ def parse_chat_request(body, default_max_tokens: int, max_tokens_cap: int,
         choice=(choice := _guided_choice(body.get("guided_choice"))),
         choice_scoring=(scoring := _choice_scoring(body.get("choice_scoring"))),
         choice_bias=_choice_bias(body.get("choice_bias"), choice, scoring),
+        tools=tools,
+        tool_choice=tool_choice,
     )
     return ChatRequest(model, messages, params, stream, bool(options.get("include_usage")))

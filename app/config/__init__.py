@@ -10,6 +10,7 @@ every setting keeps its flat name: ``settings.wecom_token`` reads ``WECOM_TOKEN`
   site (``AdminSettings``); ``worker``: the message path's worker (``WorkerSettings``);
 - ``audit`` (``AuditSettings``), ``accounting`` (``AccountingSettings``: budgets and alerts),
   ``observability`` (``ObservabilitySettings``: logs, metrics);
+- ``siem``: audit events and spend streamed to the SIEM (``SiemSettings``: syslog, OTLP);
 - ``inference``: the model (``ModelSettings``, ``OpenAISettings``); ``knowledge``: the
   knowledge base and its servers; ``media``: voice, images and files (``MediaSettings``);
 - ``secret_fields``: which settings are secrets, their strength rules, the logs' redaction list;
@@ -44,6 +45,7 @@ from app.config.secret_fields import (
     secret_values,
     split_blind_index_keys,
 )
+from app.config.siem import SiemSettings
 from app.config.storage import DatabaseSettings, QueueSettings
 from app.config.values import RATE_UNITS, parse_rate, parse_thresholds
 from app.config.web import AdminSettings, ApiSettings, WebSettings
@@ -59,7 +61,7 @@ class Settings(
     WeComSettings, AiBotSettings, DatabaseSettings, QueueSettings, DataProtectionSettings,
     WebSettings, ApiSettings, AdminSettings, WorkerSettings, AuditSettings, AccountingSettings,
     ObservabilitySettings, ModelSettings, OpenAISettings, KnowledgeSettings,
-    KnowledgeServerSettings, MediaSettings,
+    KnowledgeServerSettings, MediaSettings, SiemSettings,
 ):
     """Every setting of the service: the groups above, one flat namespace."""
 
@@ -90,7 +92,7 @@ __all__ = [
     "AdminSettings", "AiBotSettings", "ApiSettings", "AuditSettings", "ConfigError",
     "DataProtectionSettings", "DatabaseSettings", "KnowledgeServerSettings", "KnowledgeSettings",
     "MediaSettings", "ModelSettings", "ObservabilitySettings", "OpenAISettings", "QueueSettings",
-    "Settings", "WeComSettings", "WebSettings", "WorkerSettings", "decode_random_secret",
+    "Settings", "SiemSettings", "WeComSettings", "WebSettings", "WorkerSettings", "decode_random_secret",
     "get_settings", "load_settings", "parse_keyring", "parse_rate", "parse_thresholds",
     "refuse_low_entropy", "refuse_placeholder", "secret_fields", "secret_values",
     "split_blind_index_keys",

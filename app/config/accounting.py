@@ -21,6 +21,10 @@ class AccountingSettings(SettingsGroup):
     alert_wecom_users: str = ""
     alert_webhook_url: Annotated[str | None, URL] = None
     alert_webhook_timeout_s: float = 3.0
+    # A department budget's alerts also go to the department's heads (WeCom department/get's
+    # department_leader): an app message, and the AI bot writing first where its long
+    # connection is set up (app/accounting/heads.py).
+    alert_department_heads: bool = True
 
     @field_validator("company_timezone")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from app.config.base import SettingsGroup, blank_is_unset
 from app.config.secret_fields import SIGNING_KEY
@@ -16,6 +16,11 @@ class AuditSettings(SettingsGroup):
         default=60, ge=0, le=1440,
         description="the beat seals a checkpoint event this often; 'audit verify' reports a "
                     "head sealed more than twice this long ago (a cut tail); 0 = neither")
+    audit_stale_minutes: int = Field(
+        default=0, ge=0, le=7 * 24 * 60,
+        description="'audit verify' reports a chain head, or its outside copy, not resealed for "
+                    "longer than this (an old head put back, checkpoints or copies stopped); "
+                    "0 = twice AUDIT_CHECKPOINT_MINUTES; must exceed AUDIT_CHECKPOINT_MINUTES")
     audit_head_file: str | None = Field(
         default=None, description="a copy of the chain head outside the database, compared by "
                                   "'audit verify' (a path the database's users cannot write)")
@@ -28,6 +33,14 @@ class AuditSettings(SettingsGroup):
     @classmethod
     def _audit_blank_is_unset(cls, value):
         return blank_is_unset(value)
+
+    @model_validator(mode="after")
+    def _stale_after_a_checkpoint(self):
+        if self.audit_stale_minutes and self.audit_stale_minutes <= self.audit_checkpoint_minutes:
+            raise ValueError(f"AUDIT_STALE_MINUTES ({self.audit_stale_minutes}) must exceed "
+                             f"AUDIT_CHECKPOINT_MINUTES ({self.audit_checkpoint_minutes}): a "
+                             "healthy head is resealed only every checkpoint")
+        return self
 
     @field_validator("audit_retention_days")
     @classmethod

@@ -24,6 +24,10 @@ class KnowledgeSettings(SettingsGroup):
                                             "passage matches); below it: 'not found' without the "
                                             "model, above it the model may still say so")
     kb_fallback_contact: str = Field(default="", description="the team named when nothing is found")
+    kb_mode: Literal["strict", "open"] = Field(
+        default="strict", description="nothing relevant found: 'strict' says so and names the team (the demo "
+                                      "model); 'open' lets the model answer as a general assistant, marked "
+                                      "as not from company documents (a capable model; app/knowledge/modes.py)")
     kb_answer_by_quoting: bool = Field(
         default=False, description="the model's reply must be one passage quoted whole with its number, or "
                                    "'not found' (an extractive model such as the bundled demo; the model "

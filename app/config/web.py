@@ -13,6 +13,12 @@ from app.config.values import parse_rate
 class WebSettings(SettingsGroup):
     """Requests, behind a reverse proxy (app/proxy.py), and the callback path."""
 
+    web_role: Literal["all", "web", "api"] = Field(
+        default="all",
+        description="all: every route; web: the WeCom callbacks, admin and probes, not /v1; api: "
+                    "/v1 and the probes only. Two gunicorns (web and api, as compose and make run "
+                    "start them) keep a slow model's /v1 streams from holding the threads that "
+                    "answer WeCom's callbacks")
     trusted_proxies: int = Field(default=0, ge=0, le=10,
                                  description="proxies in front whose X-Forwarded-* are believed; 0 = none")
     callback_max_bytes: int = 64 * 1024
@@ -40,6 +46,10 @@ class ApiSettings(SettingsGroup):
 
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    api_max_concurrent_per_key: int = Field(
+        default=4, ge=0, le=10000,
+        description="requests (streams included) one API key may have in flight at once, over "
+                    "every web process; past it 429 with Retry-After (app/api/concurrency.py); 0 = no limit")
     api_reasoning: Literal["separate", "strip"] = Field(
         default="separate", description="a reasoning model's think part: reasoning_content, or dropped")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -63,6 +65,20 @@ class AiBotSettings(SettingsGroup):
                              "(or neither, to turn the AI bot channel off)")
         return self
 
+    @field_validator("aibot_ws_url")
+    @classmethod
+    def _aibot_ws_encrypted(cls, value: str) -> str:
+        # The subscription carries AIBOT_SECRET and every message: in clear over ws:// anyone
+        # on the path reads them. Plain ws:// only to this machine (the emulator in dev).
+        parts = urlsplit(value.strip())
+        if parts.scheme == "wss" and parts.hostname:
+            return value.strip()
+        if parts.scheme == "ws" and is_loopback_host(parts.hostname or ""):
+            return value.strip()
+        raise ValueError("must be a wss:// URL (plain ws:// only to a loopback address such as "
+                         "ws://127.0.0.1:8082, the emulator): the bot's secret and messages "
+                         "would cross the network in clear")
+
     @property
     def aibot_enabled(self) -> bool:
         return self.aibot_token is not None and self.aibot_encoding_aes_key is not None
@@ -71,3 +87,13 @@ class AiBotSettings(SettingsGroup):
     def aibot_ws_enabled(self) -> bool:
         """The long connection: a bot id and its secret (the callback's token and key not needed)."""
         return bool(self.aibot_bot_id.strip()) and self.aibot_secret is not None
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -19,6 +19,11 @@ class WorkerSettings(SettingsGroup):
     # A 👍/👎 template card after each model answer on the app channel, and WeCom's own 👍/👎
     # under the AI bot's answers (feedback.id on the first stream reply): app.feedback.
     feedback_cards: bool = True
+    # An app answer with Markdown goes as WeCom's markdown message (headings, bold, links, inline
+    # code, quotes; lists and tables rewritten as text: app/wecom/markdown.py); false: always a
+    # text message with the markup taken out (members who read the app in the WeChat plugin,
+    # 微信插件, which shows no markdown message).
+    wecom_markdown: bool = True
     welcome_message: str = "你好，我是公司的 AI 助手，有问题随时问我。Hi, I'm the company assistant."
     wecom_user_rate_limit: str = Field(default="20/min", description="per WeCom user; 0 = off")
     department_cache_s: int = Field(

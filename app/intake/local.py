@@ -78,6 +78,7 @@ class BatchWriter:
             services.audit.append_many(connection, [
                 received_event(prepared, accepted)
                 for prepared, accepted in zip(batch, results, strict=True) if accepted.created])
+        services.audit.head_moved(services.db)  # the head's outside copy, soon, off this thread
         return results
 
 

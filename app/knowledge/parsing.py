@@ -8,7 +8,11 @@ says what to do, raised before anything is written.
 
 Limits: the upload's size (``KB_MAX_UPLOAD_BYTES``), a DOCX's unpacked size and compression
 ratio (a zip bomb unpacks 10 kB into gigabytes: the zip directory is checked before python-docx
-opens a member), and the extracted text's length.
+opens a member), a PDF's pages and the content they make the parser read (pages may share one
+content stream: a 16 KB file of 100 pages had its 3 MB of drawing operators read 100 times,
+4 s of CPU each), and the extracted text's length. Cost is bounded, not only size: PDF, DOCX
+and HTML are read in a child process under CPU-time and memory limits
+(``app.knowledge.sandbox``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ MAX_TEXT_CHARS = 2_000_000
 DOCX_MAX_UNPACKED = 100 * 1024 * 1024
 DOCX_MAX_RATIO = 100
 DOCX_MAX_MEMBERS = 2000
-MAX_PDF_PAGES = 2000
+MAX_PDF_PAGES = 1000
+MAX_PDF_CONTENT_BYTES = 32 * 1024 * 1024  # page content streams read, all pages together
+SANDBOXED = ("pdf", "docx", "html")  # read in the child process (app.knowledge.sandbox)
 
 
 class UploadError(ValueError):
@@ -252,8 +258,13 @@ def parse_pdf(data: bytes) -> list[Block]:
         if len(pages) > MAX_PDF_PAGES:
             raise UploadError(f"the PDF has {len(pages)} pages; at most {MAX_PDF_PAGES}")
         blocks: list[Block] = []
-        total = 0
+        total = content = 0
         for number, page in enumerate(pages, 1):
+            content += _content_bytes(page)
+            if content > MAX_PDF_CONTENT_BYTES:
+                raise UploadError(f"the PDF's pages hold more than {MAX_PDF_CONTENT_BYTES // 2**20} MB "
+                                  f"of drawing instructions (by page {number}): too costly to read; "
+                                  "print it to a simpler PDF, or upload a DOCX")
             text = page.extract_text() or ""
             total += len(text)
             if total > MAX_TEXT_CHARS:
@@ -270,6 +281,17 @@ def parse_pdf(data: bytes) -> list[Block]:
     if not blocks:
         raise UploadError("the PDF has no text layer (a scan?): upload a PDF with text or a DOCX")
     return blocks
+
+
+def _content_bytes(page) -> int:
+    """The decoded size of the content streams a page makes the text extractor read (pages
+    that share one stream each count it: each is read again)."""
+    contents = page.get("/Contents")
+    if contents is None:
+        return 0
+    contents = contents.get_object()
+    streams = contents if isinstance(contents, list) else [contents]
+    return sum(len(stream.get_object().get_data()) for stream in streams)
 
 
 def check_zip_bomb(data: bytes) -> None:
@@ -325,6 +347,19 @@ def parse_docx(data: bytes) -> list[Block]:
     return blocks
 
 
+def extract_blocks(data: bytes, kind: str) -> list[Block]:
+    """The blocks of a document of a known ``kind``, in this process (the child process of
+    ``app.knowledge.sandbox`` runs this for PDF, DOCX and HTML)."""
+    if kind == "pdf":
+        return parse_pdf(data)
+    if kind == "docx":
+        return parse_docx(data)
+    text = decode_text(data)
+    if len(text) > MAX_TEXT_CHARS:
+        raise UploadError("the document holds too much text for one document: split it")
+    return {"markdown": parse_markdown, "text": parse_text, "html": parse_html}[kind](text)
+
+
 def parse(data: bytes, filename: str | None = None, max_bytes: int = MAX_UPLOAD_BYTES) -> Parsed:
     """The document in ``data`` (refused with an ``UploadError`` saying why)."""
     if not data:
@@ -333,15 +368,12 @@ def parse(data: bytes, filename: str | None = None, max_bytes: int = MAX_UPLOAD_
         raise UploadError(f"the file is {len(data) / 1048576:.1f} MB; the limit is "
                           f"{max_bytes / 1048576:.1f} MB")
     kind = detect(data, filename)
-    if kind == "pdf":
-        blocks = parse_pdf(data)
-    elif kind == "docx":
-        blocks = parse_docx(data)
+    if kind in SANDBOXED:
+        from app.knowledge import sandbox
+
+        blocks = sandbox.extract(data, kind)
     else:
-        text = decode_text(data)
-        if len(text) > MAX_TEXT_CHARS:
-            raise UploadError("the document holds too much text for one document: split it")
-        blocks = {"markdown": parse_markdown, "text": parse_text, "html": parse_html}[kind](text)
+        blocks = extract_blocks(data, kind)
     if not any(b.level == 0 for b in blocks):
         raise UploadError("no text found in the document")
     if sum(len(b.text) for b in blocks) > MAX_TEXT_CHARS:

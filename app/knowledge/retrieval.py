@@ -402,3 +402,32 @@ class Retriever:
                 coverage=coverage[chunk_id],
                 similarity=None if cosine is None else cosine.get(chunk_id)))
         return out
+
+
+def score_texts(question: str, texts: list[str]) -> list[tuple[float, float]]:
+    """(BM25, coverage) of each of ``texts`` for ``question``: the same terms, weights and
+    coverage as a search of the knowledge base, with ``texts`` alone as the collection (the
+    paragraphs of a file the employee sent, which are never indexed)."""
+    counts = Counter(terms(question))
+    if not counts or not texts:
+        return [(0.0, 0.0)] * len(texts)
+    weights = {t: BIGRAM_WEIGHT if t.startswith("~") else 1.0 for t in counts}
+    table = equivalents()
+    for word in [t for t in counts if not t.startswith("~")]:
+        for alt in table.get(word, ()):
+            for term in alt:
+                weights.setdefault(term, GLOSSARY_WEIGHT)
+    words = _coverage_words(counts)
+    documents = [Counter(terms(text)) for text in texts]
+    n = len(documents)
+    avgdl = max(sum(sum(d.values()) for d in documents) / n, 1.0)
+    df = Counter(t for d in documents for t in weights if d.get(t))
+    idf = {t: math.log(1 + (n - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) for t in weights}
+    scored = []
+    for document in documents:
+        dl = sum(document.values())
+        matched = {t for t in weights if document.get(t)}
+        bm25 = sum(idf[t] * weights[t] * document[t] * (K1 + 1)
+                   / (document[t] + K1 * (1 - B + B * dl / avgdl)) for t in matched)
+        scored.append((bm25, _coverage(words, idf, matched)))
+    return scored

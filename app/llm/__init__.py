@@ -7,6 +7,10 @@ A reasoning model (GLM-4.5 and later) thinks before it answers. Both backends ha
 apart: ``text`` is the answer alone, ``reasoning`` the think part; callers choose what to show
 (the worker never shows the reasoning to an employee; the /v1 API per ``API_REASONING``).
 Token counts cover everything the model generated, thinking included.
+
+Function calling: ``GenerationParams.tools`` and ``tool_choice`` go to the model, the calls come
+back in ``Generation.tool_calls`` (``StreamDelta.tool_calls`` as they stream); the
+representation is in ``app/llm/tools.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Protocol
 import urllib3
 
 from app.http_pool import HttpError, HttpPool, iter_lines
+from app.llm.tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from inference.reasoning import ReasoningSplitter
 
 log = logging.getLogger(__name__)
@@ -42,6 +47,8 @@ class GenerationParams:
     # "likelihood" (each read whole, the likeliest wins: the bundled engine and its server)
     choice_scoring: str = "tokens"
     choice_bias: tuple[float, ...] = ()  # with "likelihood": added to each choice's score
+    tools: tuple[ToolSpec, ...] = ()  # the functions the model may call (app/llm/tools.py)
+    tool_choice: ToolChoice = ToolChoice()  # OpenAI's: auto, none, required or one function
 
 
 @dataclass
@@ -54,16 +61,18 @@ class Generation:
     finish_reason: str = "stop"
     latency_s: float = 0.0
     reasoning: str = ""  # the think part, if the model had one
+    tool_calls: list[ToolCall] = field(default_factory=list)  # finish_reason is then "tool_calls"
 
 
 @dataclass
 class StreamDelta:
-    """One piece of a streamed answer (``text``) or of its think part (``reasoning``); the last
-    one carries ``final``."""
+    """One piece of a streamed answer (``text``), of its think part (``reasoning``) or of its
+    tool calls; the last one carries ``final``."""
 
     text: str
     final: Generation | None = field(default=None)
     reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 class LLMError(RuntimeError):
@@ -125,6 +134,9 @@ class OpenAIBackend:
                 body["choice_scoring"] = params.choice_scoring
             if params.choice_bias:
                 body["choice_bias"] = list(params.choice_bias)
+        if params.tools:  # the server renders and parses them; its calls are used as they come
+            body["tools"] = [tool.openai for tool in params.tools]
+            body["tool_choice"] = params.tool_choice.as_openai()
         if stream:
             body["stream_options"] = {"include_usage": True}
         return body
@@ -181,6 +193,7 @@ class OpenAIBackend:
                 finish_reason=choice.get("finish_reason") or "stop",
                 latency_s=time.perf_counter() - started,
                 reasoning=apart + splitter.reasoning,
+                tool_calls=[_call_of(c) for c in message.get("tool_calls") or []],
             )
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise LLMError("model server sent a malformed answer") from exc
@@ -193,6 +206,7 @@ class OpenAIBackend:
         usage: dict = {}
         finish = "stop"
         model = self.model_name
+        calls: dict[int, list[str]] = {}  # index -> [id, name, arguments so far]
         with resp:
             for line in _lines(resp):
                 if not line or not line.startswith("data:"):
@@ -214,8 +228,10 @@ class OpenAIBackend:
                         apart.append(reasoning)
                         text = splitter.assume_answer()
                     more_reasoning, more_text = splitter.feed(delta.get("content") or "")
-                    if reasoning or more_reasoning or text or more_text:
-                        yield StreamDelta(text + more_text, reasoning=reasoning + more_reasoning)
+                    pieces = _call_pieces(delta.get("tool_calls"), calls)
+                    if reasoning or more_reasoning or text or more_text or pieces:
+                        yield StreamDelta(text + more_text, reasoning=reasoning + more_reasoning,
+                                          tool_calls=pieces)
         reasoning, text = splitter.finish()
         if reasoning or text:
             yield StreamDelta(text, reasoning=reasoning)
@@ -224,7 +240,8 @@ class OpenAIBackend:
             text=splitter.answer, model=model, prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
             cached_tokens=int(details.get("cached_tokens") or 0), finish_reason=finish,
-            latency_s=time.perf_counter() - started, reasoning="".join(apart) + splitter.reasoning))
+            latency_s=time.perf_counter() - started, reasoning="".join(apart) + splitter.reasoning,
+            tool_calls=[ToolCall(*calls[i]) for i in sorted(calls)]))
 
 
 def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[str]:
@@ -233,6 +250,29 @@ def _lines(resp: urllib3.BaseHTTPResponse) -> Iterator[str]:
         yield from iter_lines(resp)
     except HttpError as exc:
         raise LLMError(f"model server stream broke: {exc}") from exc
+
+
+def _call_of(call: dict) -> ToolCall:
+    """A server's tool call as it came (its id, name and arguments text untouched)."""
+    function = call["function"]
+    return ToolCall(str(call["id"]), str(function["name"]), str(function.get("arguments") or ""))
+
+
+def _call_pieces(items, calls: dict[int, list[str]]) -> list[ToolCallDelta]:
+    """A stream's ``delta.tool_calls`` as they came, and gathered into ``calls`` by index."""
+    pieces = []
+    for item in items or []:
+        if not isinstance(item, dict) or not isinstance(item.get("index"), int):
+            raise LLMError("model server sent a malformed tool call")
+        function = item.get("function") or {}
+        index, arguments = item["index"], function.get("arguments") or ""
+        if index not in calls:
+            calls[index] = [str(item.get("id") or ""), str(function.get("name") or ""), ""]
+            pieces.append(ToolCallDelta(index, calls[index][0], calls[index][1], arguments))
+        else:
+            pieces.append(ToolCallDelta(index, arguments=arguments))
+        calls[index][2] += arguments
+    return pieces
 
 
 def _reasoning_of(message: dict) -> str:

@@ -7,7 +7,9 @@ retried), a device failure such as out-of-memory is transient (503, retried).
 
 The prompt is laid out here, with the checkpoint's chat layout and ``enable_thinking``, and a
 reasoning model's text is split into its think part and its answer as it streams: the tokenizer
-says whether a reply begins inside a think part its prompt opened (GLM-4.7 and later).
+says whether a reply begins inside a think part its prompt opened (GLM-4.7 and later). Tools are
+the model server's way (``inference.reply``): shown in the prompt, forced by ``tool_choice``,
+the calls parsed from the answer.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from app.llm import Generation, GenerationParams, LLMError, StreamDelta
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.engine.service import EngineService
 from inference.layers import cpu_kernels
-from inference.reasoning import ReasoningSplitter
+from inference.reply import ReplyReader, ToolUse, tool_use
 from inference.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -59,11 +61,11 @@ class EngineBackend:
         return cls(EngineService(engine), path.name)
 
     @staticmethod
-    def _params(params: GenerationParams) -> SamplingParams:
+    def _params(params: GenerationParams, tools: ToolUse) -> SamplingParams:
         return SamplingParams(temperature=params.temperature, top_p=params.top_p,
                               max_tokens=params.max_tokens, stop=list(params.stop), seed=params.seed,
                               choice=list(params.choice), choice_scoring=params.choice_scoring,
-                              choice_bias=list(params.choice_bias))
+                              choice_bias=list(params.choice_bias), tool_call=tools.forced)
 
     def generate(self, messages: list[dict], params: GenerationParams) -> Generation:
         final = None
@@ -75,38 +77,34 @@ class EngineBackend:
         started = time.perf_counter()
         tokenizer = self.service.engine.tokenizer
         thinking = params.enable_thinking is not False
-        splitter = None
-        if tokenizer is not None and tokenizer.thinking:
-            splitter = ReasoningSplitter(
-                "thinking" if tokenizer.reply_starts_thinking(thinking) else "answer")
         try:
-            sampling = self._params(params)
+            tools = ToolUse()
+            if params.tools and params.tool_choice.mode != "none":
+                if tokenizer is None:
+                    raise ValueError("tools need a model with a tokenizer")
+                tools = tool_use(tokenizer, params.tools, params.tool_choice, thinking)
+            reader = ReplyReader(tokenizer, thinking, tools.read)
+            sampling = self._params(params, tools)
             prompt = messages
             if tokenizer is not None and messages and isinstance(messages[0], dict):
-                prompt = tokenizer.apply_chat_template(messages, enable_thinking=thinking)
+                prompt = tokenizer.apply_chat_template(messages, enable_thinking=thinking, tools=tools.shown)
             output = None
             for output in self.service.submit(prompt, sampling):
-                if output.delta:
-                    reasoning, text = splitter.feed(output.delta) if splitter else ("", output.delta)
-                    if reasoning or text:
-                        yield StreamDelta(text, reasoning=reasoning)
+                if output.delta and (piece := reader.feed(output.delta)):
+                    yield StreamDelta(piece.content, reasoning=piece.reasoning, tool_calls=piece.tool_calls)
         except PromptTooLongError as exc:
             raise LLMError(TOO_LONG, transient=False, status=400) from exc
         except RequestFailedError as exc:
             raise LLMError(f"engine failed this request: {exc}", transient=True, status=503) from exc
         except ValueError as exc:
             raise LLMError(f"engine refused the request: {exc}", transient=False, status=400) from exc
-        text, reasoning = output.text, ""
-        if splitter is not None:
-            tail_reasoning, tail = splitter.finish()
-            if tail_reasoning or tail:
-                yield StreamDelta(tail, reasoning=tail_reasoning)
-            text, reasoning = splitter.answer, splitter.reasoning
+        if piece := reader.finish():
+            yield StreamDelta(piece.content, reasoning=piece.reasoning, tool_calls=piece.tool_calls)
         yield StreamDelta("", Generation(
-            text=text, model=self.model_name, prompt_tokens=output.prompt_tokens,
+            text=reader.content, model=self.model_name, prompt_tokens=output.prompt_tokens,
             completion_tokens=output.completion_tokens, cached_tokens=output.cached_tokens,
-            finish_reason=output.finish_reason, latency_s=time.perf_counter() - started,
-            reasoning=reasoning))
+            finish_reason=reader.finish_reason(output.finish_reason), latency_s=time.perf_counter() - started,
+            reasoning=reader.reasoning, tool_calls=list(reader.tool_calls)))
 
     def close(self) -> None:
         self.service.close()

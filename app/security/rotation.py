@@ -51,4 +51,5 @@ def rotate_keys(services, batch_size: int = 500, actor: str = "cli") -> dict[str
         counts["audit_events.payload_enc"] = services.audit.reseal_with_primary_key(session)
         services.audit.append(session, EventType.KEY_ROTATION, actor=actor, outcome="ok",
                               payload={"primary_key_id": cipher.primary_id, "rewritten": counts})
+    services.audit.publish_head(services.db, resealed=True)  # the re-linked rows' new hashes
     return counts

@@ -125,6 +125,13 @@ def respond_welcome(req_id: str, text: str) -> Frame:
     return Frame(RESPOND_WELCOME, req_id, {"msgtype": "text", "text": {"content": text}})
 
 
+def send_markdown(chatid: str, content: str) -> Frame:
+    """``aibot_send_msg``: the bot writes first, to a member's single chat (``chatid`` = the
+    userid; WeCom delivers it only where the member has talked to the bot before)."""
+    return Frame(SEND, new_req_id(SEND), {"chatid": chatid, "chat_type": 1, "msgtype": "markdown",
+                                          "markdown": {"content": content}})
+
+
 def ack(req_id: str, errcode: int = 0, errmsg: str = "ok") -> Frame:
     """What WeCom (the emulator) answers to every frame the bot sends."""
     return Frame("", req_id, None, errcode, errmsg)

@@ -1,4 +1,5 @@
-"""WeCom server API for one self-built app: access_token, message/send, user/get, media/get.
+"""WeCom server API for one self-built app: access_token, message/send, user/get, department/get,
+media/get.
 
 The access_token (gettoken, valid ``expires_in`` = 7200 s) is cached once for all processes in
 Redis, refreshed ``token_refresh_margin`` seconds early. When it is missing, one process fetches
@@ -374,7 +375,7 @@ class WeComClient:
 
     def _send_chunks(self, touser: str, msgtype: str, content: str,
                      duplicate_check_interval: int | None, first_chunk: int) -> list[dict]:
-        chunks = split_for_wecom(content, BYTE_LIMITS[msgtype])
+        chunks = split_for_wecom(content, BYTE_LIMITS[msgtype], markup=msgtype == "markdown")
         if not chunks:
             raise ValueError("content is empty")
         answers = []
@@ -395,6 +396,16 @@ class WeComClient:
         if not userid:
             raise ValueError("userid is empty")
         return self._call("GET", "/cgi-bin/user/get", params={"userid": userid})
+
+    # --- department/get ------------------------------------------------------------------------
+
+    def get_department(self, dept_id: int) -> dict:
+        """One department (``id``, ``parentid``, ``department_leader``: its heads' userids, those
+        within the app's visible range) from department/get."""
+        department = self._call("GET", "/cgi-bin/department/get", params={"id": int(dept_id)}).get("department")
+        if not isinstance(department, dict):
+            raise WeComAPIError(-1, "department/get answered without a department", {})
+        return department
 
     # --- appchat/get ---------------------------------------------------------------------------
 

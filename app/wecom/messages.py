@@ -171,6 +171,14 @@ class TemplateCardEvent(Message):
     task_id: str
     card_type: str = ""
     response_code: str = ""
+    # SelectedItems: each question's key -> the option ids chosen (a drop-down's, a vote's)
+    selected: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def dedup_key(self) -> str:
+        """A click is one card's: two cards rated within one second are two events, while
+        WeCom's retries of one click repeat its TaskId too."""
+        return f"evt:{self.from_user}:{self.create_time}:{self.event}:{self.task_id}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -307,6 +315,25 @@ def _parse_user_message(f: dict[str, Any], common: dict[str, Any]) -> Message:
     return UnknownMessage(**common, raw=f)
 
 
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [] if value is None else [value]
+
+
+def _selected_items(items) -> dict[str, list[str]]:
+    """``<SelectedItems><SelectedItem><QuestionKey/><OptionIds><OptionId/>...`` as
+    {question key: [option ids]} (at most 20 questions of 20 options, each id 128 characters)."""
+    found: dict[str, list[str]] = {}
+    if not isinstance(items, dict):
+        return found
+    for item in _as_list(items.get("SelectedItem"))[:20]:
+        if not isinstance(item, dict) or not isinstance(item.get("QuestionKey"), str):
+            continue
+        ids = item.get("OptionIds")
+        options = _as_list(ids.get("OptionId")) if isinstance(ids, dict) else []
+        found[item["QuestionKey"][:1024]] = [o[:128] for o in options[:20] if isinstance(o, str)]
+    return found
+
+
 def _parse_event(f: dict[str, Any], common: dict[str, Any]) -> Message:
     event = _required(f, "Event").lower()
     common["event"] = event
@@ -343,6 +370,7 @@ def _parse_event(f: dict[str, Any], common: dict[str, Any]) -> Message:
             task_id=_optional(f, "TaskId"),
             card_type=_optional(f, "CardType"),
             response_code=_optional(f, "ResponseCode"),
+            selected=_selected_items(f.get("SelectedItems")),
         )
     if event == "change_contact":
         return ContactChangeEvent(

@@ -47,6 +47,24 @@
       desc.textContent = p.main_title.desc;
       bubble.appendChild(desc);
     }
+    // button_selection: WeCom's drop-down, its choice sent with the button's click (SelectedItems)
+    var choice = null, sel = p.button_selection;
+    if (sel && sel.option_list && sel.option_list.length) {
+      var line = document.createElement("label");
+      line.className = "card-reasons";
+      line.textContent = sel.title || "";
+      choice = document.createElement("select");
+      choice.className = "card-select";
+      sel.option_list.forEach(function (o) {
+        var option = document.createElement("option");
+        option.value = o.id;
+        option.textContent = o.text;
+        choice.appendChild(option);
+      });
+      choice.value = sel.selected_id || sel.option_list[0].id;
+      line.appendChild(choice);
+      bubble.appendChild(line);
+    }
     var row = document.createElement("div");
     row.className = "card-buttons";
     (p.button_list || []).forEach(function (b) {
@@ -57,7 +75,9 @@
       button.textContent = b.text || b.key;
       button.addEventListener("click", function () {
         Array.prototype.forEach.call(row.querySelectorAll("button"), function (x) { x.disabled = true; });
-        postJSON("/_emulator/card_click", { userid: item.touser, task_id: p.task_id, key: b.key })
+        var click = { userid: item.touser, task_id: p.task_id, key: b.key };
+        if (choice) { click.selected = {}; click.selected[sel.question_key] = choice.value; choice.disabled = true; }
+        postJSON("/_emulator/card_click", click)
           .then(poll)
           .catch(function (e) { setStatus("点击失败：" + e.message); });
       });
@@ -115,6 +135,70 @@
     bubble.appendChild(row);
   }
 
+  // WeCom's markdown, drawn as its client draws it (the rules of emulator/rendering.py): the app's
+  // markdown message knows headings, bold, links, inline code, quotes and three font colours;
+  // the AI bot's stream also lists, italics, strikes and code blocks. Built from DOM nodes,
+  // text always by textContent; a link only for http(s).
+  var INLINE = /\*\*(?=\S)([^\n]+?)(?<=\S)\*\*|`([^`\n]+)`|\[([^\]\n]+)\]\(([^)\s]+)\)|<font\s+color=["']?(\w+)["']?\s*>([\s\S]*?)<\/font>/g;
+  var EMPHASIS = /(?<![*\w])\*(?=[^\s*])([^*\n]+?)(?<=[^\s*])\*(?![*\w])|~~(?=\S)([^\n]+?)(?<=\S)~~/g;
+  var COLORS = ["info", "comment", "warning"];
+
+  function el(tag, cls) { var n = document.createElement(tag); if (cls) n.className = cls; return n; }
+
+  function appendPlain(parent, text, stream) {
+    if (!stream) { parent.appendChild(document.createTextNode(text)); return; }
+    var re = new RegExp(EMPHASIS.source, "g"), last = 0, m;
+    while ((m = re.exec(text))) {
+      parent.appendChild(document.createTextNode(text.slice(last, m.index)));
+      var node = el(m[1] !== undefined ? "i" : "s");
+      node.textContent = m[1] !== undefined ? m[1] : m[2];
+      parent.appendChild(node);
+      last = re.lastIndex;
+    }
+    parent.appendChild(document.createTextNode(text.slice(last)));
+  }
+
+  function appendInline(parent, text, stream) {
+    var re = new RegExp(INLINE.source, "g"), last = 0, m, node;
+    while ((m = re.exec(text))) {
+      appendPlain(parent, text.slice(last, m.index), stream);
+      if (m[1] !== undefined) {
+        node = el("b"); appendInline(node, m[1], stream); parent.appendChild(node);
+      } else if (m[2] !== undefined) {
+        node = el("code"); node.textContent = m[2]; parent.appendChild(node);
+      } else if (m[3] !== undefined) {
+        node = el("a"); node.textContent = m[3];
+        if (/^https?:\/\//i.test(m[4])) { node.href = m[4]; node.target = "_blank"; node.rel = "noopener noreferrer"; }
+        parent.appendChild(node);
+      } else if (COLORS.indexOf(m[5].toLowerCase()) >= 0) {
+        node = el("span", "md-font-" + m[5].toLowerCase()); appendInline(node, m[6], stream); parent.appendChild(node);
+      } else {
+        appendPlain(parent, m[0], stream);
+      }
+      last = re.lastIndex;
+    }
+    appendPlain(parent, text.slice(last), stream);
+  }
+
+  function renderMarkup(bubble, content, stream) {
+    var box = el("div", "md"), pre = null;
+    (content || "").replace(/\r\n/g, "\n").split("\n").forEach(function (line) {
+      if (stream && /^\s*(```|~~~)/.test(line)) { pre = pre ? null : box.appendChild(el("pre")); return; }
+      if (pre) { pre.textContent += (pre.textContent ? "\n" : "") + line; return; }
+      var m, row = el("div", "md-line");
+      if ((m = /^(#{1,6})\s+(.*)$/.exec(line))) { row.className += " md-h" + m[1].length; line = m[2]; }
+      else if ((m = /^\s*>\s?(.*)$/.exec(line))) { row.className += " md-quote"; line = m[1]; }
+      else if (stream && (m = /^(\s*)[-*+]\s+(.*)$/.exec(line))) { line = m[1] + "• " + m[2]; }
+      appendInline(row, line, stream);
+      box.appendChild(row);
+    });
+    bubble.appendChild(box);
+  }
+
+  function isStream(item) {
+    return item.msgtype === "stream" || item.source === "aibot_stream" || item.source === "aibot_ws";
+  }
+
   function deliveryText(d) {
     if (!d) return "";
     if (d.status === "pending") return "投递中…";
@@ -132,6 +216,10 @@
       var bubble = document.createElement("div");
       bubble.className = "bubble";
       bubble.textContent = describe(item);
+      if (item.direction === "out" && item.content != null && (item.msgtype === "markdown" || isStream(item))) {
+        bubble.textContent = "";
+        renderMarkup(bubble, item.content, isStream(item));
+      }
       if (item.msgtype === "template_card") renderCard(bubble, item);
       if (item.direction === "out" && item.feedback_id && item.delivery_id) renderThumbs(bubble, item);
       var meta = document.createElement("span");

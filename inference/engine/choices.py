@@ -43,14 +43,23 @@ class Choices:
         return alive[0][len(written):] if len(alive) == 1 else []
 
 
-def mask_to_allowed(logits: torch.Tensor, allowed: list[list[int] | None]) -> torch.Tensor:
-    """Rows with a list keep only those tokens' logits (the rest -inf); None rows are free."""
+class AnyBut(tuple):
+    """Any token but these (a constraint's free text: ``inference.engine.tool_constraint``)."""
+
+
+def mask_to_allowed(logits: torch.Tensor, allowed: list[list[int] | AnyBut | None]) -> torch.Tensor:
+    """Rows with a list keep only those tokens' logits (the rest -inf), rows with ``AnyBut``
+    lose those; None rows are free."""
     rows = [i for i, a in enumerate(allowed) if a is not None]
     if not rows:
         return logits
     keep = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
     for k, i in enumerate(rows):
-        keep[k, allowed[i]] = True
+        if isinstance(allowed[i], AnyBut):
+            keep[k] = True
+            keep[k, list(allowed[i])] = False
+        else:
+            keep[k, allowed[i]] = True
     logits = logits.clone()
     index = torch.tensor(rows, device=logits.device)
     logits[index] = logits[index].masked_fill(~keep, float("-inf"))

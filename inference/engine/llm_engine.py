@@ -22,6 +22,7 @@ from inference.engine.errors import PromptTooLongError, RequestFailedError
 from inference.engine.model_runner import ModelRunner
 from inference.engine.scheduler import Scheduler
 from inference.engine.sequence import Sequence
+from inference.engine.tool_constraint import ToolCallConstraint
 from inference.layers.cache_layouts import cache_layout
 from inference.layers.sampler import generator_for
 from inference.llm import Prompt, _TextOut
@@ -215,10 +216,15 @@ class LLMEngine:
             choices = Choices([self.tokenizer.reply_ids(c) for c in params.choice], self.end_token_id,
                               params.choice_bias)
             k = 0
+        elif params.tool_call is not None:  # held to the call format, like choices
+            if self.tokenizer is None or not self.eos_token_ids:
+                raise ValueError("a forced tool call needs a tokenizer and an end-of-sequence token")
+            choices = ToolCallConstraint(self.tokenizer, params.tool_call, sorted(self.eos_token_ids))
+            k = 0
         request_id = request_id or str(next(self._ids))
         seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
                        generator_for(params, self.model.device), k)
-        if choices is not None and params.choice_scoring == "likelihood":
+        if isinstance(choices, Choices) and params.choice_scoring == "likelihood":
             seq.scoring = ChoiceScoring(seq, choices.replies, choices.bias)
             if seq.scoring.longest > self.max_model_len:  # the longest reply is read whole
                 raise PromptTooLongError(seq.scoring.longest, self.max_model_len)

@@ -28,7 +28,8 @@ class Sequence:
     `speculative_k` (0 = plain decoding) is how many MTP drafts the sequence may verify per
     step; `drafts` holds its drafter (`inference.engine.drafting.SequenceDrafts`), made by the
     model runner and dropped whenever the sequence's cache is (preemption, a failed step).
-    `choices` holds the replies it is constrained to (`SamplingParams.choice`), tokenized;
+    `choices` holds the replies it is constrained to (`SamplingParams.choice`), tokenized, or
+    the tool-call format it follows (`SamplingParams.tool_call`, `inference.engine.tool_constraint`);
     `scoring` the state its request shares when those replies are scored whole instead
     (`inference.engine.choice_scoring`: the request's own sequence, then one per reply, number
     `choice_index`), which only prefill and sample nothing.
@@ -63,7 +64,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.speculative_k = speculative_k
         self.drafts: Any = None
-        self.choices: Any = None  # inference.engine.choices.Choices, for SamplingParams.choice
+        self.choices: Any = None  # Choices (SamplingParams.choice) or ToolCallConstraint (.tool_call)
         self.scoring: Any = None  # inference.engine.choice_scoring.ChoiceScoring
         # positions from here on are computed even when the prefix cache holds them (a reply
         # being scored: its rows' logits are wanted), None: the cache may serve any

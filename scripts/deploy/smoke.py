@@ -39,7 +39,7 @@ EMULATOR_PORT = int(os.environ.get("DEPLOY_SMOKE_EMULATOR_PORT", "18081"))
 COMPOSE_FILES = ["docker-compose.yml", "docker/compose.cpu.yml"]
 # The compose file's order: each stage's conditions hold before the next starts.
 FIRST = ["postgres", "redis", "engine"]           # healthy (the engine loads its model meanwhile)
-APP = ["web", "worker", "beat", "aibot-connection"]  # after migrate exited 0; healthy
+APP = ["web", "api", "worker", "beat", "aibot-connection"]  # after migrate exited 0; healthy
 EDGE = ["nginx"]                                   # after web is healthy
 QUESTIONS = (  # (employee, question): the handbook answers these
     ("zhangwei", "年假有几天？"),

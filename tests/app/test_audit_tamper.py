@@ -9,6 +9,7 @@ after its rotation, and the head's copy outside the database disagreeing.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -355,3 +356,78 @@ def test_a_row_changed_while_the_purge_verified_is_refused(chain_with_key_holder
     del services.audit.verify
     with services.db.session() as session:
         assert session.get(AuditChain, 1).anchor_seq == 0
+
+
+# -- the head's copy outside the database keeps up with the callbacks ---------------------------
+def _callback(services, n: int):
+    from app.outbox.rows import Arrival
+    from app.wecom.messages import parse_message
+    from tests.support.callbacks import text_message_xml
+
+    s = services.settings
+    return Arrival(parse_message(text_message_xml(s.wecom_corp_id, s.wecom_agent_id, f"message {n}",
+                                                  "zhangwei", 5000 + n)))
+
+
+def copied_seq(path) -> int:
+    import json
+
+    return json.loads(path.read_text())["last_seq"]
+
+
+def test_callbacks_cut_under_an_old_head_show_before_and_after_the_next_appends(guarded, tmp_path):
+    """The issue's probe: the newest callbacks' events cut, the head row saved before them put
+    back (MAC and all). The copy outside the database follows the callbacks' commits (it lagged
+    them by up to a checkpoint interval), so verify names the cut at once; and the callbacks that
+    come next, reusing the cut seqs, do not overwrite the copy that names the cut row."""
+    from app.intake.local import LocalIntake
+    from tests.support.stack import wait_for
+
+    path = tmp_path / "audit-head.json"
+    intake = LocalIntake(guarded)
+    old_head = head_row(guarded)  # seq 30
+    for n in range(1, 6):
+        intake.accept(_callback(guarded, n))  # message_received, seqs 31..35
+    wait_for(lambda: copied_seq(path) == 35, 10, what="the head copy to reach seq 35")
+    cut_hash = row_hash(guarded, 35)
+    sql(guarded, "DELETE FROM audit_events WHERE seq > 30")
+    put_head(guarded, old_head)
+    assert broken(guarded) == [("external", 35)]  # before any append: the copy is ahead
+    for n in range(6, 14):
+        intake.accept(_callback(guarded, n))  # seqs 31..38 again, past the copy's 35
+    wait_for(lambda: head_row(guarded)["last_seq"] == 38, 10, what="the new appends")
+    time.sleep(1.5)  # the copier's turn (at most every 0.5 s)
+    assert copied_seq(path) == 35 and row_hash(guarded, 35) != cut_hash
+    found = broken(guarded)
+    assert found == [("external", 35)]
+    assert "names another row at seq 35" in cli_verify(guarded).output
+
+
+def test_an_honest_callback_stream_keeps_the_copy_moving_and_the_chain_verifying(guarded, tmp_path):
+    from app.intake.local import LocalIntake
+    from tests.support.stack import wait_for
+
+    intake = LocalIntake(guarded)
+    for n in range(1, 21):
+        intake.accept(_callback(guarded, n))
+    wait_for(lambda: copied_seq(tmp_path / "audit-head.json") == 50, 10, what="the copy at seq 50")
+    assert verify(guarded).ok
+
+
+def test_the_operator_sets_the_stale_limit(env, db, redis_client, tmp_path):
+    """AUDIT_STALE_MINUTES: a head (or a copy behind the chain) older than it is reported."""
+    from app.config import ConfigError
+
+    services = Services(settings_from(env, audit_checkpoint_minutes=10, audit_stale_minutes=15,
+                                      audit_head_file=str(tmp_path / "audit-head.json")), db)
+    append_many(services.db, services.audit, 3)
+    assert verify(services, now=utcnow() + timedelta(minutes=14)).ok
+    found = verify(services, now=utcnow() + timedelta(minutes=20))
+    assert kinds(found) == [("stale", 3)] and "stale limit of 15 min" in str(found.issues[0])
+    with services.db.transaction() as session:  # appended without a copy (as an admin view does)
+        services.audit.append(session, EventType.ADMIN_CHANGE, actor="admin:x", payload={})
+    assert verify(services, now=utcnow() + timedelta(minutes=5)).ok  # a copy may lag a while
+    late = verify(services, now=utcnow() + timedelta(minutes=20))
+    assert ("external", 3) in kinds(late) and "copies stopped" in str(late.issues)
+    with pytest.raises(ConfigError, match="AUDIT_STALE_MINUTES"):
+        settings_from(env, audit_checkpoint_minutes=60, audit_stale_minutes=60)

@@ -161,3 +161,19 @@ def test_env_example_ships_no_secret_values():
     for name in ("WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY", "DATA_KEYS", "BLIND_INDEX_KEY",
                  "SECRET_KEY", "POSTGRES_PASSWORD"):
         assert values[name] == "", name
+
+
+@pytest.mark.parametrize("url", ["ws://openws.work.weixin.qq.com", "ws://10.0.0.5:8082",
+                                 "http://127.0.0.1:8082", "wss://", "openws.work.weixin.qq.com"])
+def test_the_ai_bot_long_connection_needs_wss_outside_loopback(clean_env, url):
+    """AIBOT_SECRET and every message cross this connection: ws:// only to this machine."""
+    apply(clean_env, make_env())
+    with pytest.raises(ConfigError, match="AIBOT_WS_URL must be a wss:// URL"):
+        load_settings(aibot_ws_url=url)
+
+
+@pytest.mark.parametrize("url", ["wss://openws.work.weixin.qq.com", "wss://10.0.0.5:8443/ws",
+                                 "ws://127.0.0.1:8082", "ws://localhost:8082", "ws://[::1]:8082"])
+def test_wss_or_a_loopback_ws_url_is_accepted(clean_env, url):
+    apply(clean_env, make_env())
+    assert load_settings(aibot_ws_url=url).aibot_ws_url == url

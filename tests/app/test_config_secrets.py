@@ -28,6 +28,7 @@ from app.config.secret_fields import (
     URL,
     is_pattern,
 )
+from app.config.siem import HEADERS
 from scripts.dev_env import random_aes_key
 from tests.support.env import make_env
 
@@ -38,9 +39,11 @@ NAMED = ("wecom_token", "wecom_aes_key", "secret_key", "blind_index_keys", "open
 
 
 def says_secret(name: str) -> bool:
-    """A setting whose name says it holds a secret (``..._file``: a path to one, not one)."""
+    """A setting whose name says it holds a secret (``..._file``: a path to one, not one;
+    ``..._per_key``: a number counted for each API key, not one)."""
     words = name.split("_")
-    return bool(SECRET_WORDS & set(words)) and words[-1] != "file"
+    named = {word for i, word in enumerate(words) if i == 0 or words[i - 1] != "per"}
+    return bool(SECRET_WORDS & named) and words[-1] != "file"
 
 
 def test_every_setting_whose_name_says_secret_is_marked():
@@ -109,10 +112,17 @@ def sentinel_env() -> tuple[dict[str, str], dict[str, list[str]]]:
                 value = f"redis://:{password}@127.0.0.1:6379/0"
             elif name == "celery_broker_url":
                 value = f"amqp://bot:{password}@127.0.0.1:5672//"
+            elif name == "aibot_ws_url":  # wss:// only, outside loopback
+                value = f"wss://bot:{password}@openws.example.test/"
             elif name == "alert_webhook_url":  # a WeCom group robot: the key is the secret
                 value = f"https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key={password}"
+            elif name == "siem_syslog_url":
+                value = f"tls://svc:{password}@siem.example.test:6514"
             else:
                 value = f"https://svc:{password}@{name.replace('_', '-')}.example.test/v1"
+        elif marker is HEADERS:  # a collector's token in SIEM_OTLP_HEADERS
+            hidden = [f"Bearer {secrets.token_urlsafe(24)}", secrets.token_urlsafe(16)]
+            value = f"Authorization={hidden[0]},X-Scope-Token={hidden[1]}"
         else:
             raise AssertionError(f"{name}: a marker this test cannot make a value for")
         env[name.upper()] = value

@@ -2,8 +2,10 @@
 while ``/healthz`` keeps answering within 100 ms, against gunicorn as deployed (2 processes
 of 4 threads here: far fewer threads than slow clients) and with nginx in front (skipped only
 without an nginx binary). Past ``REQUEST_BODY_TIMEOUT_S`` a slow body gets 408, never a 500:
-from the worker's event loop for a ``Content-Length`` body, from the app's own read deadline
-(app/body_reader.py) for a chunked one, on the callback and on ``/v1``.
+from the worker's event loop for a ``Content-Length`` or chunked body, from the app's own read
+deadline (app/body_reader.py) for one too large to collect there, on the callback, on ``/v1``
+and on the admin area's login and document upload (whose CSRF check read the form with no
+deadline: 3 chunked logins and 3 uploads of 10 MB held their threads for as long as they liked).
 """
 
 from __future__ import annotations
@@ -86,10 +88,10 @@ def p99(values: list[float]) -> float:
     return sorted(values)[math.ceil(0.99 * len(values)) - 1]
 
 
-def report(where: str, took: list[float]) -> str:
+def report(where: str, took: list[float], slow: int = SLOW) -> str:
     return (f"{where}: healthz p50 {sorted(took)[len(took) // 2] * 1000:.1f} ms, "
             f"p99 {p99(took) * 1000:.1f} ms, max {max(took) * 1000:.1f} ms over {len(took)} probes "
-            f"with {SLOW} slow uploads")
+            f"with {slow} slow uploads")
 
 
 def answer(sock) -> bytes:
@@ -185,3 +187,52 @@ def _context(ca: str):
     import ssl
 
     return ssl.create_default_context(cafile=ca)
+
+
+def slow_head(path: str, length: int | None) -> bytes:
+    size = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{size}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\n\r\n").encode()
+
+
+class ChunkTrickle(Trickle):
+    """One more one-byte chunk on each connection every ``every_s``."""
+
+    def _run(self):
+        while not self.stopped.wait(self.every_s):
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.send(b"1\r\nx\r\n")
+
+
+def test_slow_admin_logins_and_uploads_leave_healthz_fast_and_get_408(web):
+    """Five chunked logins and three 10 MB uploads trickling: eight slow clients, as many as
+    gunicorn's threads here. The logins are collected by the worker's event loop (no thread);
+    the uploads, too large for it, are read by the app under the deadline (a thread each, for
+    at most REQUEST_BODY_TIMEOUT_S, never past it), before CSRF or the form parser sees them."""
+    port = int(web.url.rsplit(":", 1)[1])
+    logins, uploads = [], []
+    started = time.monotonic()
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(slow_head("/admin/login", None) + b"4\r\nname\r\n")
+        logins.append(sock)
+    for _ in range(3):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(slow_head("/admin/knowledge/upload", 10 * 1024 * 1024) + b"--boundary")
+        uploads.append(sock)
+    trickles = [ChunkTrickle(logins), Trickle(uploads)]
+    try:
+        took = probe(lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=5), count=40)
+        assert time.monotonic() - started < DEADLINE_S  # every probe ran while all 8 were held
+        print(report("gunicorn, slow admin bodies", took, 8))
+        assert p99(took) < HEALTHZ_BOUND_S, report("gunicorn, slow admin bodies", took, 8)
+        answers = [answer(sock) for sock in logins + uploads]
+    finally:
+        for trickle in trickles:
+            trickle.stop()
+        for sock in logins + uploads:
+            sock.close()
+    assert time.monotonic() - started < DEADLINE_S + 5
+    assert all(a.startswith(b"HTTP/1.1 408") and b"in time" in a for a in answers), \
+        {a[:60] for a in answers}

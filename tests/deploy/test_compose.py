@@ -13,13 +13,13 @@ import pytest
 
 from tests.deploy.conftest import ROOT, load_compose
 
-APP_SERVICES = ("web", "worker", "beat")
+APP_SERVICES = ("web", "api", "worker", "beat")
 SECRETS = ("WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY", "DATA_KEYS", "BLIND_INDEX_KEY",
            "SECRET_KEY", "OPENAI_API_KEY", "POSTGRES_PASSWORD")
 
 
 def test_all_services_are_there(services):
-    assert set(services) == {"web", "worker", "beat", "redis", "postgres", "nginx", "migrate",
+    assert set(services) == {"web", "api", "worker", "beat", "redis", "postgres", "nginx", "migrate",
                              "aibot-connection", "engine"}
 
 
@@ -111,6 +111,20 @@ def test_postgres_keeps_its_data_in_a_named_volume(compose, services):
     mounts = services["postgres"]["volumes"]
     assert "pgdata:/var/lib/postgresql/data" in mounts
     assert "pgdata" in compose["volumes"]
+
+
+def test_the_audit_heads_copy_is_on_in_a_volume_of_its_own(compose, services):
+    """AUDIT_HEAD_FILE by default, in every service that appends to the chain, on a volume the
+    database's containers never mount; the images make its folder the app user's."""
+    for name in ("migrate", "aibot-connection", *APP_SERVICES):
+        service = services[name]
+        assert service["environment"]["AUDIT_HEAD_FILE"] == \
+            "${AUDIT_HEAD_FILE:-/var/lib/wecom-bot/audit/head.json}", name
+        assert "audit-head:/var/lib/wecom-bot/audit" in service["volumes"], name
+    assert "audit-head" in compose["volumes"]
+    assert not any("audit-head" in str(v) for v in services["postgres"].get("volumes", []))
+    for dockerfile in ("Dockerfile.cpu", "Dockerfile.cuda"):
+        assert "-o bot -g bot -m 0700 /var/lib/wecom-bot/audit" in (ROOT / "docker" / dockerfile).read_text()
 
 
 def test_app_services_read_secrets_from_env_file_and_none_are_written_here(services):

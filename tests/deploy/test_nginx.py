@@ -77,7 +77,7 @@ def test_certificates_come_from_the_mounted_folder(tls_server, services):
 @pytest.mark.parametrize("path", STREAMING)
 def test_streaming_paths_are_unbuffered_with_a_long_read_timeout(tls_server, path):
     location = locations(tls_server)[path]
-    assert one(location, "proxy_pass") == ["http://web"]
+    assert one(location, "proxy_pass") == ["http://api" if path == "/v1/" else "http://web"]
     assert one(location, "proxy_buffering") == ["off"]
     assert seconds(one(location, "proxy_read_timeout")[0]) >= 300
     assert seconds(one(location, "proxy_send_timeout")[0]) >= 300
@@ -112,6 +112,21 @@ def test_upstream_is_the_web_service_and_closes_before_gunicorn(nginx, services,
     assert "8080" in services["web"]["expose"]
     gunicorn_keepalive = gunicorn_conf["keepalive"]
     assert seconds(one(upstream, "keepalive_timeout")[0]) < gunicorn_keepalive
+
+
+def test_v1_goes_to_a_gunicorn_apart_from_the_callbacks(nginx, tls_server, services, gunicorn_conf):
+    """/v1 streams of a slow model must not hold the threads that answer WeCom (within 5 s)."""
+    upstream = one_block(nginx, "upstream", "api")
+    assert one(upstream, "server") == ["api:8080"]
+    assert seconds(one(upstream, "keepalive_timeout")[0]) < gunicorn_conf["keepalive"]
+    proxied = {name: one(block, "proxy_pass")[0] for name, block in locations(tls_server).items()
+               if values(block, "proxy_pass")}
+    assert [name for name, target in proxied.items() if target == "http://api"] == ["/v1/"]
+    api, web = services["api"], services["web"]
+    assert api["environment"]["WEB_ROLE"] == "api" and web["environment"]["WEB_ROLE"] == "web"
+    assert api["environment"]["WEB_BIND"] == "0.0.0.0:8080" and "8080" in api["expose"]
+    assert api["environment"]["INTAKE_SERVER"] == "0"  # no callbacks there to write
+    assert services["nginx"]["depends_on"]["api"]["condition"] == "service_healthy"
 
 
 def one_block(directives: list[dict], name: str, arg: str) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -628,3 +629,51 @@ def test_a_template_card_is_clicked_and_updated_once(receiver_emu):
     assert shown["card_update"] == {"replace_name": "已评价 👍"}
     assert admin(emu, "POST", "card_click", json={"userid": "zhangwei", "task_id": "fb-1-abc",
                                                   "key": "feedback_down"}).status_code == 409
+
+
+@pytest.mark.parametrize("name", ["WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY", "AIBOT_TOKEN",
+                                  "AIBOT_ENCODING_AES_KEY", "AIBOT_SECRET"])
+def test_the_emulator_refuses_any_secret_but_its_own_demo_value(name):
+    """With WECOM_API_BASE unset (real WeCom) and a real deployment's secret in the
+    environment, the emulator would forge that deployment's callbacks: it does not start."""
+    import secrets
+    import subprocess
+    import sys
+
+    from scripts.dev_env import random_aes_key
+
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "WECOM_API_BASE", "WECOM_BOT_PRODUCTION", "WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY",
+        "AIBOT_TOKEN", "AIBOT_ENCODING_AES_KEY", "AIBOT_SECRET")}
+    env[name] = random_aes_key() if name.endswith("AES_KEY") else secrets.token_urlsafe(32)
+    try:
+        done = subprocess.run([sys.executable, "-m", "emulator", "--host", "127.0.0.1", "--port", "0"],
+                              env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the emulator started with a foreign {name}")
+    assert done.returncode == 2
+    assert "refusing to start" in done.stderr and name in done.stderr and env[name] not in done.stderr
+
+
+def test_make_runs_secrets_are_the_emulators_demo_values():
+    from emulator.config import EmulatorConfig, refuse_foreign_secrets
+    from scripts.dev_env import dev_env
+
+    refuse_foreign_secrets(EmulatorConfig.from_env(dev_env()))
+    refuse_foreign_secrets(EmulatorConfig.from_env({}))  # the AI bot off: no secret at all
+
+
+def test_department_get_names_the_heads(emu):
+    t = token(emu)
+
+    def get(dept_id):
+        return requests.get(emu.url + "/cgi-bin/department/get", params={"access_token": t, "id": dept_id},
+                            timeout=5).json()
+
+    algorithms = get(3)
+    assert algorithms["department"]["department_leader"] == ["wangfang"]  # is_leader_in_dept there
+    assert algorithms["department"]["parentid"] == 2 and algorithms["department"]["name"] == "算法组"
+    assert get(2)["department"]["department_leader"] == ["zhangwei"]
+    assert get(99)["errcode"] == 60123
+    emu.state.directory.update_user("wangfang", departments=[4])  # moved: no longer 算法组's head
+    assert get(3)["department"]["department_leader"] == []

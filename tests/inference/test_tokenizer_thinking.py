@@ -170,8 +170,8 @@ def test_tags_typed_by_a_user_stay_text(model_dir, tag):
 
 
 def test_other_roles_are_refused(model_dir):
-    with pytest.raises(ValueError, match="tool"):
-        chat_tokenizer(model_dir, "glm45").apply_chat_template([{"role": "tool", "content": "x"}])
+    with pytest.raises(ValueError, match="function"):
+        chat_tokenizer(model_dir, "glm45").apply_chat_template([{"role": "function", "content": "x"}])
 
 
 # --- choosing the layout -------------------------------------------------------------------

@@ -75,6 +75,44 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     assert "KB_MIN_SIMILARITY" not in env  # the operator's embedder: the setting's default, not the demo's
 
 
+def test_an_older_dev_envs_wecom_secrets_become_the_emulators_demo_values(tmp_path, capsys):
+    """The emulator refuses any other; the app's own keys (which seal the local rows) stay."""
+    import secrets
+
+    from emulator.config import DEMO_SECRETS
+
+    target = tmp_path / "dev.env"
+    main(str(target))
+    made = dict(line.split("=", 1) for line in target.read_text().splitlines())
+    for name, (_, demo) in DEMO_SECRETS.items():
+        assert made[name] == demo, name
+    older = {**made, "WECOM_TOKEN": secrets.token_urlsafe(24), "AIBOT_SECRET": secrets.token_urlsafe(32)}
+    target.write_text("".join(f"{k}={v}\n" for k, v in older.items()))
+    main(str(target))
+    assert dict(line.split("=", 1) for line in target.read_text().splitlines()) == made
+    assert "WECOM_TOKEN, AIBOT_SECRET" in capsys.readouterr().out
+
+
+def test_make_run_copies_the_audit_head_out_and_serves_v1_apart(monkeypatch):
+    """The head's copy outside the database is on (var/audit-head.json, stale after 30 min with
+    checkpoints every 10), and /v1 has a gunicorn of its own beside the callbacks'."""
+    from app.config import load_settings
+    from scripts import run_stack
+    from tests.support.env import make_env
+
+    for name in ("AUDIT_HEAD_FILE", "AUDIT_CHECKPOINT_MINUTES", "AUDIT_STALE_MINUTES", "API_BIND"):
+        monkeypatch.delenv(name, raising=False)
+    env = run_stack.stack_env()
+    assert env["AUDIT_HEAD_FILE"] == str(run_stack.ROOT / "var" / "audit-head.json")
+    settings = load_settings(_env_file=None, **{k.lower(): v for k, v in {**make_env(), **{
+        k: env[k] for k in ("AUDIT_HEAD_FILE", "AUDIT_CHECKPOINT_MINUTES", "AUDIT_STALE_MINUTES")}}.items()})
+    assert (settings.audit_checkpoint_minutes, settings.audit_stale_minutes) == (10, 30)
+    web = {p.name: p for p in run_stack.programs(env)}
+    assert web["web"].env["WEB_ROLE"] == "web" and web["api"].env["WEB_ROLE"] == "api"
+    assert web["api"].env["WEB_BIND"] == env["API_BIND"] == f"127.0.0.1:{run_stack.API_PORT}"
+    assert web["api"].env["INTAKE_SERVER"] == "0" and web["web"].argv == web["api"].argv
+
+
 def test_make_run_writes_the_settings_its_services_use_for_the_cli(tmp_path, monkeypatch):
     """``kb add`` run beside ``make run`` must reach the same embeddings server (a document added
     without it has no vectors): var/stack.env holds what the services run with, the shell's

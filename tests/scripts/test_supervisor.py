@@ -95,6 +95,17 @@ def test_niceness_and_output_file(tmp_path):
     assert out.read_text().strip() == f"nice {min(19, base + 7)}"
 
 
+def test_a_programs_own_variables_go_over_the_stacks(tmp_path):
+    """make run's two gunicorns: one environment, each its own WEB_ROLE and address."""
+    out = tmp_path / "api.log"
+    script = "import os; print(os.environ['WEB_ROLE'], os.environ['SHARED'], flush=True)"
+    program = Program("api", [PY, "-c", script], stdout=out, env={"WEB_ROLE": "api"})
+    supervisor = Supervisor([program], env={**os.environ, "WEB_ROLE": "web", "SHARED": "yes"})
+    supervisor.start()
+    run_until_done(supervisor)
+    assert out.read_text().strip() == "api yes"
+
+
 def test_stop_ends_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     script = ("import subprocess, sys, time\n"

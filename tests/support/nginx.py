@@ -28,9 +28,10 @@ def nginx_version() -> tuple[int, ...]:
 
 
 class Nginx:
-    """nginx with the deployed config in front of ``127.0.0.1:backend_port``."""
+    """nginx with the deployed config in front of ``127.0.0.1:backend_port`` (and of
+    ``api_port`` for ``/v1``, the same backend unless given)."""
 
-    def __init__(self, tmp: Path, backend_port: int):
+    def __init__(self, tmp: Path, backend_port: int, api_port: int | None = None):
         self.tmp = tmp
         certs = tmp / "certs"
         script = tmp / "make-cert.sh"  # the script writes beside itself
@@ -40,6 +41,7 @@ class Nginx:
         self.http_port, self.port = free_port(), free_port()
         conf = (ROOT / "docker/nginx/default.conf").read_text()
         conf = conf.replace("server web:8080;", f"server 127.0.0.1:{backend_port};")
+        conf = conf.replace("server api:8080;", f"server 127.0.0.1:{api_port or backend_port};")
         conf = re.sub(r"^\s*listen \[::\]:\d+( ssl)?;\n", "", conf, flags=re.M)
         conf = conf.replace("listen 80;", f"listen 127.0.0.1:{self.http_port};")
         conf = conf.replace("/etc/nginx/certs/", f"{certs}/")

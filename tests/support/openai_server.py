@@ -16,8 +16,15 @@ template opened ``<think>``, GLM-4.7's); ``separate`` sends the thinking as ``re
 answer (``finish_reason`` "length"). The thinking contains ``THINKING``, so a test can tell
 whether any of it got through; ``completion_tokens`` counts it, as a server does. A reasoning
 model's stream comes in pieces of 3 characters, so tags arrive split across deltas.
-``last_body`` is the last request, ``prompts`` the messages of the last ``PROMPTS_KEPT`` (what
-the model was shown: a test looks for a passage that must not be there). Served with keep-alive, as model servers are
+With ``tools`` (and a ``tool_choice`` other than "none") it answers as a server with a tool
+parser does: one call of the named function (or of the first tool), id ``call_fake_<n>``,
+arguments ``{"question": <the last user message>}``, ``finish_reason`` "tool_calls"; streamed,
+the id and name first, then the arguments in two pieces. After a ``tool`` message it answers
+with the results it was given (``工具结果: ...``), as a model that read them.
+``last_body`` is the last request, ``bodies`` every one, ``prompts`` the messages of the last
+``PROMPTS_KEPT`` (what the model was shown: a test looks for a passage that must not be there);
+``scripted`` maps words of a question to the reply a test wants for it (a model's own "not
+found", an answer in Markdown). Served with keep-alive, as model servers are
 (``emulator/http_server.py``).
 """
 
@@ -37,15 +44,35 @@ THINKING = "THINKING-7e1f 用户在问问题，先想一想再回答。"
 REASONING_MODES = ("inline", "prefilled", "separate", "cutoff")
 _MODE = re.compile(r"#reasoning=(\w+)")
 PROMPTS_KEPT = 1000
+BODIES_KEPT = 200  # the last requests, whole (a long run keeps no more)
 
 
-def reply_for(messages: list[dict], choice: list[str] | None = None) -> str:
+def reply_for(messages: list[dict], choice: list[str] | None = None,
+              scripted: dict[str, str] | None = None) -> str:
     """The echo reply; with vLLM's ``guided_choice``, one of the choices (the last, so that a
-    test sees the list arrived whole)."""
+    test sees the list arrived whole); a ``scripted`` reply when the last question holds its
+    words and the prompt holds passages (``"Passages"``), or ``scripted["*"]`` without them."""
     if choice:
         return choice[-1]
     users = [m["content"] for m in messages if m.get("role") == "user"]
+    grounded = any("Passages" in str(m.get("content")) for m in messages if m.get("role") == "system")
+    for words, reply in (scripted or {}).items():
+        if grounded and users and isinstance(users[-1], str) and words in users[-1]:
+            return reply
+    if not grounded and (scripted or {}).get("*"):
+        return scripted["*"]
     return f"答复#{len(users)}: {users[-1] if users else ''}"
+
+
+def tool_call_for(body: dict, number: int) -> dict | None:
+    """The call a tool-using model makes for ``body``, or None (no tools, "none", results in)."""
+    tools, choice = body.get("tools") or [], body.get("tool_choice", "auto")
+    if not tools or choice == "none" or body["messages"][-1].get("role") == "tool":
+        return None
+    name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+    users = [m["content"] for m in body["messages"] if m.get("role") == "user"]
+    arguments = json.dumps({"question": users[-1] if users else ""}, ensure_ascii=False)
+    return {"id": f"call_fake_{number}", "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def reasoning_mode(messages: list[dict], default: str | None) -> str | None:
@@ -77,6 +104,8 @@ class FakeOpenAIServer:
         self.stream_piece_delay_s = stream_piece_delay_s
         self.reasoning = reasoning
         self.last_body: dict | None = None
+        self.bodies: deque[dict] = deque(maxlen=BODIES_KEPT)
+        self.scripted: dict[str, str] = {}
         self.prompts: deque[list[dict]] = deque(maxlen=PROMPTS_KEPT)
         self.fail_next = 0
         self.calls = 0
@@ -105,6 +134,7 @@ class FakeOpenAIServer:
                     return jsonify(error={"message": "injected failure"}), 500
             body = request.get_json(force=True)
             self.last_body = body
+            self.bodies.append(body)
             self.prompts.append(body.get("messages") or [])
             if self.delay_s:
                 with self.lock:
@@ -114,15 +144,23 @@ class FakeOpenAIServer:
                 finally:
                     with self.lock:
                         self.in_flight -= 1
-            text = reply_for(body["messages"], body.get("guided_choice"))
+            text = reply_for(body["messages"], body.get("guided_choice"), self.scripted)
+            if body["messages"][-1].get("role") == "tool":
+                text = "工具结果: " + "; ".join(m["content"] for m in body["messages"] if m.get("role") == "tool")
             mode = reasoning_mode(body["messages"], self.reasoning)
             reasoning, content, finish = written(text, mode)
-            prompt_tokens = sum(len(m["content"]) for m in body["messages"])
+            call = tool_call_for(body, self.calls)
+            if call is not None:
+                content, finish = "", "tool_calls"
+            prompt_tokens = sum(len(m.get("content") or "") for m in body["messages"]) + \
+                len(json.dumps(body.get("tools") or []))
             completion_tokens = len(reasoning) + len(content)
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                      "total_tokens": prompt_tokens + completion_tokens}
             if body.get("stream"):
                 def pieces():
+                    if call is not None:  # a call and no text (its reasoning, if any, first)
+                        return [("reasoning_content", reasoning[i:i + 3]) for i in range(0, len(reasoning), 3)]
                     if mode is None and not self.stream_piece_delay_s:
                         return [("content", text[: len(text) // 2]), ("content", text[len(text) // 2 :])]
                     return [(field, value[i:i + 3]) for field, value in
@@ -130,6 +168,14 @@ class FakeOpenAIServer:
                             for i in range(0, len(value), 3)]
 
                 def events():
+                    if call is not None:
+                        arguments = call["function"]["arguments"]
+                        for delta in ({"index": 0, "id": call["id"], "type": "function",
+                                       "function": {"name": call["function"]["name"], "arguments": ""}},
+                                      {"index": 0, "function": {"arguments": arguments[:5]}},
+                                      {"index": 0, "function": {"arguments": arguments[5:]}}):
+                            chunk = {"model": body["model"], "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}
+                            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
                     for index, (field, piece) in enumerate(pieces()):
                         if index and self.stream_piece_delay_s:
                             time.sleep(self.stream_piece_delay_s)
@@ -140,9 +186,11 @@ class FakeOpenAIServer:
                     yield f"data: {json.dumps(done, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
 
                 return Response(events(), mimetype="text/event-stream")
-            message = {"role": "assistant", "content": content}
+            message = {"role": "assistant", "content": content or (None if call else "")}
             if reasoning:
                 message["reasoning_content"] = reasoning
+            if call is not None:
+                message["tool_calls"] = [call]
             return jsonify(model=body["model"], object="chat.completion", usage=usage,
                            choices=[{"index": 0, "finish_reason": finish, "message": message}])
 

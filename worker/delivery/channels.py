@@ -30,6 +30,9 @@ class Delivery(Protocol):
     def expired(self) -> bool:
         """Has the employee already been told that the answer will not come (before composing)?"""
 
+    def present(self, reply):
+        """The composed ``Reply`` as this channel shows it (the app: markdown or plain text)."""
+
     def generate(self, llm: LLMBackend, messages: list[dict], params: GenerationParams) -> Generation:
         """The model's answer, shown on the way where the channel can."""
 

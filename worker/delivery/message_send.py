@@ -1,13 +1,16 @@
-"""The app channel's delivery: the answer through message/send, in chunks recorded as WeCom takes
-them, then the 👍/👎 card after a model answer; a failure's notice the same way."""
+"""The app channel's delivery: the answer through message/send (WeCom's markdown where it has
+markup, else text: ``present``), in chunks recorded as WeCom takes them, then the 👍/👎 card
+after a model answer; a failure's notice the same way."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from app.llm import Generation, GenerationParams, LLMBackend
 from app.outbox import rows
 from app.outbox.statements import standalone
+from app.wecom import markdown
 from app.wecom.exceptions import (
     InvalidUserError,
     NoValidReceiverError,
@@ -17,6 +20,7 @@ from app.wecom.exceptions import (
 )
 from worker import feedback
 from worker.delivery import duplicate_check
+from worker.delivery.reply import Reply
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.media.handler import MEDIA_TYPES
 
@@ -31,6 +35,16 @@ class MessageSend:
 
     def expired(self) -> bool:
         return False
+
+    def present(self, reply: Reply) -> Reply:
+        """What the employee sees: an answer with Markdown as WeCom's ``markdown`` message within
+        what it renders; any other as ``text`` with the markup taken out (never a literal ``**``).
+        WECOM_MARKDOWN=false: always text."""
+        if reply.kind != "text" or not reply.sends:
+            return reply
+        if self.services.settings.wecom_markdown and markdown.has_markup(reply.text):
+            return dataclasses.replace(reply, text=markdown.for_markdown(reply.text), kind="markdown")
+        return dataclasses.replace(reply, text=markdown.to_plain(reply.text))
 
     def generate(self, llm: LLMBackend, messages: list[dict], params: GenerationParams) -> Generation:
         return llm.generate(messages, params)

@@ -22,7 +22,9 @@ RATE_LIMIT_NOTICE = ("您发送得太快了，请稍后再试。\n"
 class Reply:
     """``text`` in ``kind`` (text or markdown) with the usage columns stored beside it (a model
     answer's model and tokens, a media notice's failure reason); ``sends`` false when there is
-    nothing to deliver, the row then finished with ``status`` and ``reason``."""
+    nothing to deliver, the row then finished with ``status`` and ``reason``. ``sources``: the
+    passages (``app.knowledge.retrieval.Passage``) the answer cites, recorded with it for the
+    feedback report (``app.answer_sources``)."""
 
     text: str = ""
     kind: str = "text"
@@ -30,6 +32,7 @@ class Reply:
     sends: bool = True
     status: str = MessageStatus.ANSWERED
     reason: str | None = None
+    sources: tuple = ()
 
     @classmethod
     def nothing(cls) -> Reply:

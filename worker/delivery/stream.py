@@ -16,6 +16,10 @@ class StreamDelivery:
     def __init__(self, writer: StreamWriter):
         self.writer = writer
 
+    def present(self, reply):
+        """The stream's content is Markdown already (WeCom renders it): as composed."""
+        return reply
+
     def expired(self) -> bool:
         # The callback gave up on us at WeCom's deadline and told the employee so.
         return self.writer.finished_already()

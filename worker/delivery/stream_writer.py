@@ -23,11 +23,12 @@ STREAM_CONTENT_LIMIT = 20480
 
 
 def fit(text: str) -> str:
-    """The text cut to what a stream can show, at a paragraph or sentence boundary ("" while
+    """The text cut to what a stream can show, at a paragraph or sentence boundary, never inside
+    a markdown span ("" while
     it is only blank: a model's first piece may be a bare newline)."""
     if not text:
         return text
-    parts = split_for_wecom(text, STREAM_CONTENT_LIMIT)
+    parts = split_for_wecom(text, STREAM_CONTENT_LIMIT, markup=True)
     return parts[0] if parts else ""
 
 

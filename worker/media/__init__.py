@@ -11,6 +11,8 @@ One module a job:
 - ``speech``: the speech-to-text client (an OpenAI-compatible ``/audio/transcriptions``);
 - ``images``: an image's type by its magic bytes, as a content part for the vision model;
 - ``files``: the conversation's files (sealed in Redis) and ``/forget``;
+- ``file_questions``: files first: whether a question is about the conversation's files, and
+  the files as passages the answer cites by name;
 - ``prompt``: the files and images put into the model's messages, and the budget's estimate;
 - ``errors``: how a media message fails (``MediaFailure``: a notice; ``MediaUnavailable``: retry).
 

@@ -279,3 +279,39 @@ def test_an_export_needs_a_signing_key(app, as_role, services, monkeypatch, tmp_
     assert refused.status_code == 503 and "AUDIT_EXPORT_KEY" in refused.get_data(as_text=True)
     with services.db.session() as session:  # refused before the export event is written
         assert not session.scalars(select(AuditEvent).where(AuditEvent.event_type == "export")).all()
+
+
+def _with_members(data: bytes, before: list[tuple[str, bytes]] = (), after: list[tuple[str, bytes]] = (),
+                  comment: bytes = b"") -> bytes:
+    """The signed export's members in order, with others put before and after them."""
+    import warnings
+
+    source = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with warnings.catch_warnings(), zipfile.ZipFile(out, "w") as target:
+        warnings.simplefilter("ignore")  # zipfile warns of a duplicate name: the forgery's point
+        for name, body in [*before, *((n, source.read(n)) for n in source.namelist()), *after]:
+            target.writestr(name, body)
+        target.comment = comment
+    return out.getvalue()
+
+
+FORGED_CSV = b"seq,created_at,event_type,actor,outcome\n1,2026-01-01,admin_login,admin:nobody,ok\n"
+UNSIGNED = {
+    "a forged audit.csv before the real one": dict(before=[("audit.csv", FORGED_CSV)]),
+    "a forged manifest.json before the real one": dict(before=[("manifest.json", b"{}")]),
+    "a second audit.jsonl after the real one": dict(after=[("audit.jsonl", b"{}\n")]),
+    "a member the manifest does not list": dict(after=[("README.txt", b"the real rows are elsewhere")]),
+    "a zip comment": dict(comment=b"approved by the auditor"),
+}
+
+
+@pytest.mark.parametrize("how", list(UNSIGNED))
+def test_duplicate_or_unsigned_members_are_refused(exported, tmp_path, how):
+    """A reader taking the first member of a name would show a forgery that the signed one
+    hides behind; whatever the manifest does not sign is refused too."""
+    out, key = exported
+    forged = tmp_path / "forged.zip"
+    forged.write_bytes(_with_members(out.read_bytes(), **UNSIGNED[how]))
+    result = auditor_verifies(forged, key)
+    assert result.exit_code == 1 and "export BROKEN" in result.output, result.output

@@ -133,9 +133,28 @@ def session_for(client, ws_, monkeypatch, texts):
         return {"msgtype": "stream", "stream": {"id": stream_id, "content": content, "finish": finish}}
 
     monkeypatch.setattr(aibot_callback, "refresh", refresh)
-    holder = SimpleNamespace(pending=Pending(client), settings=SimpleNamespace(aibot_stream_ttl_s=60),
-                             services=None)
+    from app.aibot_pushes import Pushes
+
+    holder = SimpleNamespace(pending=Pending(client), pushes=Pushes(client),
+                             settings=SimpleNamespace(aibot_stream_ttl_s=60), services=None)
     return Session(holder, ws_, ws.Heartbeat(30))
+
+
+def test_the_pump_sends_what_the_bot_writes_first_once_and_marks_it_when_acked(client, monkeypatch):
+    fake = FakeWS()
+    session = session_for(client, fake, monkeypatch, {})
+    session.holder.pushes.add("alert:9:wangfang", "wangfang", "**预算** 80%")
+    session.holder.pushes.add("alert:9:lina", "lina", "**预算** 80%")
+    session.pump()
+    session.pump()  # in flight: not sent twice
+    frames = [ws.decode(json.dumps(raw)) for raw in fake.sent]
+    assert [(f.cmd, f.body["chatid"], f.body["msgtype"]) for f in frames] == [
+        (ws.SEND, "wangfang", "markdown"), (ws.SEND, "lina", "markdown")]
+    session.handle(ws.ack(frames[0].req_id))
+    session.handle(ws.ack(frames[1].req_id, 40058, "invalid chatid"))  # refused: dropped, not retried
+    assert session.holder.pushes.waiting() == []
+    assert not session.holder.pushes.add("alert:9:wangfang", "wangfang", "**预算** 80%")  # sent
+    assert session.holder.pushes.add("alert:9:lina", "lina", "**预算** 80%")  # refused, not sent
 
 
 def test_the_pump_sends_a_stream_when_it_changes_and_drops_it_once_the_finish_is_acked(client, monkeypatch):
@@ -447,3 +466,30 @@ def test_the_emulator_lets_a_user_rate_only_a_reply_that_carried_a_feedback_id()
         conversation = emu.long_connection.conversation(rated)
         assert [r["type"] for r in conversation["ratings"]] == [2, 3, 1]
         assert emu.state.snapshot_stats()["aibot_ws"]["late_feedback"] == 1
+
+
+def test_the_emulator_shows_what_the_bot_writes_first_and_refuses_text():
+    from websockets.sync.client import connect
+
+    from emulator.config import EmulatorConfig
+    from emulator.server import EmulatorServer
+
+    cfg = EmulatorConfig(aibot_bot_id="aib-1", aibot_secret="s3cret", aibot_ws_port=0)
+    with EmulatorServer(cfg) as emu, connect(emu.ws_url) as conn:
+        conn.send(ws.subscribe("aib-1", "s3cret").encode())
+        assert ws.decode(conn.recv(timeout=5)).errcode == 0
+        push = ws.send_markdown("WangFang", "**部门预算提醒** 80%")
+        assert push.cmd == ws.SEND and push.req_id.startswith("aibot_send_msg_")
+        conn.send(push.encode())
+        ack = ws.decode(conn.recv(timeout=5))
+        assert (ack.req_id, ack.errcode) == (push.req_id, 0)
+        text = ws.Frame(ws.SEND, ws.new_req_id(ws.SEND), {"chatid": "wangfang", "msgtype": "text",
+                                                          "text": {"content": "hi"}})
+        conn.send(text.encode())
+        assert ws.decode(conn.recv(timeout=5)).errcode == 40008
+        stranger = ws.send_markdown("ghost", "hi")
+        conn.send(stranger.encode())
+        assert ws.decode(conn.recv(timeout=5)).errcode != 0
+        shown = [(m["touser"], m["msgtype"], m["content"]) for m in emu.state.messages
+                 if m["source"] == "aibot_ws_send"]
+        assert shown == [("wangfang", "markdown", "**部门预算提醒** 80%")]

@@ -124,3 +124,44 @@ def test_chunks_fit_keep_order_and_lose_only_whitespace(text, limit):
 def test_text_that_fits_is_kept_as_one_chunk(text):
     if text.strip() and len(text.encode()) <= TEXT_LIMIT:
         assert split_for_wecom(text, TEXT_LIMIT) == [text.strip("\r\n").rstrip()]
+
+
+# -- markdown: a cut never breaks a markup span ----------------------------------------------------
+words = st.sampled_from(["年假", "报销", "hotel", "600", "RMB", "每晚", "。", "，", " ", "\n", "\n\n", "字" * 30])
+spans = st.one_of(
+    st.lists(words, min_size=1, max_size=6).map(lambda w: "**粗" + "".join(w).replace("\n", " ").strip() + "体**"),
+    st.lists(words, min_size=1, max_size=4).map(lambda w: "`" + "".join(w).replace("\n", " ").strip() + "x`"),
+    st.sampled_from(["[差旅制度 travel](https://example.com/travel)", '<font color="warning">重要 notice</font>']),
+)
+marked = st.lists(st.one_of(words, spans), max_size=80).map(" ".join)
+
+
+def spans_of(text):
+    from app.wecom.splitting import _markup_spans  # the splitter's own reading of the text
+
+    return [text[s:e] for s, e, _, _ in _markup_spans(text)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=marked, limit=st.integers(min_value=200, max_value=600))
+def test_markdown_chunks_keep_every_span_whole(text, limit):
+    chunks = split_for_wecom(text, limit, markup=True)
+    assert all(len(chunk.encode("utf-8")) <= limit for chunk in chunks)
+    found = spans_of(text)
+    whole = [s for s in found if len(s.encode()) <= limit - 16]
+    if len(whole) == len(found):  # no span longer than a chunk: nothing added, nothing lost
+        assert squash("".join(chunks)) == squash(text)
+    for span in whole:  # each span is in one chunk, never across two
+        assert sum(span in chunk for chunk in chunks) >= 1, (span, chunks)
+    for chunk in chunks:
+        assert chunk.count("**") % 2 == 0 and chunk.count("`") % 2 == 0, chunk
+
+
+def test_a_span_longer_than_a_chunk_is_closed_and_opened_again():
+    text = "**" + "加粗 " * 60 + "完**"
+    chunks = split_for_wecom(text, 100, markup=True)
+    assert len(chunks) > 2
+    assert all(c.startswith("**") and c.endswith("**") and c.count("**") == 2 for c in chunks)
+    assert all(len(c.encode()) <= 100 for c in chunks)
+    # without markup the same text is cut anywhere (the old behaviour, for text messages)
+    assert not all(c.endswith("**") for c in split_for_wecom(text, 100))
