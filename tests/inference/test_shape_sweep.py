@@ -35,7 +35,7 @@ from tests.inference.shape_sweep import (
     shape_count,
 )
 
-pytestmark = pytest.mark.slow  # 212 shapes: 2 min 11 s, 114 CPU-seconds, on a 2-core AVX-512 EPYC (7 Dec 2026)
+pytestmark = pytest.mark.slow  # 212 shapes: 61 s on a quiet 2-core AVX-512 EPYC, 2 min 11 s shared (7 Dec 2026)
 
 CASES = [(family, index) for family in SHAPES for index in range(shape_count(family))]
 
