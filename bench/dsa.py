@@ -29,10 +29,10 @@ import time
 import torch
 
 from inference.config import ModelConfig
+from inference.layers.caches.dsa import DSALayerCache
+from inference.layers.caches.mla import MLALayerCache
 from inference.layers.dsa import DSAttention
-from inference.layers.dsa_cache import DSALayerCache
 from inference.layers.mla import MLAttention
-from inference.layers.mla_cache import MLALayerCache
 from inference.layers.rotary import RotaryEmbedding
 
 SHAPE = dict(

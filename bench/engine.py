@@ -29,9 +29,9 @@ from transformers import Glm4Config
 from transformers import Glm4ForCausalLM as HfGlm4
 
 from inference.config import ModelConfig
-from inference.kv_cache import LayerCache
 from inference.layers import linear
 from inference.layers.attention import sparse_attention
+from inference.layers.caches.gqa_sequence import LayerCache
 from inference.loader import load_model
 
 HEADS, KV_HEADS, HEAD_DIM, WINDOW, INTERVAL = 8, 2, 64, 512, 64

@@ -40,8 +40,8 @@ from app.knowledge.retrieval import Retriever
 from app.knowledge.store import KnowledgeStore
 from app.knowledge.terms import terms
 from app.services import Services
-from inference.demo.corpus import COMPANY_PATH, load_qa
-from inference.embedding_api import served_settings
+from demo.corpus import COMPANY_PATH, load_qa
+from inference.server.embeddings import served_settings
 from tests.support.env import make_env, settings_from
 
 PG_SERVER = os.environ.get("BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

@@ -24,6 +24,7 @@ runs them all; `python -m bench.moe next` runs GLM-5.3-Flash's alone (bench/moe_
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import statistics
@@ -40,7 +41,7 @@ from transformers import Glm4MoeLiteForCausalLM as HfGlm4MoeLite
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
 from inference.layers import linear
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from inference.llm import LLM
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
@@ -221,12 +222,12 @@ def write_mtp_layer(path: str, drafts_follow: bool) -> None:
 
 
 def timed_generation(llm: LLM, prompt: list[int], k: int) -> tuple[float, object]:
+    """Seconds of one request alone on the engine, and the speculative rounds it ran."""
     params = SamplingParams(temperature=0, max_tokens=MTP_TOKENS, ignore_eos=True)
-    generation = llm.stream(prompt, params, speculative_k=k)
+    before = copy.deepcopy(llm.speculative_stats)
     start = time.perf_counter()
-    for _ in generation:
-        pass
-    return time.perf_counter() - start, generation
+    llm.generate([prompt], params, speculative_k=k)
+    return time.perf_counter() - start, llm.speculative_stats.since(before)
 
 
 def timed_engine(model, prompts: list[list[int]], k: int) -> tuple[float, object]:
@@ -256,7 +257,7 @@ def mtp_main() -> None:
             hf.save_pretrained(path)
             write_mtp_layer(path, drafts_follow)
             model = load_model(path, ModelConfig.from_pretrained(path), "cpu")
-        llm = LLM(model, eos_token_ids=[])
+        llm = LLM(model, args=EngineArgs(max_num_seqs=1, max_model_len=PROMPT + MTP_TOKENS + 16), eos_token_ids=[])
         name = "drafts that follow" if drafts_follow else "random (rejected)"
         timed_generation(llm, prompts[0], 2)  # warm-up
         plain = statistics.median(timed_generation(llm, prompts[0], 0)[0] for _ in range(ROUNDS))
@@ -264,7 +265,7 @@ def mtp_main() -> None:
         for k in MTP_KS:
             runs = [timed_generation(llm, prompts[0], k) for _ in range(ROUNDS)]
             took = statistics.median(t for t, _ in runs)
-            stats = runs[0][1].speculative_stats
+            stats = runs[0][1]
             rate = sum(stats.accepted) / max(1, sum(stats.proposed))
             print(f"{name:>22} {'batch 1':>9} {k:>2} {took:7.2f} {MTP_TOKENS / took:8.1f} {plain / took:7.2f}x "
                   f"{rate:8.0%} {stats.emitted / max(1, stats.rounds):10.2f}")

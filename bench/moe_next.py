@@ -19,7 +19,7 @@ import torch
 from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
 from bench import moe
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 
 NEXT_SHAPED = dict(  # GLM-5.3-Flash (inference/configs/glm-5.3-flash.json): hidden 4096, 45 layers (3:1 KDA to
     # sparse), 64 KDA heads x 128, 64 MLA heads, kv_lora 512, nope/v 256, 288 experts of 2048 top-8, index 32 x 128,

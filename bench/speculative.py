@@ -1,12 +1,13 @@
 """MTP speculative decoding and W8A16 figures, in one run: `python -m bench.speculative`.
 
-1. The demo model (`models/demo`), greedy answers to handbook questions: decode tokens/s of plain
-   decoding against MTP speculative decoding at every k = 1..8, with the mean accepted length
+1. The demo model (`models/demo`), greedy answers to handbook questions one at a time (`LLM`, the
+   engine at batch 1): decode tokens/s of plain decoding against MTP speculative decoding at every
+   k = 1..8, with the mean accepted length
    (tokens per main-model forward) and the acceptance per draft position; the best k is named.
 2. The same through the serving engine, eight questions in one continuous batch: tokens/s of
    plain decoding against batched speculative decoding at k=4 (each sequence drafts with its own
    MTP caches; one verify forward for the whole batch).
-3. Decode tokens/s at batch 1, fp32 vs bf16 vs int8 (W8A16), on the demo model and on a random
+3. Decode tokens/s of the engine at batch 1, fp32 vs bf16 vs int8 (W8A16), on the demo model and on a random
    ~100M-parameter glm5_sparse model (where weight bandwidth, not per-op overhead, decides);
    and at batch 8, eight requests in one continuous batch of the serving engine.
 The machine is shared, so every comparison runs interleaved in one process and reports medians.
@@ -16,13 +17,14 @@ Targets: MTP >= 1.6x plain with mean accepted length >= 2.5; int8 >= 1.4x fp32 a
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
 import torch
 
+from demo.corpus import load_qa
 from inference.config import ModelConfig
-from inference.demo.corpus import load_qa
 from inference.engine import EngineArgs, LLMEngine
 from inference.layers.linear import quantize_linears_
 from inference.llm import LLM
@@ -33,12 +35,12 @@ PROMPT, NEW_TOKENS = 16, 48
 
 
 def _generation(llm: LLM, messages, params: SamplingParams, k: int) -> tuple[float, object]:
-    generation = llm.stream(messages, params, speculative_k=k)
+    """Tokens/s of one request alone on the engine, and the speculative rounds it ran."""
+    before = copy.deepcopy(llm.speculative_stats)
     start = time.perf_counter()
-    for _ in generation:
-        pass
-    rate = generation.result.completion_tokens / (time.perf_counter() - start)
-    return rate, generation.speculative_stats
+    output = llm.generate([messages], params, speculative_k=k)[0]
+    rate = output.completion_tokens / (time.perf_counter() - start)
+    return rate, llm.speculative_stats.since(before)
 
 
 def _demo_speculative(model_dir: str, questions: int, repeats: int) -> None:
@@ -52,7 +54,7 @@ def _demo_speculative(model_dir: str, questions: int, repeats: int) -> None:
     params = SamplingParams(temperature=0, max_tokens=128)
     ks = (0, *range(1, 9))
     for k in ks:
-        llm.generate(prompts[0], params, speculative_k=k)  # warm up (prepacked weights, masks)
+        llm.generate(prompts[:1], params, speculative_k=k)  # warm up (prepacked weights, masks)
     rates = {k: [] for k in ks}
     ratios = {k: [] for k in ks}
     totals = {k: [0, 0, [0] * k, [0] * k] for k in ks}  # rounds, emitted, accepted, proposed
@@ -65,8 +67,8 @@ def _demo_speculative(model_dir: str, questions: int, repeats: int) -> None:
                 if k:
                     t = totals[k]
                     t[0], t[1] = t[0] + stats.rounds, t[1] + stats.emitted
-                    t[2] = [a + b for a, b in zip(t[2], stats.accepted, strict=True)]
-                    t[3] = [a + b for a, b in zip(t[3], stats.proposed, strict=True)]
+                    t[2] = [a + b for a, b in zip(t[2], stats.accepted[:k], strict=True)]
+                    t[3] = [a + b for a, b in zip(t[3], stats.proposed[:k], strict=True)]
             for k in ks:
                 ratios[k].append(row[k] / row[0])
     print(f"1. demo model, {len(prompts)} handbook questions x {repeats}, greedy, fp32 (medians)")
@@ -121,20 +123,8 @@ def _merged(a, b):
     return a
 
 
-def _decode_rate(llm: LLM, prompt: list[int]) -> float:
-    """Greedy decode tokens/s at batch 1 after a prefill (the model step and the argmax)."""
-    cache = llm.model.new_cache()
-    logits = llm.prefill(prompt, cache)
-    start = time.perf_counter()
-    position = len(prompt)
-    for _ in range(NEW_TOKENS):
-        logits = llm.decode(int(logits[0].argmax()), position, cache)
-        position += 1
-    return NEW_TOKENS / (time.perf_counter() - start)
-
-
 def _batch_rate(model: torch.nn.Module, prompts: list[list[int]]) -> float:
-    """Decode tokens/s of the serving engine with all prompts in one continuous batch."""
+    """Decode tokens/s of the engine with all prompts in one continuous batch (one: batch 1)."""
     engine = LLMEngine(model, args=EngineArgs(kv_cache_bytes=1 << 28), eos_token_ids=[])
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for prompt in prompts:
@@ -165,15 +155,14 @@ def _dtype_table(name: str, model: torch.nn.Module, repeats: int) -> None:
     prompts = [torch.randint(10, model.config.vocab_size, (PROMPT,), generator=gen).tolist() for _ in range(8)]
     params = sum(p.numel() for p in model.parameters())
     variants = _variants(model)
-    llms = {kind: LLM(m) for kind, m in variants.items()}
-    for llm in llms.values():
-        llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    for variant in variants.values():  # warm up (the kernels' plans and weight copies)
+        _batch_rate(variant, prompts[:1])
     for batch in (1, 8):
         rates = {kind: [] for kind in variants}
         for _ in range(repeats):
             for kind in variants:
                 with torch.inference_mode():
-                    rate = _decode_rate(llms[kind], prompts[0]) if batch == 1 else _batch_rate(variants[kind], prompts)
+                    rate = _batch_rate(variants[kind], prompts[:batch])
                 rates[kind].append(rate)
         med = {kind: statistics.median(r) for kind, r in rates.items()}
         line = "  ".join(f"{kind} {rate:6.1f}" for kind, rate in med.items())

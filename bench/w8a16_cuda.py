@@ -2,7 +2,7 @@
 
 For decode-sized rows (1, 4, 8, 16, 64) against GLM-sized weights (4096x4096, 13696x4096,
 4096x13696, 151552x4096 lm head), times in one process: plain bf16 `F.linear`, the Triton
-W8A16 kernel (`inference/layers/w8a16_triton.py`) and the dequantize-per-call path it replaces;
+W8A16 kernel (`inference/layers/kernels/w8a16_triton.py`) and the dequantize-per-call path it replaces;
 prints microseconds, the kernel's speed against bf16 and its share of the GPU's read bandwidth
 (measured here by a device-to-device copy). Expect int8 to approach 2x bf16 at few rows, where
 reading the weight is all the work; at 64 rows compute starts to count.
@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from inference.layers import w8a16_triton
+from inference.layers.kernels import w8a16_triton
 from inference.layers.linear import quantize_weight
 
 SHAPES = [(4096, 4096), (13696, 4096), (4096, 13696), (151552, 4096)]

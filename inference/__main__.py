@@ -5,7 +5,7 @@
 `python -m inference plan --config CONFIG.json` (parameters, weight and KV-cache bytes, and how much
 context fits one GPU, from a published config.json; exit 1 when it does not fit) and
 `python -m inference serve --model DIR` (an OpenAI-compatible server over one serving engine,
-`inference/serve.py`)."""
+`inference/server/serve.py`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _arguments() -> argparse.ArgumentParser:
     plan.add_argument("--dtype", choices=("bf16", "int8", "fp8"), default="bf16", help="weight format (default bf16)")
     plan.add_argument("--context", type=int, default=None, help="tokens per sequence (default: max_position_embeddings)")
     plan.add_argument("--reserve-gib", type=float, default=4.0, help="kept for activations/workspace (default 4)")
-    from inference import serve
+    from inference.server import serve
 
     serve.add_arguments(commands.add_parser("serve", help="an OpenAI-compatible HTTP server over the serving engine"))
     for command in (generate, chat):
@@ -70,11 +70,12 @@ def _params(args: argparse.Namespace) -> SamplingParams:
 
 
 def _print_stream(llm: LLM, prompt, params: SamplingParams) -> str:
-    generation = llm.stream(prompt, params)
-    for delta in generation:
-        print(delta, end="", flush=True)
+    text = ""
+    for output in llm.stream(prompt, params):
+        print(output.delta, end="", flush=True)
+        text = output.text
     print()
-    return generation.result.text
+    return text
 
 
 def _chat(llm: LLM, args: argparse.Namespace) -> None:
@@ -98,7 +99,7 @@ def _chat(llm: LLM, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _arguments().parse_args(argv)
     if args.command == "kernels":
-        from inference.layers import cpu_kernels
+        from inference.layers.kernels import cpu_kernels
 
         print(cpu_kernels.describe())
         return 0 if cpu_kernels.available() else 1
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report, file=sys.stderr if code == 2 else sys.stdout)
         return code
     if args.command == "serve":
-        from inference.serve import serve
+        from inference.server.serve import serve
 
         return serve(args)
     if args.command == "quantize":
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         sliding_window=args.sliding_window,
         global_interval=args.global_interval,
         quantization=args.quantization,
-        speculative_k=args.speculative_k,
+        speculative_k=args.speculative_k or 0,
     )
     if llm.tokenizer is None:
         print(f"{args.model} has no tokenizer.json", file=sys.stderr)

@@ -6,7 +6,7 @@ much of the question a passage matches, which declines new wordings of a questio
 does answer ("公司邮箱能存多少东西？" matches little of "邮箱容量 50 GB"). A deployment points
 ``EMBEDDINGS_BASE_URL`` at a real embedding model (bge-m3 and the like, served by vLLM); the demo
 has no hub to fetch one from, so it ships this one, trained on its own questions and handbook
-(``inference/demo/train_embedder.py``) and served by ``python -m inference serve
+(``demo/train_embedder.py``) and served by ``python -m inference serve
 --embeddings DIR`` at ``/v1/embeddings``, as the worker reaches any other.
 
 It needs no tokenizer and no vocabulary: any text maps to buckets (an n-gram it never saw lands

@@ -2,7 +2,7 @@
 pooled DSA over MLA; inference/models/glm5_next.py): weights, the cache a token and the state a
 sequence, and how many sequences fit one GPU.
 
-Its cache has two parts (inference/layers/hybrid_cache.py): per position and sparse layer one
+Its cache has two parts (inference/layers/caches/hybrid.py): per position and sparse layer one
 latent row (`kv_lora_rank`; no rotary part) plus, in a layer running its own indexer, the pool
 keys' inputs (`2 x index_head_dim`: the key and the pool gate), bf16; and per sequence and KDA
 layer a fixed state, fp32, whatever the context: the convolution's last `kernel - 1` inputs of

@@ -1,5 +1,5 @@
 """What a chat request's tools mean for the bundled engine, and its reply read back: the one
-place the model server (``inference/serve.py``) and the worker's engine backend
+place the model server (``inference/server/serve.py``) and the worker's engine backend
 (``app/llm/engine_backend.py``) share, so both answer a request with tools the same way.
 
 OpenAI's ``tool_choice``, on a GLM-4.5+ model (``tool_use``):

@@ -165,6 +165,10 @@ class ChatTokenizer:
             skip_special_tokens = False
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def role_id(self, role: str) -> int:
+        """The special token that opens a message of `role` (a trainer lays replies out by hand)."""
+        return self._role_ids[role]
+
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, enable_thinking: bool = True,
         tools: list[dict] | None = None,

@@ -1,7 +1,7 @@
 """Function calling, as OpenAI's chat completions API shapes it: the tools offered, the choice of
 tool, the calls a reply makes, and the conversation turns that carry them.
 
-One representation for everyone who handles tool calls: the model server (``inference/serve.py``),
+One representation for everyone who handles tool calls: the model server (``inference/server/serve.py``),
 the web tier's ``/v1`` and the worker (through ``app/llm``, which re-exports these names), so a
 call parsed from the bundled engine's output and one sent by a remote OpenAI-compatible server
 look the same:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import requests
 
-from inference.demo.corpus import COMPANY_PATH, HANDBOOKS
-from inference.demo.grounded import DEMO_EMBEDDER, as_environment, demo_reading
+from demo.corpus import COMPANY_PATH, HANDBOOKS
+from demo.grounded import DEMO_EMBEDDER, as_environment, demo_reading
 from inference.embedder import read_config
 from scripts.supervisor import Program, Supervisor
 
@@ -121,12 +121,12 @@ def stack_env() -> dict[str, str]:
     if Path(env.get("MODEL_DIR", "models/demo")).resolve() == (ROOT / "models" / "demo").resolve():
         # The bundled demo model quotes the passage that answers: it was trained on short
         # passages, about one handbook bullet each, and is shown only fairly close matches
-        # (inference/demo/grounded.py).
+        # (demo/grounded.py).
         embedder = read_config(ROOT / DEMO_EMBEDDER)
         dense = bool(env.get("ENGINE_SERVED")) and embedder is not None and not env.get("EMBEDDINGS_BASE_URL")
         if dense:
             # Dense retrieval with the demo's embedder, served by the same engine process
-            # (inference/demo/train_embedder.py).
+            # (demo/train_embedder.py).
             env["ENGINE_EMBEDDINGS"] = str(ROOT / DEMO_EMBEDDER)
             env["EMBEDDINGS_BASE_URL"] = env["OPENAI_BASE_URL"]
             env["EMBEDDINGS_MODEL"] = Path(DEMO_EMBEDDER).name

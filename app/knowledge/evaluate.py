@@ -1,6 +1,6 @@
 """Score the bot's knowledge-base answers on a question set, the way the worker gives them.
 
-`python -m inference.demo.eval --questions FILE [--json]` (the demo model against the demo
+`python -m demo.eval --questions FILE [--json]` (the demo model against the demo
 handbook) runs this: a throwaway database gets the handbook through the real upload path
 (`KnowledgeStore.add`), each question goes through the worker's retrieval and prompt (`Retriever`,
 `prompt.grounded_messages` or the question alone when `--no-passages`, `prompt.with_sources`,
@@ -128,7 +128,7 @@ def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str
     thresholds its training chose unless ``overrides`` gives them."""
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         if embeddings:
-            from inference.embedding_api import served_settings  # noqa: PLC0415 - only with embeddings
+            from inference.server.embeddings import served_settings  # noqa: PLC0415 - only with embeddings
 
             overrides = {**stack.enter_context(served_settings(embeddings)), **overrides}
         url = f"sqlite:///{Path(scratch) / 'kb.sqlite3'}"

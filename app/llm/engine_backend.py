@@ -22,7 +22,7 @@ from pathlib import Path
 from app.llm import Generation, GenerationParams, LLMError, StreamDelta
 from inference.engine import EngineArgs, LLMEngine, PromptTooLongError, RequestFailedError
 from inference.engine.service import EngineService
-from inference.layers import cpu_kernels
+from inference.layers.kernels import cpu_kernels
 from inference.reply import ReplyReader, ToolUse, tool_use
 from inference.sampling_params import SamplingParams
 

@@ -2,7 +2,7 @@
 
 Two pools of the same kind (`BlockPool`): position blocks of `block_size` positions (keys,
 values and, when sparse, the layer-input norms that elect key nodes), and, when the cache layout
-has them (`num_node_pages`, the sparse GQA layout's `node_pages`: inference/layers/gqa_cache.py),
+has them (`num_node_pages`, the sparse GQA layout's `node_pages`: inference/layers/caches/gqa.py),
 node pages of `block_size // global_interval` key nodes: node page i of a sequence holds the nodes
 elected in its position block i (`block_size` must be a multiple of `global_interval`, so no
 interval straddles two blocks). A node is copied into its page the moment its interval

@@ -7,7 +7,7 @@ launch. It replays exactly the kernels and pointers it captured, so everything a
 lives in static device buffers the runner fills before each replay: the token ids, their
 positions, each row's block table and context length. Inside the graph the slot each row writes
 comes from its table and position, and the attention kernels read the rows' positions through
-their tables (inference/layers/paged_decode_triton.py, `page`), so the host copies the block
+their tables (inference/layers/kernels/paged_decode_triton.py, `page`), so the host copies the block
 tables a step, never a slot list.
 
 Steps replayed: decode only (every sequence one new token that is sampled; no prefill, chunk,
@@ -32,9 +32,9 @@ import os
 
 import torch
 
-from inference.layers import paged_decode_triton
-from inference.layers.gqa_cache import GQALayout, GQAStep
-from inference.layers.mla_cache import MLALayout, MLAStep
+from inference.layers.caches.gqa import GQALayout, GQAStep
+from inference.layers.caches.mla import MLALayout, MLAStep
+from inference.layers.kernels import paged_decode_triton
 
 MODE = os.environ.get("INFERENCE_CUDA_GRAPHS", "auto")
 

@@ -5,8 +5,8 @@ per MTP head, the last W positions plus key nodes, a few hundred KB on the demo 
 pages in the paged cache: the MTP layers roll back every round (`LayerCache.truncate`), and
 drafts run sequence by sequence anyway, so per-sequence caches are the simple correct home. They
 sit outside the paged cache, each bounded by the engine's `mtp_positions` (so their bytes are
-known: a budget the engine works out sets `LLMEngine.mtp_cache_bytes` aside). The drafter is `inference.speculative.MTPDrafter`, the very one
-the single-request decoder uses, so both paths draft alike; `verify_drafts` decides acceptance
+known: a budget the engine works out sets `LLMEngine.mtp_cache_bytes` aside). The drafter is
+`inference.engine.speculative.MTPDrafter`; `verify_drafts` decides acceptance
 (greedy: the longest prefix equal to the model's argmax; sampling: rejection sampling).
 
 `BatchDrafter` drafts for all decoding sequences of a step at once: per MTP depth one forward
@@ -28,10 +28,16 @@ from __future__ import annotations
 import torch
 
 from inference.engine.sequence import Sequence
-from inference.kv_cache import KVCache
-from inference.layers.cache_layouts import cache_layout
+from inference.engine.speculative import (
+    Chooser,
+    MTPDrafter,
+    draft_modules,
+    greedy_accept,
+    verify_drafts,
+)
+from inference.layers.caches.kv_cache import KVCache
+from inference.layers.caches.layouts import cache_layout
 from inference.layers.sampler import Sampler
-from inference.speculative import MTPDrafter, _Chooser, draft_modules, greedy_accept, verify_drafts
 
 
 class SequenceDrafts:
@@ -41,7 +47,7 @@ class SequenceDrafts:
         cache = KVCache(model.config, model.device, model.model.embed_tokens.weight.dtype, mtp_only=True,
                         max_positions=max_positions)
         self.drafter = MTPDrafter(model, cache, seq.speculative_k, base=seq.num_computed_tokens)
-        self.chooser = _Chooser(sampler, seq.params, seq.generator)
+        self.chooser = Chooser(sampler, seq.params, seq.generator)
 
     def draft(self, seq: Sequence, k: int) -> tuple[list[int], list[torch.Tensor | None]]:
         """Up to `k` drafts after the sequence's tokens (none until the drafter has a verified

@@ -21,14 +21,13 @@ from inference.engine.choices import Choices
 from inference.engine.errors import PromptTooLongError, RequestFailedError
 from inference.engine.model_runner import ModelRunner
 from inference.engine.scheduler import Scheduler
-from inference.engine.sequence import Sequence
+from inference.engine.sequence import Prompt, Sequence, TextOut
+from inference.engine.speculative import MAX_DRAFT, SpeculativeStats, no_mtp_message
 from inference.engine.tool_constraint import ToolCallConstraint
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from inference.layers.sampler import generator_for
-from inference.llm import Prompt, _TextOut
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
-from inference.speculative import MAX_DRAFT, SpeculativeStats, no_mtp_message
 from inference.tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -41,6 +40,7 @@ class EngineArgs:
     """Engine settings, named as vLLM names them. The KV budget is `kv_cache_bytes` when set,
     else on CUDA `gpu_memory_utilization` of the device memory minus what is already in use
     (weights), else 1 GiB on CPU. `max_model_len` defaults to what one sequence can hold.
+    `quantization="w8a16"` makes the linear layers int8 weight-only at load time.
     `speculative_k`: MTP drafts per step for requests that do not choose (0 = plain decoding).
     `enforce_eager`: never replay decode steps from CUDA graphs (inference/engine/cuda_graphs.py;
     by default they are captured on CUDA, for the models whose decode allows it).
@@ -61,6 +61,7 @@ class EngineArgs:
     scheduler_policy: str = "fcfs"
     dtype: str | None = None
     device: str | None = None
+    quantization: str | None = None
     sliding_window: int | None = None
     global_interval: int | None = None
     speculative_k: int = 0
@@ -98,6 +99,9 @@ class RequestOutput:
 
 
 class LLMEngine:
+    """The one generation path: requests in (`add_request`), a step at a time out (`step`);
+    `LLM` (inference/llm.py) is this with a loader and a stream for one prompt."""
+
     def __init__(self, model, tokenizer: ChatTokenizer | None = None, args: EngineArgs | None = None,
                  eos_token_ids: list[int] | None = None) -> None:
         self.args = args = args or EngineArgs()
@@ -134,7 +138,7 @@ class LLMEngine:
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         model_dir = Path(args.model)
         config = ModelConfig.from_pretrained(model_dir, dtype=args.dtype, sliding_window=args.sliding_window,
-                                             global_interval=args.global_interval)
+                                             global_interval=args.global_interval, quantization=args.quantization)
         model = load_model(model_dir, config, args.device)
         tokenizer = ChatTokenizer.from_pretrained(model_dir) if (model_dir / "tokenizer.json").exists() else None
         return cls(model, tokenizer, args, config.eos_token_ids)
@@ -222,7 +226,7 @@ class LLMEngine:
             choices = ToolCallConstraint(self.tokenizer, params.tool_call, sorted(self.eos_token_ids))
             k = 0
         request_id = request_id or str(next(self._ids))
-        seq = Sequence(request_id, ids, params, _TextOut(self.tokenizer, params.stop),
+        seq = Sequence(request_id, ids, params, TextOut(self.tokenizer, params.stop),
                        generator_for(params, self.model.device), k)
         if isinstance(choices, Choices) and params.choice_scoring == "likelihood":
             seq.scoring = ChoiceScoring(seq, choices.replies, choices.bias)

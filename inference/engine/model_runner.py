@@ -2,8 +2,8 @@
 
 The batch is flattened to one row per scheduled token, so every projection and MLP runs once
 for the whole batch; only attention goes sequence by sequence. The pools and what attention
-does with them belong to the model's cache layout (`inference.layers.cache_layouts`; GQA's with
-its sparse window and key nodes is `inference.layers.gqa_cache`): the runner only says, once
+does with them belong to the model's cache layout (`inference.layers.caches.layouts`; GQA's with
+its sparse window and key nodes is `inference.layers.caches.gqa`): the runner only says, once
 per step, where each sequence's positions live (`SequenceSlots`, from its block table) and hands
 the pools' view of the step (`cache.step(slots)`, its tables worked out once for all layers) to
 the model's forward in place of a `KVCache`; each attention layer calls its `attend`.
@@ -31,10 +31,10 @@ from inference.engine import cuda_graphs
 from inference.engine.choices import mask_to_allowed
 from inference.engine.drafting import BatchDrafter, SequenceDrafts
 from inference.engine.sequence import Sequence
-from inference.layers.cache_layouts import cache_layout
-from inference.layers.paged_slots import SequenceSlots
+from inference.engine.speculative import MAX_DRAFT, SpeculativeStats
+from inference.layers.caches.layouts import cache_layout
+from inference.layers.caches.paged_slots import SequenceSlots
 from inference.layers.sampler import Sampler
-from inference.speculative import MAX_DRAFT, SpeculativeStats
 
 
 @dataclass

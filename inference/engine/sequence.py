@@ -1,4 +1,4 @@
-"""A request's state: its tokens, how many of them the cache holds, and its blocks."""
+"""A request's state: its tokens, how many of them the cache holds, its blocks, and its text so far."""
 
 from __future__ import annotations
 
@@ -9,6 +9,38 @@ from typing import Any
 import torch
 
 from inference.sampling_params import SamplingParams
+from inference.tokenizer import ChatTokenizer, StopStringMatcher
+
+Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages (through the chat template)
+
+
+class TextOut:
+    """Completion tokens to text deltas: incremental detokenization, then stop strings."""
+
+    def __init__(self, tokenizer: ChatTokenizer | None, stop: list[str]) -> None:
+        self.detok = tokenizer.detokenizer() if tokenizer is not None else None
+        self.stopper = StopStringMatcher(stop) if stop else None
+        self.fed, self.text, self.stopped = "", "", False
+
+    def push(self, token: int) -> str:
+        return "" if self.detok is None else self._feed(self.detok.push(token))
+
+    def flush(self) -> str:
+        """The text still held back at the end: an unfinished character, a stop-string prefix."""
+        if self.detok is None or self.stopped:
+            return ""
+        delta = self._feed(self.detok.flush())
+        if self.stopper is not None and not self.stopped:
+            delta += self.fed[len(self.text) :]
+            self.text = self.fed
+        return delta
+
+    def _feed(self, piece: str) -> str:
+        if self.stopper is not None:
+            self.fed += piece
+            piece, self.stopped = self.stopper.feed(piece)
+        self.text += piece
+        return piece
 
 
 class SequenceStatus(enum.Enum):
@@ -40,7 +72,7 @@ class Sequence:
         request_id: str,
         prompt_ids: list[int],
         params: SamplingParams,
-        text_out: Any = None,
+        text_out: TextOut | None = None,
         generator: torch.Generator | None = None,
         speculative_k: int = 0,
     ) -> None:
@@ -48,7 +80,7 @@ class Sequence:
         self.token_ids = list(prompt_ids)
         self.num_prompt_tokens = len(prompt_ids)
         self.params = params
-        self.text_out = text_out  # inference.llm._TextOut: detokenizer + stop strings
+        self.text_out = text_out or TextOut(None, [])
         self.generator = generator
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0

@@ -1,5 +1,5 @@
 """One serving engine per process, stepping in a background thread: the worker's engine backend
-(`app/llm/engine_backend.py`) and the OpenAI-compatible server (`inference/serve.py`) both hold one.
+(`app/llm/engine_backend.py`) and the OpenAI-compatible server (`inference/server/serve.py`) both hold one.
 
 Callers' threads (Celery task threads of the ``threads`` pool, the server's request threads)
 call ``submit(messages_or_ids, params)`` and wait on the returned ``RequestStream`` (or iterate

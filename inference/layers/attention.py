@@ -5,7 +5,8 @@ For a query at position t, window W and block size G:
 - local keys are positions max(0, t-W+1) .. t;
 - key nodes: for every complete block b (positions bG .. bG+G-1, all < t-W+1), the position whose
   layer-input hidden state (before the norm) has the largest L2 norm, earliest on ties; elected
-  once, when its block completes, never changed (`LayerCache` does the election);
+  once, when its block completes, never changed (`LayerCache` of
+  inference/layers/caches/gqa_sequence.py does the election);
 - union mode: one softmax over local keys plus key nodes;
 - routed mode: `p = softmax(router(x_t))` over (local, global, skip), where x_t is the normed
   layer input the projections also see; output = p_local * Attn(local) + p_global * Attn(nodes);
@@ -26,17 +27,36 @@ Decode (one query) needs no mask: the cache hands over exactly its window and va
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.kv_cache import AttentionContext, LayerCache
 from inference.layers.linear import Linear, PackedLinear
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import apply_rotary_
 from inference.layers.sparse_rules import nodes_seen_by, nodes_seen_from, window_start
+
+
+@dataclass
+class AttentionContext:
+    """The keys and values that queries at positions `[q_start, q_start + L)` attend to.
+
+    `keys[:, :num_local]` are local keys, `keys[:, num_local:]` the key nodes (node j is the one of
+    block j; queries only see the nodes whose block lies fully left of their own window). Local
+    keys are in position order starting at `local_start`; when `local_start` is None there is a
+    single query and the local keys are exactly its window, in any order, so no mask is needed.
+    """
+
+    keys: torch.Tensor  # [kv_heads, S, head_dim]
+    values: torch.Tensor
+    num_local: int
+    local_start: int | None
+    q_start: int
+
 
 QUERY_TILE = 256  # best of 128/256/512/1024 for the masked SDPA tiles on this CPU
 # Chunks up to this many queries (speculative verify: k + 1 <= 9; MTP drafts) take the lean
@@ -251,6 +271,13 @@ def sparse_attention(
     return torch.cat(tiles, dim=1)
 
 
+class LayerKV(Protocol):
+    """A layer's cache as its attention sees it: one sequence's (`LayerCache`,
+    inference/layers/caches/gqa_sequence.py: `extend` stores the new keys and returns the context
+    their queries read) or a paged step's (`attend`, inference/layers/caches/gqa.py: stores them
+    and returns the attention output itself)."""
+
+
 class Attention(nn.Module):
     """Projections, rotary and the (sparse) attention of one layer; state lives in the cache."""
 
@@ -274,7 +301,7 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         rotations: torch.Tensor,
-        cache: LayerCache,
+        cache: LayerKV,
         norms: torch.Tensor | None,
         gate: torch.Tensor | None = None,
         qkv: torch.Tensor | None = None,

@@ -9,7 +9,7 @@ query absorbed through `kv_b_proj`, as MLA's decode), in tiles whose gathered ro
 `GATHER_VALUES`, so neither a long prefill nor a long context builds a dense mask or per-head
 keys: a query costs `index_topk` rows of attention whatever the context's length (plus the
 indexer's cheap pass over every position). On the CPU in fp32 the compiled kernel
-(`inference/layers/dsa_cpu.py`) does it without the gathered copies: each chosen row is read
+(`inference/layers/kernels/dsa_cpu.py`) does it without the gathered copies: each chosen row is read
 where the cache holds it, once for every head, with an online softmax.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from inference.config import ModelConfig
-from inference.layers import dsa_cpu, paged_decode_triton
-from inference.layers.dsa_cache import IndexedContext
+from inference.layers.caches.dsa import IndexedContext
 from inference.layers.dsa_indexer import Indexer
+from inference.layers.kernels import dsa_cpu, paged_decode_triton
 from inference.layers.mla import MLAttention
 
 GATHER_VALUES = 1 << 24  # gathered latent values a tile holds (64 MiB in fp32)

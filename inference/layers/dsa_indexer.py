@@ -13,7 +13,7 @@ cached (`index_head_dim` values a position and layer), beside MLA's latent. In "
 
 Queries are scored in tiles of `QUERY_TILE`, so a long prefill never holds a
 `[queries, heads, positions]` score tensor whole (32k x 32 heads x 32k would be 128 GiB). On the
-CPU in fp32 the compiled kernel (`inference/layers/dsa_cpu.py`) scores a query's earlier
+CPU in fp32 the compiled kernel (`inference/layers/kernels/dsa_cpu.py`) scores a query's earlier
 positions only, in registers, and selects with a radix select instead of a sort.
 """
 
@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.layers import dsa_cpu
+from inference.layers.kernels import dsa_cpu
 from inference.layers.linear import Linear
 from inference.layers.rotary import apply_rotary_
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.layers import cpu_kernels, w8a16_triton
+from inference.layers.kernels import cpu_kernels, w8a16_triton
 
 # Batch-1 decode on CPU is a matrix-vector product per layer, bound by reading the weight; a
 # speculative verify or a small continuous batch is a matmul of a few rows. Which fp32 kernel is
@@ -34,7 +34,7 @@ from inference.layers import cpu_kernels, w8a16_triton
 # 1-8 rows (decode, verify, small batches) go to neither where this machine can build
 # `cpu_kernels` (a plain streaming loop on an output-major copy, each weight read once for all
 # the rows): inside a decode step it kept ahead of both (figures in
-# inference/layers/cpu_kernels.py). Its rows too get the same bits whatever the rows beside them.
+# inference/layers/kernels/cpu_kernels.py). Its rows too get the same bits whatever the rows beside them.
 # bf16 is the other way round: `F.linear` reorders the weight for oneDNN on every call, so a copy
 # packed once is faster (demo model 447 vs 383 tok/s). oneDNN's bf16 reorder needs avx512 (bf16)
 # or avx_ne_convert: on an AVX2-only CPU bf16 weights go to F.linear as they are.
@@ -319,7 +319,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] <= INT8_KERNEL_ROWS and x.is_cpu
                 and self.weight.is_contiguous() and cpu_kernels.available()):
-            scales, bias = self._fp32_scales_and_bias()
+            scales, bias = self.fp32_scales_and_bias()
             return cpu_kernels.matmul_int8(x, self.weight, scales, bias)
         if x.is_cpu and self.in_features % 16:
             # torch's CPU int8 matmul assumes K a multiple of 16: past it, it read out of bounds
@@ -346,7 +346,7 @@ class Int8Linear(nn.Module):
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
 
 
-    def _fp32_scales_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fp32_scales_and_bias(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The scales and bias as the CPU kernel reads them (fp32, contiguous), remade when
         either changes (its storage or version)."""
         scales, bias = self.scales, self.bias

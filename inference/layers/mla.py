@@ -1,5 +1,5 @@
 """Multi-head Latent Attention (DeepSeek-V2/V3; GLM-4.7-Flash, GLM-5), as transformers'
-`Glm4MoeLiteAttention` computes it, on a cache of latents (inference/layers/mla_cache.py).
+`Glm4MoeLiteAttention` computes it, on a cache of latents (inference/layers/caches/mla.py).
 
 Per token: the query through a rank-`q_lora_rank` bottleneck (`q_a_proj`, an RMSNorm, `q_b_proj`;
 one `q_proj` when the rank is null), `H` heads of `qk_nope_head_dim` (dn) + `qk_rope_head_dim`
@@ -48,9 +48,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.layers import paged_decode_triton
+from inference.layers.caches.mla import LatentContext
+from inference.layers.kernels import paged_decode_triton
 from inference.layers.linear import Linear
-from inference.layers.mla_cache import LatentContext
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import apply_rotary_, yarn_mscale
 

@@ -14,7 +14,7 @@ weighted results go back to their (token, k) places and are summed over k. The P
 (at most `n_routed_experts` a layer, the chosen ones doing work), never over tokens. Each expert
 is an ordinary `SwiGLU` of `Linear` layers, so the loader stacks its gate/up parts and int8
 (W8A16) quantization swaps its layers as it does every other. On CUDA, plain experts run in two
-grouped launches instead of the loop (inference/layers/moe_triton.py).
+grouped launches instead of the loop (inference/layers/kernels/moe_triton.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.layers import moe_triton
 from inference.layers.activation import silu_and_mul
+from inference.layers.kernels import moe_triton
 from inference.layers.linear import Linear, PackedLinear
 
 
@@ -92,7 +92,7 @@ class MoE(nn.Module):
     def routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Sum over each token's chosen experts of weight * expert(token), grouped by expert."""
         stacked = self._stacked_weights(x)
-        if stacked is not None:  # CUDA: two grouped launches (inference/layers/moe_triton.py)
+        if stacked is not None:  # CUDA: two grouped launches (inference/layers/kernels/moe_triton.py)
             return moe_triton.routed(x, weights, experts, *stacked)
         top_k = experts.shape[1]
         flat = experts.flatten()

@@ -11,7 +11,7 @@ DSA's lightning indexer (no rotary), keeps the `index_topk / index_kpool` best (
 the complete pools, those after the query at the dtype's minimum, as transformers ranks them), and, with
 `index_kpool_always_select_tail`, every position of its own incomplete pool. The cache keeps, per
 position of a full layer, `[k ; compress_gate @ x]` (2 x `index_head_dim`) beside the latent row
-(inference/layers/dsa_cache.py's caches with that key width); pools are made from them per call.
+(inference/layers/caches/dsa.py's caches with that key width); pools are made from them per call.
 
 The attention over the picked positions is DSA's (inference/layers/dsa.py's, absorbed into latent
 space; the compiled CPU kernel where built): an entry of -1 (no pool there) is skipped.
@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.layers import dsa_cpu
-from inference.layers.dsa_cache import IndexedContext
+from inference.layers.caches.dsa import IndexedContext
+from inference.layers.kernels import dsa_cpu
 from inference.layers.linear import Linear
 from inference.layers.mla import LatentProjection
 from inference.layers.norm import RMSNorm

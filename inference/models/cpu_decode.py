@@ -42,9 +42,9 @@ import weakref
 
 import torch
 
-from inference.kv_cache import LayerCache
-from inference.layers import cpu_kernels
 from inference.layers.attention import sparse_attention
+from inference.layers.caches.gqa_sequence import LayerCache
+from inference.layers.kernels import cpu_kernels
 from inference.layers.linear import Int8Linear, Linear, PackedLinear
 from inference.layers.norm import RMSNorm
 
@@ -168,9 +168,9 @@ def _parts(layer) -> tuple[list, tuple] | None:
     proj = attn.qkv_proj
     if layer.router is not None:  # fused with the router, as `qkv_and_gate` runs it
         if type(proj) in dense and type(layer.router) in dense:
-            proj = layer._fused_projection()
+            proj = layer.fused_projection()
         elif type(proj) is Int8Linear and type(layer.router) is Int8Linear:
-            proj = layer._fused_int8()
+            proj = layer.fused_int8()
         else:
             return None
     linears = [proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
@@ -203,7 +203,7 @@ def layer_plan(layer) -> Plan | None:
         return None
     linears, norms = parts
     rows = [_int8_rows(m) if type(m) is Int8Linear else m.output_major() for m in linears]
-    scales = [m._fp32_scales_and_bias()[0] if type(m) is Int8Linear else None for m in linears]
+    scales = [m.fp32_scales_and_bias()[0] if type(m) is Int8Linear else None for m in linears]
     weights = [None if n is None else norm_weight(n) for n in norms]
     if any(r is None for r in rows) or weights[0] is None or weights[2] is None:
         return None
@@ -350,9 +350,9 @@ def _buffers(cache: LayerCache, heads: int, d: int) -> tuple | None:
         return None
     buffers = (k.data_ptr(), v.data_ptr(), k.shape[1], None, None, 0, None, None)
     if cache.window is not None:
-        undo_k, undo_v = cache._undo_k, cache._undo_v
+        undo_k, undo_v = cache.undo_k, cache.undo_v
         buffers = (*buffers[:3], undo_k.data_ptr(), undo_v.data_ptr(), undo_k.shape[1],
-                   cache._norm_log.data_ptr(), cache._block_norms.data_ptr())
+                   cache.norm_log.data_ptr(), cache.block_norms.data_ptr())
     cache.__dict__["_cpu_buffers"] = (weakref.ref(k), weakref.ref(v), heads, d, buffers)
     return buffers
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.layers import moe_triton
+from inference.layers.kernels import moe_triton
 from inference.layers.moe import MoE
 from inference.models import cpu_decode, cpu_moe, cpu_step
 from inference.models.glm4 import Glm4DecoderLayer, Glm4ForCausalLM

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.layers import cpu_kernels
 from inference.layers.activation import silu_and_mul
+from inference.layers.kernels import cpu_kernels
 from inference.layers.linear import Int8Linear, Linear, PackedLinear
 from inference.models import cpu_decode
 
@@ -70,7 +70,7 @@ def _weight(linear) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     if type(linear) is Int8Linear:
         if w.dtype != torch.int8 or w.device.type != "cpu" or not w.is_contiguous():
             return None
-        return w, linear._fp32_scales_and_bias()[0]
+        return w, linear.fp32_scales_and_bias()[0]
     if type(linear) in (Linear, PackedLinear) and w.dtype == torch.float32 and w.device.type == "cpu" \
             and w.is_contiguous():
         return w, None

@@ -5,7 +5,7 @@ those weights, layer by layer, ran the Python of each layer (its module call, it
 cache bookkeeping, a dozen ATen calls for the embedding, the rotations, the final norm), on CPU
 caches that each stream had just emptied: measured 4 Dec 2026 on the 2-core AVX-512 EPYC, about
 0.6 ms of a 9 ms step, a few microseconds warm per op but 5-10 cold. `wecom_decode_step`
-(`inference/layers/cpu_kernels.c`) does the embedding row, the rotation of the position, every
+(`inference/layers/kernels/cpu_kernels.c`) does the embedding row, the rotation of the position, every
 decoder layer with its cache append and attention (`wecom_layer_decode`, see
 `inference/models/cpu_decode.py`) and the final norm; Python only checks that the plans still
 hold and says where each layer's row goes in its `LayerCache` (`LayerCache.row_slots`, then
@@ -26,8 +26,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
 
-from inference.kv_cache import LayerCache
-from inference.layers import cpu_kernels
+from inference.layers.caches.gqa_sequence import LayerCache
+from inference.layers.kernels import cpu_kernels
 from inference.models import cpu_decode
 
 

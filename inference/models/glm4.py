@@ -9,7 +9,7 @@ router (sparse means union mode) and no MTP modules.
 import torch
 
 from inference.config import ModelConfig
-from inference.kv_cache import LayerCache
+from inference.layers.caches.gqa_sequence import LayerCache
 from inference.layers.norm import RMSNorm
 from inference.models.glm5_sparse import DecoderLayer, Glm5SparseForCausalLM
 

@@ -11,7 +11,7 @@ MTP: the published GLM-4.5+ (and GLM-4.7-Flash, GLM-5, DeepSeek-V3) checkpoints 
 `num_hidden_layers + K` (transformers drops them). When the checkpoint has them the loader sets
 `config.num_mtp_heads` to their count and they load as `model.mtp.K` (`NextNLayer`: a decoder
 layer of the model's own class, MoE and, for GLM-5, its own DSA indexer, as vLLM's and SGLang's
-MTP loaders build it) for speculative decoding (inference/speculative.py, the serving engine's
+MTP loaders build it) for speculative decoding (inference/engine/speculative.py, the engine's
 `speculative_k`); without them the model loads without MTP and speculative decoding is refused.
 Their `embed_tokens` and `shared_head.head` are copies of the model's embedding and lm head
 (DeepSeek-V3's MTP shares both by design; SGLang's loader skips them for the target model's):
@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.kv_cache import LayerCache
 from inference.layers.attention import Attention
+from inference.layers.caches.gqa_sequence import LayerCache
 from inference.layers.linear import Linear
 from inference.layers.moe import MoE, SwiGLU
 from inference.layers.norm import RMSNorm

@@ -3,7 +3,7 @@
 glm4_moe's decoder (pre-norm residual blocks, a dense first layer then GLM's Mixture of Experts,
 `inference.layers.moe`, whose router and experts transformers' Glm4MoeLite shares line for line)
 with DeepSeek's Multi-head Latent Attention in place of GQA (`inference.layers.mla`): its cache
-is one latent row per position and layer (`inference.layers.mla_cache`, `LAYOUTS` under this
+is one latent row per position and layer (`inference.layers.caches.mla`, `LAYOUTS` under this
 model type). The MTP layer the published checkpoint carries (layer `num_hidden_layers`) loads
 as for glm4_moe (its block an MLA layer), for speculative decoding.
 

@@ -10,7 +10,7 @@ residual is `hc_mult` streams mixed by manifold hyper-connections
 (inference/layers/hyper_connection.py); the MLPs are SwiGLU with the gate clamped above and the
 up projection both ways at `swiglu_limit`, the dense first layers plain, the others GLM's MoE
 (inference/layers/moe.py's router, the experts clamped). The cache is
-inference/layers/hybrid_cache.py's.
+inference/layers/caches/hybrid.py's.
 
 Weight names, under `model.language_model.` in the published checkpoint (`model.` in a flat
 text-only one; `checkpoint_prefix`), N a layer, E an expert:
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.layers.hybrid_cache import HybridCache, kda_rows
+from inference.layers.caches.hybrid import HybridCache, kda_rows
 from inference.layers.hyper_connection import merge, mix_weights
 from inference.layers.kda import KDAttention
 from inference.layers.linear import Linear

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from inference.config import ModelConfig
-from inference.kv_cache import KVCache, LayerCache
 from inference.layers.activation import silu_and_mul
 from inference.layers.attention import Attention
+from inference.layers.caches.gqa_sequence import LayerCache
+from inference.layers.caches.kv_cache import KVCache
 from inference.layers.linear import Int8Linear, Linear, input_major, weight_key
 from inference.layers.norm import RMSNorm
 from inference.layers.rotary import RotaryEmbedding
@@ -81,7 +82,7 @@ class DecoderLayer(nn.Module):
         int8 = isinstance(router, Int8Linear) and isinstance(qkv, Int8Linear)
         if not (dense or int8) or torch.is_grad_enabled():  # no router, or training
             return None, self.gate(x)
-        both = (self._fused_projection() if dense else self._fused_int8())(x)
+        both = (self.fused_projection() if dense else self.fused_int8())(x)
         rows = qkv.out_features
         return both[:, :rows], self.gate(x, both[:, rows : rows + 3])
 
@@ -98,12 +99,12 @@ class DecoderLayer(nn.Module):
             cached = self.__dict__[name] = (key, build(qkv, router, -(qkv.out_features + 3) % 8))
         return cached[1]
 
-    def _fused_projection(self) -> Linear:
+    def fused_projection(self) -> Linear:
         """`[qkv_proj ; router ; zero rows]` as one `Linear`."""
         return self._fused("_fused_dense", _fused_dense)
 
-    def _fused_int8(self) -> Int8Linear:
-        """`_fused_projection` for int8 layers: per-channel int8 rows and their scales stack
+    def fused_int8(self) -> Int8Linear:
+        """`fused_projection` for int8 layers: per-channel int8 rows and their scales stack
         just as dense rows do (zero rows with scale 1 as padding)."""
         return self._fused("_fused8", _fused_int8)
 

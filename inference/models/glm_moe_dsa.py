@@ -4,7 +4,7 @@ GLM-4.7-Flash's decoder (inference/models/glm4_moe_lite.py: MLA, a few dense lay
 Mixture of Experts) with DeepSeek Sparse Attention (inference/layers/dsa.py): each "full" layer's
 lightning indexer picks `index_topk` positions a query, and the "shared" layers after it attend
 to the same ones, so the model's forward hands each layer's choice to the next. The cache keeps
-MLA's latent rows plus the full layers' indexer keys (inference/layers/dsa_cache.py, `LAYOUTS`
+MLA's latent rows plus the full layers' indexer keys (inference/layers/caches/dsa.py, `LAYOUTS`
 under this model type). The MTP layer the published checkpoint carries (layer
 `num_hidden_layers`, see inference/models/glm4_moe.py) is a full DSA layer with its own indexer
 (`model.layers.M.self_attn.indexer.*`, as vLLM's DeepSeek-V3.2 MTP builds it): loaded when present,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from inference.layers import cpu_kernels
+from inference.layers.kernels import cpu_kernels
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Tiny checkpoints for the engine tests."""
+"""Tiny checkpoints for the engine tests, and the one-sequence reference the engine is held to."""
 
 import json
 from pathlib import Path
@@ -7,8 +7,10 @@ import torch
 from safetensors.torch import save_file
 
 from inference.config import ModelConfig
+from inference.layers.sampler import Sampler, generator_for
 from inference.loader import checkpoint_state_dict
 from inference.models import MODELS
+from inference.sampling_params import SamplingParams
 
 
 def glm5_config(**overrides) -> dict:
@@ -83,3 +85,29 @@ def with_mtp_layer(state: dict[str, torch.Tensor], last: int, hidden: int, copy:
     source = {"embed_tokens": "model.embed_tokens.weight", "shared_head.head": "lm_head.weight"}[copy]
     mtp[f"model.layers.{last + 1}.{copy}.weight"] = state[source].clone()
     return {**state, **mtp}
+
+
+@torch.inference_mode()
+def reference_tokens(model, prompt: list[int], params: SamplingParams, eos_token_ids=(), chunk: int = 2048,
+                     cache=None) -> list[int]:
+    """The completion of one prompt decoded on the model's own one-sequence cache
+    (`model.new_cache()`, contiguous: no pages, no batch, no drafts): the prompt in chunks of
+    `chunk`, then a token a step, sampled as the engine samples (the request's seeded generator);
+    a token of `eos_token_ids` ends it (and is kept) unless `params.ignore_eos`. Every engine path
+    (paged, batched, chunked, prefix-cached, speculative) must give exactly these tokens."""
+    device, sampler = model.device, Sampler()
+    generator = generator_for(params, device)
+    cache = model.new_cache() if cache is None else cache
+    for a in range(0, len(prompt), chunk):
+        ids = torch.tensor(prompt[a : a + chunk], device=device)
+        hidden = model(ids, torch.arange(a, a + len(ids), device=device), cache)
+    logits, history, out = model.compute_logits(hidden[-1:]), list(prompt), []
+    while len(out) < params.max_tokens:
+        token = int(sampler(logits, [params], [history], [generator])[0])
+        history.append(token)
+        out.append(token)
+        if token in eos_token_ids and not params.ignore_eos:
+            break
+        ids, positions = torch.tensor([token], device=device), torch.tensor([len(history) - 1], device=device)
+        logits = model.compute_logits(model(ids, positions, cache))
+    return out

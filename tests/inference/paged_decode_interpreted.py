@@ -1,4 +1,4 @@
-"""Runs the paged decode attention programs (inference/layers/paged_decode_triton.py) under
+"""Runs the paged decode attention programs (inference/layers/kernels/paged_decode_triton.py) under
 Triton's interpreter and prints their error against a float64 reference, as JSON.
 
 A script of its own, started by test_paged_decode_triton.py: Triton must see TRITON_INTERPRET=1
@@ -15,7 +15,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 
 import torch  # noqa: E402
 
-from inference.layers import paged_decode_triton as kernels  # noqa: E402
+from inference.layers.kernels import paged_decode_triton as kernels  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # the shape sweep's seed (tests/inference/shape_sweep.py, passed by test_paged_decode_triton.py):
@@ -193,11 +193,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dim: int) -> torch
 
 
 def moe_cases() -> list[dict]:
-    """The grouped experts (inference/layers/moe_triton.py) against `MoE.routed`'s loop: a decode
+    """The grouped experts (inference/layers/kernels/moe_triton.py) against `MoE.routed`'s loop: a decode
     row, a few rows, and a prefill's worth, with some experts chosen by no token and some by
     more rows than a block holds."""
     from inference.config import ModelConfig
-    from inference.layers import moe_triton
+    from inference.layers.kernels import moe_triton
     from inference.layers.moe import MoE
 
     out = []
@@ -272,8 +272,8 @@ def engine_case(make_hf, kind: str, chunked: bool = False, blocks: int | None = 
 
     from inference.config import ModelConfig
     from inference.engine import EngineArgs, LLMEngine, cuda_graphs
-    from inference.layers import moe_triton
-    from inference.layers.cache_layouts import cache_layout
+    from inference.layers.caches.layouts import cache_layout
+    from inference.layers.kernels import moe_triton
     from inference.loader import load_model
     from inference.sampling_params import SamplingParams
 
@@ -330,7 +330,7 @@ def compared_replays():
     slot tables, `cache.step`; the cache writes are the same both times), the largest difference
     of the hidden states kept, and the bucket sizes replayed."""
     from inference.engine.cuda_graphs import DecodeGraphs
-    from inference.layers.paged_slots import SequenceSlots
+    from inference.layers.caches.paged_slots import SequenceSlots
 
     worst = [0.0, set()]
     replay = DecodeGraphs.run
@@ -357,8 +357,8 @@ def compared_layers():
     """Every decode step's attention computed twice, through the kernels and through the torch
     path (the cache writes are the same both times), the largest difference kept: tokens alone
     can hide a wrong context that happens not to change a greedy choice."""
+    from inference.layers.caches.gqa import PagedGQALayer
     from inference.layers.dsa import DSAttention
-    from inference.layers.gqa_cache import PagedGQALayer
     from inference.layers.mla import MLAttention
 
     worst = [0.0, set()]

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from inference.config import ModelConfig
-from inference.layers import cpu_kernels
 from inference.layers.dsa_indexer import Indexer
+from inference.layers.kernels import cpu_kernels
 from inference.layers.moe import TopkRouter
 from inference.layers.pooled_dsa import PooledIndexer
 

@@ -6,14 +6,14 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
-from inference.layers import cpu_kernels, linear
-from inference.layers.cache_layouts import cache_layout
+from inference.layers import linear
+from inference.layers.caches.layouts import cache_layout
+from inference.layers.kernels import cpu_kernels
 from inference.layers.linear import quantize_linears_
-from inference.llm import LLM
 from inference.loader import load_model
 from inference.models import cpu_decode, cpu_step
 from inference.sampling_params import SamplingParams
-from tests.inference.helpers import glm5_config, write_checkpoint
+from tests.inference.helpers import glm5_config, reference_tokens, write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
@@ -183,7 +183,7 @@ def test_the_paged_engine_gives_the_torch_layers_tokens_alone_and_batched(tmp_pa
     assert fused_calls
     with monkeypatch.context() as patch:
         patch.setattr(cpu_decode, "layer_plan", lambda layer: None)  # the torch layers
-        plain = [LLM(model, eos_token_ids=[]).generate(p, params).token_ids for p in prompts]
+        plain = [reference_tokens(model, p, params) for p in prompts]
     assert alone == plain[0]
     assert batched == plain
 

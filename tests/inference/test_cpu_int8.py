@@ -7,7 +7,8 @@ import ctypes
 import pytest
 import torch
 
-from inference.layers import cpu_kernels, linear
+from inference.layers import linear
+from inference.layers.kernels import cpu_kernels
 from inference.layers.linear import Int8Linear, quantize_weight
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels_built")

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.layers import cpu_kernels, linear
+from inference.layers import linear
+from inference.layers.kernels import cpu_kernels
 from inference.layers.linear import Linear, input_major
 
 needs_kernel = pytest.mark.usefixtures("cpu_kernels_built")

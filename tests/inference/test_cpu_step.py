@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.kv_cache import ROLLBACK_LIMIT, KVCache
-from inference.layers import cpu_kernels
+from inference.layers.caches.gqa_sequence import ROLLBACK_LIMIT
+from inference.layers.caches.kv_cache import KVCache
+from inference.layers.kernels import cpu_kernels
 from inference.models import cpu_decode, cpu_step
 from tests.inference.test_kv_cache import build
 
@@ -66,9 +67,9 @@ def assert_same_cache(a: KVCache, b: KVCache, live_only: bool = False) -> None:
             torch.testing.assert_close(x.v, y.v, atol=1e-5, rtol=1e-5)
         if x.window is None:
             continue
-        torch.testing.assert_close(x._block_norms[: x._filled], y._block_norms[: y._filled])
+        torch.testing.assert_close(x.block_norms[: x._filled], y.block_norms[: y._filled])
         if not live_only:
-            for name in ("_norm_log", "_undo_k", "_undo_v"):
+            for name in ("norm_log", "undo_k", "undo_v"):
                 torch.testing.assert_close(getattr(x, name), getattr(y, name), atol=1e-5, rtol=1e-5)
             continue
         w, n = x.window, x.length
@@ -77,12 +78,12 @@ def assert_same_cache(a: KVCache, b: KVCache, live_only: bool = False) -> None:
         torch.testing.assert_close(x.v[:, live], y.v[:, live], atol=1e-5, rtol=1e-5)
         # a later rollback goes back to `lowest` at most: it reads the norms of the block
         # `lowest` falls in, and the undo entries of the positions it drops
-        size, lowest = x._norm_log.numel(), max(n - ROLLBACK_LIMIT, x._floor, y._floor, 0)
+        size, lowest = x.norm_log.numel(), max(n - ROLLBACK_LIMIT, x._floor, y._floor, 0)
         logged = [p % size for p in range(max(0, n - size, lowest - lowest % x.interval), n)]
-        torch.testing.assert_close(x._norm_log[logged], y._norm_log[logged])
+        torch.testing.assert_close(x.norm_log[logged], y.norm_log[logged])
         undone = [p % ROLLBACK_LIMIT for p in range(max(w, lowest), n)]
-        torch.testing.assert_close(x._undo_k[:, undone], y._undo_k[:, undone], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(x._undo_v[:, undone], y._undo_v[:, undone], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.undo_k[:, undone], y.undo_k[:, undone], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.undo_v[:, undone], y.undo_v[:, undone], atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine, cuda_graphs
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from tests.inference.helpers import glm5_config
 
 GLM4 = dict(model_type="glm4", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -1,4 +1,4 @@
-"""DSA's compiled CPU kernels (`dsa_kernels.c` through `inference/layers/dsa_cpu.py`) against
+"""DSA's compiled CPU kernels (`dsa_kernels.c` through `inference/layers/kernels/dsa_cpu.py`) against
 plain torch: the indexer's top-k (keys in place and transposed, ties, queries with fewer
 positions than k) and the attention over chosen rows (filler entries, heads and ranks off the
 kernel's blocks, one query split among the threads)."""
@@ -6,7 +6,7 @@ kernel's blocks, one query split among the threads)."""
 import pytest
 import torch
 
-from inference.layers import dsa_cpu
+from inference.layers.kernels import dsa_cpu
 
 pytestmark = pytest.mark.usefixtures("cpu_kernels_built")
 
@@ -75,7 +75,7 @@ def test_a_tie_at_the_boundary_is_refused_on_every_kernel_path(n, heads, pool):
 
 def test_minus_zero_ties_with_zero():
     """One head with a negative weight scores -0 where its ReLU is 0; a +0 elsewhere is equal."""
-    from inference.layers import cpu_kernels
+    from inference.layers.kernels import cpu_kernels
 
     scores = torch.tensor([[-0.0, 0.0, -1.0, -0.0, 0.0, -2.0, 0.0]])
     out, tied, positions = torch.empty(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), torch.tensor([6])
@@ -89,7 +89,7 @@ def test_the_top_k_is_exact_whatever_its_sample_of_the_scores_says(case):
     """The kernel's top-k sets a floor from one score in 8; where that floor is too high (only
     the sampled positions are large) it falls back to every position. Either way: exactly the
     `count` best, ties to the earlier position, in position order."""
-    from inference.layers import cpu_kernels
+    from inference.layers.kernels import cpu_kernels
 
     m, count = 4096, 700
     torch.manual_seed(3)

@@ -1,5 +1,5 @@
-"""The demo's embedder (inference/embedder.py), its training (inference/demo/train_embedder.py)
-and /v1/embeddings (inference/embedding_api.py): n-grams, a saved model read back the same, the
+"""The demo's embedder (inference/embedder.py), its training (demo/train_embedder.py)
+and /v1/embeddings (inference/server/embeddings.py): n-grams, a saved model read back the same, the
 API in OpenAI's shape, the knowledge base's client over real HTTP, and a training run that
 learns which chunk answers which question without ever seeing an evaluation question."""
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from app.knowledge.embeddings import EmbeddingClient
-from inference.demo import train_embedder
-from inference.demo.grounded import DEMO_EMBEDDER
+from demo import train_embedder
+from demo.grounded import DEMO_EMBEDDER
 from inference.embedder import Embedder, EmbedderConfig, buckets_of, ngrams, read_config
-from inference.embedding_api import embeddings_app, serving
+from inference.server.embeddings import embeddings_app, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / DEMO_EMBEDDER
@@ -129,8 +129,8 @@ def corpus():
 def test_no_held_out_or_evaluation_wording_is_trained_on(corpus):
     """Trained on: qa.jsonl's questions and paraphrases and embedder_questions.jsonl's wordings
     (always) and unanswerable questions (both files); never a held-out or evaluation question."""
-    from inference.demo import eval_sets
-    from inference.demo.corpus import load_embedder_questions, load_qa, load_unanswerable
+    from demo import eval_sets
+    from demo.corpus import load_embedder_questions, load_qa, load_unanswerable
 
     data = train_embedder.split(corpus, None, __import__("random").Random(0))
     trained = {q for q, _ in data.questions}
@@ -159,7 +159,7 @@ def test_an_item_is_taught_the_chunks_its_own_language_finds_in_each_edition(cor
 def test_the_shipped_embedder_finds_new_wordings_chunks(corpus):
     """models/demo-embed against the handbook: the held-out paraphrases (never trained on) find
     a chunk that answers them first more often than not, and its thresholds are its config's."""
-    from inference.demo.corpus import load_qa
+    from demo.corpus import load_qa
 
     model = Embedder.load(SHIPPED)
     assert 0.3 <= model.config.min_similarity <= 0.95 and model.config.min_score is not None
@@ -182,7 +182,7 @@ def test_the_knowledge_base_ranks_and_decides_with_the_served_vectors():
     let through by its cosine."""
     from app.knowledge.evaluate import scratch_knowledge_base
     from app.knowledge.retrieval import Retriever
-    from inference.demo.corpus import HANDBOOKS
+    from demo.corpus import HANDBOOKS
 
     chosen = read_config(SHIPPED)
     with scratch_knowledge_base(HANDBOOKS, embeddings=str(SHIPPED), kb_chunk_tokens=100) as services:

@@ -93,8 +93,8 @@ def test_greedy_tokens_match_transformers_for_40_steps(checkpoint):
     prompt = torch.randint(3, VOCAB, (9,)).tolist()
     with torch.no_grad():
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None)
-    llm = LLM.from_pretrained(path, device="cpu")
-    result = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    llm = LLM.from_pretrained(path, device="cpu", kv_cache_bytes=1 << 24)
+    result = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert result.token_ids == expected[0, 9:].tolist()
     logits = logits_of(llm.model, expected[0])[8:-1]
     top2 = logits.topk(2, dim=-1).values

@@ -17,10 +17,10 @@ from transformers import Glm4MoeLiteForCausalLM as HfGlm4MoeLite
 from inference.config import ModelConfig
 from inference.engine.model_runner import ModelRunner
 from inference.layers import mla
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
+from inference.layers.caches.mla import MLALayerCache, MLALayout
 from inference.layers.linear import Int8Linear
 from inference.layers.mla import LatentProjection
-from inference.layers.mla_cache import MLALayerCache, MLALayout
 from inference.layers.moe import MoE
 from inference.llm import LLM
 from inference.loader import CheckpointError, load_model
@@ -135,8 +135,8 @@ def test_greedy_tokens_match_transformers_for_40_steps(checkpoint):
     prompt = torch.randint(3, VOCAB, (9,)).tolist()
     with torch.no_grad():
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, eos_token_id=None)
-    llm = LLM.from_pretrained(path, device="cpu")
-    result = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    llm = LLM.from_pretrained(path, device="cpu", kv_cache_bytes=1 << 24)
+    result = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     assert result.token_ids == expected[0, 9:].tolist()
     logits = logits_of(llm.model, expected[0])[8:-1]
     top2 = logits.topk(2, dim=-1).values

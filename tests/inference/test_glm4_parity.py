@@ -52,8 +52,8 @@ def test_greedy_tokens_match_transformers(checkpoint):
     prompt = torch.randint(3, 160, (9,)).tolist()
     with torch.no_grad():
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None)
-    llm = LLM.from_pretrained(path, device="cpu")
-    result = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    llm = LLM.from_pretrained(path, device="cpu", kv_cache_bytes=1 << 24)
+    result = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0]
     assert result.token_ids == expected[0, 9:].tolist()
     # the decisions are not near-ties, so agreement is meaningful
     model = llm.model

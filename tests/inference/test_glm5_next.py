@@ -14,7 +14,7 @@ import torch
 from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
 from inference.config import ModelConfig
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from inference.layers.kda import KDAttention, state_bytes
 from inference.layers.pooled_dsa import PooledDSAttention, PooledIndexer
 from inference.llm import LLM

@@ -8,7 +8,7 @@ from transformers import GlmMoeDsaConfig
 from transformers import GlmMoeDsaForCausalLM as HfGlmMoeDsa
 
 from inference.config import ModelConfig
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from inference.layers.dsa import DSAttention
 from inference.llm import LLM
 from inference.loader import load_model
@@ -97,8 +97,8 @@ def test_greedy_tokens_match_transformers_for_36_steps(checkpoint):
     prompt = torch.randint(3, VOCAB, (9,)).tolist()
     with torch.no_grad():
         expected = hf.generate(torch.tensor([prompt]), max_new_tokens=36, do_sample=False, eos_token_id=None)
-    llm = LLM.from_pretrained(path, device="cpu")
-    result = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=36, ignore_eos=True))
+    llm = LLM.from_pretrained(path, device="cpu", kv_cache_bytes=1 << 24)
+    result = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=36, ignore_eos=True))[0]
     assert result.token_ids == expected[0, 9:].tolist()
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from inference.config import ModelConfig
-from inference.layers.cache_layouts import cache_layout
-from inference.layers.gqa_cache import GQALayout
+from inference.layers.caches.gqa import GQALayout
+from inference.layers.caches.layouts import cache_layout
 from tests.inference.helpers import glm5_config
 
 DENSE = {"model_type": "glm4", "sliding_window": None, "global_interval": None}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inference.config import ModelConfig
-from inference.kv_cache import KVCache
+from inference.layers.caches.kv_cache import KVCache
 from inference.loader import checkpoint_layout
 from inference.models import MODELS, cpu_fast_path
 from tests.inference.helpers import glm5_config, random_state
@@ -90,7 +90,7 @@ def test_32k_prompt_keeps_window_plus_nodes():
 
 
 def test_a_cache_made_for_max_positions_never_allocates_past_them():
-    from inference.kv_cache import LayerCache, cache_slots
+    from inference.layers.caches.gqa_sequence import LayerCache, cache_slots
 
     torch.manual_seed(0)
     cache = LayerCache(2, 8, 16, 4, torch.float32, torch.device("cpu"), max_positions=100)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from inference.config import ModelConfig
-from inference.kv_cache import ROLLBACK_LIMIT, LayerCache
+from inference.layers.caches.gqa_sequence import ROLLBACK_LIMIT, LayerCache
 from inference.models import MODELS
 from tests.inference.helpers import glm5_config
 

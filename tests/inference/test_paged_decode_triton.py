@@ -1,4 +1,4 @@
-"""The CUDA paged decode attention programs (inference/layers/paged_decode_triton.py), run here by
+"""The CUDA paged decode attention programs (inference/layers/kernels/paged_decode_triton.py), run here by
 Triton's interpreter: the same programs the GPU compiles, against a float64 reference, for
 slot lists that end inside, exactly at and past a block, and heads that do not fill a block."""
 

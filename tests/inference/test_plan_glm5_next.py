@@ -10,7 +10,7 @@ import torch
 from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
 from inference.config import ModelConfig
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from inference.plan import run
 from inference.plan_glm5_next import make_plan
 from tests.inference.test_glm5_next import VISION, text_config

@@ -42,8 +42,8 @@ def test_int8_linear_matches_dense():
 
 def test_load_time_w8a16_logits_close_to_fp32(tmp_path):
     path = write_checkpoint(tmp_path / "m", _raw())
-    dense = LLM.from_pretrained(path)
-    int8 = LLM.from_pretrained(path, quantization="w8a16")
+    dense = LLM.from_pretrained(path, kv_cache_bytes=1 << 24)
+    int8 = LLM.from_pretrained(path, quantization="w8a16", kv_cache_bytes=1 << 24)
     assert any(isinstance(m, Int8Linear) for m in int8.model.modules())
     assert not any(type(m) is Linear for m in int8.model.modules())
     ids = torch.randint(0, 128, (40,)).tolist()
@@ -54,14 +54,14 @@ def test_int8_checkpoint_loads_to_the_same_model(tmp_path):
     path = write_checkpoint(tmp_path / "m", _raw())
     out = quantize_checkpoint(path, tmp_path / "q")
     assert ModelConfig.from_pretrained(out).quantization == "w8a16"
-    from_checkpoint = LLM.from_pretrained(out)
-    at_load = LLM.from_pretrained(path, quantization="w8a16")
+    from_checkpoint = LLM.from_pretrained(out, kv_cache_bytes=1 << 24)
+    at_load = LLM.from_pretrained(path, quantization="w8a16", kv_cache_bytes=1 << 24)
     ids = torch.randint(0, 128, (24,)).tolist()
     torch.testing.assert_close(
         _logits(from_checkpoint, ids), _logits(at_load, ids), atol=2e-2, rtol=2e-2
     )
     assert (
-        _relative_error(_logits(from_checkpoint, ids), _logits(LLM.from_pretrained(path), ids))
+        _relative_error(_logits(from_checkpoint, ids), _logits(LLM.from_pretrained(path, kv_cache_bytes=1 << 24), ids))
         < 1e-2
     )
     assert (out / "model.safetensors").stat().st_size < 0.7 * (

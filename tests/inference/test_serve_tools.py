@@ -13,7 +13,7 @@ import pytest
 from emulator.http_server import WSGIServer
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.service import EngineService
-from inference.serve import create_app
+from inference.server.serve import create_app
 from tests.support.tool_model import write_tool_model
 
 BOOK = {"type": "function", "function": {

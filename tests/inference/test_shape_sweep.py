@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inference.config import ModelConfig
-from inference.layers.cache_layouts import cache_layout
+from inference.layers.caches.layouts import cache_layout
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
 from tests.inference.engine.conftest import engine_for, reference

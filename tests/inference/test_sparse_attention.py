@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.kv_cache import LayerCache
 from inference.layers import attention
 from inference.layers.attention import sparse_attention
+from inference.layers.caches.gqa_sequence import LayerCache
 
 W, G, HQ, HKV, D = 16, 4, 4, 2, 8
 

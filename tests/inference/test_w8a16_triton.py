@@ -1,4 +1,4 @@
-"""The CUDA W8A16 kernel (inference/layers/w8a16_triton.py), run here by Triton's interpreter:
+"""The CUDA W8A16 kernel (inference/layers/kernels/w8a16_triton.py), run here by Triton's interpreter:
 the same program the GPU compiles, against the dequantized matmul in float64."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.layers import w8a16_triton
+from inference.layers.kernels import w8a16_triton
 
 pytest.importorskip("triton")  # a dev dependency; torch's CUDA wheels bring it too
 

@@ -12,7 +12,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1"
 
 import torch  # noqa: E402
 
-from inference.layers import w8a16_triton  # noqa: E402
+from inference.layers.kernels import w8a16_triton  # noqa: E402
 from inference.layers.linear import Int8Linear, quantize_weight  # noqa: E402
 
 SHAPES = [(1, 50, 70), (3, 130, 300), (16, 64, 128), (17, 33, 65), (64, 96, 200)]

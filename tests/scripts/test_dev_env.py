@@ -52,7 +52,7 @@ def test_make_run_serves_the_demo_embedder_beside_the_model(monkeypatch):
     """The engine process serves models/demo-embed at /v1/embeddings; the knowledge base reaches
     it there with the demo model's thresholds (KB_MIN_SIMILARITY, KB_MIN_SCORE) over those its
     training chose; a server the operator configured wins."""
-    from inference.demo.grounded import DEMO_MIN_SCORE, DEMO_MIN_SIMILARITY
+    from demo.grounded import DEMO_MIN_SCORE, DEMO_MIN_SIMILARITY
     from scripts import run_stack
 
     for name in ("EMBEDDINGS_BASE_URL", "EMBEDDINGS_MODEL", "EMBEDDINGS_API_KEY", "KB_MIN_SIMILARITY",

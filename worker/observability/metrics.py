@@ -10,7 +10,7 @@ one process, so the default registry is complete: the message counters of ``app.
   ``kv`` for the window blocks, ``node`` for the key-node pages of sparse attention);
 - ``wecom_bot_engine_requests{state}``: sequences running and waiting in the scheduler;
 - ``wecom_bot_speculative_*``: per draft position, drafts proposed and accepted, and the
-  accepted length per verify round, from ``inference.speculative.SpeculativeStats``.
+  accepted length per verify round, from ``inference.engine.speculative.SpeculativeStats``.
 """
 
 from __future__ import annotations

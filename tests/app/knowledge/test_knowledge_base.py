@@ -528,7 +528,7 @@ def test_a_new_blind_index_key_keeps_documents_found_until_reindexed(services, e
 
 
 def test_the_issues_own_questions_on_the_demo_handbook(services, store):
-    from inference.demo.corpus import COMPANY_PATH
+    from demo.corpus import COMPANY_PATH
 
     store.add(COMPANY_PATH.read_bytes(), "员工手册", filename="company.md")
     retriever = Retriever(services)

@@ -14,7 +14,7 @@ from app.knowledge.parsing import UploadError, parse
 from app.knowledge.prompt import not_found_reply
 from app.knowledge.retrieval import Retriever
 from app.knowledge.store import KnowledgeStore, topic_contact
-from inference.demo.corpus import HANDBOOKS
+from demo.corpus import HANDBOOKS
 from tests.app.knowledge.test_knowledge_base import PromptLLM, ask, processor_with
 
 COMPANY = """# 公司手册 Company handbook

@@ -1,4 +1,4 @@
-"""The knowledge-base eval (`python -m inference.demo.eval --questions FILE --json`): its scoring,
+"""The knowledge-base eval (`python -m demo.eval --questions FILE --json`): its scoring,
 and one short run through the real upload, retrieval, prompt and the bundled demo model."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from app.knowledge.evaluate import Tally, load_questions
-from inference.demo import eval as demo_eval
+from demo import eval as demo_eval
 
-SET = "inference/demo/eval_sets/new_wordings.jsonl"
-DEV_SET = "inference/demo/eval_sets/dev.jsonl"  # for choosing settings
+SET = "demo/eval_sets/new_wordings.jsonl"
+DEV_SET = "demo/eval_sets/dev.jsonl"  # for choosing settings
 
 
 def test_scoring_facts_declines_and_citations():
@@ -36,7 +36,7 @@ def test_a_fact_in_markdown_emphasis_counts_as_said():
 
 
 def test_the_shipped_set_is_new_wordings_with_enough_of_each_kind():
-    from inference.demo.corpus import load_dialogues, load_qa
+    from demo.corpus import load_dialogues, load_qa
 
     trained = {q for it in load_qa() for q in [it["question"], *it["paraphrases"], *it["heldout"]]}
     trained |= {m["content"] for d in load_dialogues() for m in d["messages"]}

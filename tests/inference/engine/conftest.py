@@ -3,9 +3,9 @@ import torch
 
 from inference.config import ModelConfig
 from inference.engine import EngineArgs, LLMEngine
-from inference.layers.cache_layouts import cache_layout
-from inference.llm import LLM
+from inference.layers.caches.layouts import cache_layout
 from inference.sampling_params import SamplingParams
+from tests.inference.helpers import reference_tokens
 from tests.inference.test_kv_cache import build
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -24,8 +24,8 @@ def engine_for(model, num_blocks: int = 64, **kwargs) -> LLMEngine:
 
 
 def reference(model, prompts, params=GREEDY) -> list[list[int]]:
-    llm = LLM(model, eos_token_ids=[])
-    return [llm.generate(p, params).token_ids for p in prompts]
+    """Each prompt decoded alone on the model's one-sequence cache (no eos)."""
+    return [reference_tokens(model, p, params) for p in prompts]
 
 
 def random_prompts(count: int, low: int, high: int, seed: int = 1) -> list[list[int]]:

@@ -10,7 +10,6 @@ import torch
 
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.choices import Choices, mask_to_allowed
-from inference.llm import LLM
 from inference.sampling_params import SamplingParams
 from tests.inference.engine.conftest import engine_for
 
@@ -99,9 +98,7 @@ def test_a_constrained_request_leaves_its_batch_neighbours_unchanged(demo):
     assert both[0].text.strip() in OTHERS and both[1].token_ids == alone.token_ids
 
 
-def test_choices_need_a_tokenizer_and_are_the_engines_alone(model):
+def test_choices_need_a_tokenizer(model):
     engine = engine_for(model)
     with pytest.raises(ValueError, match="tokenizer"):
         engine.add_request([3, 4, 5], SamplingParams(choice=["a"]))
-    with pytest.raises(ValueError, match="serving engine"):
-        LLM(model, eos_token_ids=[]).generate([3, 4, 5], SamplingParams(choice=["a"]))

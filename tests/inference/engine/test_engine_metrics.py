@@ -44,12 +44,9 @@ def test_no_engine_loaded_means_no_series():
 def test_speculative_acceptance_per_position_and_length(tmp_path):
     from inference.llm import LLM
 
-    llm = LLM.from_pretrained(write_checkpoint(tmp_path / "m", glm5_config(num_mtp_heads=2)))
-    generation = llm.stream(list(range(5, 15)),
-                            SamplingParams(temperature=0, max_tokens=25, ignore_eos=True), 3)
-    for _ in generation:
-        pass
-    stats = generation.speculative_stats
+    llm = LLM.from_pretrained(write_checkpoint(tmp_path / "m", glm5_config(num_mtp_heads=2)), kv_cache_bytes=1 << 24)
+    llm.generate([list(range(5, 15))], SamplingParams(temperature=0, max_tokens=25, ignore_eos=True), speculative_k=3)
+    stats = llm.speculative_stats
     values = scrape(SpeculativeCollector(lambda: [stats]))
     for i in range(3):
         assert values[f'wecom_bot_speculative_proposed_total{{position="{i}"}}'] == stats.proposed[i]

@@ -13,17 +13,18 @@ import math
 import pytest
 import torch
 
+from demo.corpus import load_qa
 from inference.config import ModelConfig
-from inference.demo.corpus import load_qa
 from inference.engine import EngineArgs, LLMEngine
 from inference.engine.block_manager import chain_hash
-from inference.layers.cache_layouts import cache_layout
-from inference.llm import LLM
+from inference.layers.caches.layouts import cache_layout
+from inference.layers.sampler import Sampler
 from inference.loader import load_model
 from inference.sampling_params import SamplingParams
 from inference.tokenizer import ChatTokenizer
+from tests.demo.test_demo_model import DEMO
 from tests.inference.engine.conftest import engine_for, random_prompts, reference
-from tests.inference.test_demo_model import DEMO
+from tests.inference.helpers import reference_tokens
 from tests.inference.test_kv_cache import build
 from worker.observability.metrics import SpeculativeCollector
 
@@ -73,8 +74,8 @@ def engine(model, tokenizer, **kwargs) -> LLMEngine:
 
 
 def plain(model, tokenizer, prompts, params=GREEDY) -> list[list[int]]:
-    llm = LLM(model, tokenizer, model.config.eos_token_ids)
-    return [llm.generate(p, params).token_ids for p in prompts]
+    """Each prompt decoded alone on the model's one-sequence cache, ending at an eos."""
+    return [reference_tokens(model, p, params, model.config.eos_token_ids) for p in prompts]
 
 
 def check_cache(engine: LLMEngine) -> None:
@@ -206,13 +207,16 @@ def test_rejection_sampling_keeps_the_model_distribution_batched(demo):
     # acceptance rule shows
     prompt = [p for p in conversations(tokenizer, 40, seed=61) if len(p) > 70][PROMPT_INDEX][:65]
     base = dict(temperature=1.5, top_k=2, max_tokens=3, ignore_eos=True)
-    llm = LLM(model, tokenizer, [])
-    exact = {}
+    sampler, exact = Sampler(), {}
+
+    def last_logits(ids):
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), model.new_cache())[-1:])
+
     with torch.inference_mode():
-        first = llm.sampler.probs(llm.prefill(prompt, model.new_cache()), [SamplingParams(**base)], [prompt])[0]
+        first = sampler.probs(last_logits(prompt), [SamplingParams(**base)], [prompt])[0]
         for t1 in first.nonzero().squeeze(1).tolist():
             ids = prompt + [t1]
-            second = llm.sampler.probs(llm.prefill(ids, model.new_cache()), [SamplingParams(**base)], [ids])[0]
+            second = sampler.probs(last_logits(ids), [SamplingParams(**base)], [ids])[0]
             for t2 in second.nonzero().squeeze(1).tolist():
                 exact[t1, t2] = float(first[t1] * second[t2])
     trials, batch, counts = 1600, 400, {}
@@ -310,7 +314,7 @@ def test_mtp_caches_are_bounded_and_a_worked_out_budget_sets_them_aside(monkeypa
     """Per speculative sequence the MTP caches never allocate past what `max_model_len` needs,
     and on the CPU default budget the paged cache gets the rest."""
     from inference.engine import llm_engine
-    from inference.kv_cache import cache_slots
+    from inference.layers.caches.gqa_sequence import cache_slots
 
     model = build(max_position_embeddings=300, num_mtp_heads=2)  # W=16, G=4, 2 kv heads x 8
     layout = cache_layout(model.config)

@@ -1,1 +1,0 @@
-"""The bundled demo model: training (`train`) and scoring (`eval`) on the handbook corpus."""
