@@ -55,8 +55,9 @@ class Meter:
         return self.services.accounting
 
     def department_of(self, user_hash: str, user_id: str) -> str:
-        """The department a department budget charges (``worker.scope.directory``)."""
-        return self.directory.member(user_hash, user_id).main_department
+        """The department a department budget charges (``worker.scope.directory``: the last
+        one seen while WeCom's ``user/get`` fails, so a department's limit still holds)."""
+        return self.directory.budget_department(user_hash, user_id)
 
     def reserve(self, row, user_id: str, messages: list[dict], max_new_tokens: int,
                 model: str, choices: tuple[str, ...] = ()) -> Charge:

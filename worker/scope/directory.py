@@ -13,9 +13,14 @@ entry and this process's own; another worker process may still answer from its o
 up to ``LOCAL_S``. So a member moved out of finance stops seeing finance documents within
 ``LOCAL_S`` of the event, and within ``DEPARTMENT_CACHE_S`` + ``LOCAL_S`` without one.
 
-When ``user/get`` fails the employee is a member of no department (only global and personal
-budgets apply, only documents visible to everyone are searched), and nothing is cached: the next
-message asks again. Without Redis, WeCom is asked (the process's own entry still applies).
+When ``user/get`` fails the employee is a member of no department for the knowledge base (only
+documents visible to everyone are searched: a stale membership could show a department's
+passages to someone who left it), and nothing is cached: the next message asks again. Budgets do
+not fail open: ``budget_department`` charges the department last seen for the employee (kept for
+``LAST_KNOWN_S``, refreshed by every successful lookup), so an outage of WeCom's directory does
+not lift a department's limit; only an employee never seen before goes uncharged to a department
+(global and personal budgets still apply; logged). Without
+Redis, WeCom is asked (the process's own entry still applies).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ UNKNOWN = Member()
 
 class Directory:
     LOCAL_S = 30.0
+    LAST_KNOWN_S = 90 * 86400  # the department a budget charges while user/get fails
     LOCAL_MAX = 10_000  # employees remembered in the process (the least recent go first)
 
     def __init__(self, services, wecom):
@@ -78,9 +84,29 @@ class Directory:
         except Exception:  # noqa: BLE001 - the entry then expires on its own (DEPARTMENT_CACHE_S)
             log.warning("department cache entry not dropped (Redis)")
 
+    def budget_department(self, user_hash: str, user_id: str) -> str:
+        """The department a department budget charges: the current one, else (``user/get``
+        failing) the last one seen for this employee, else "" (none known)."""
+        department = self.member(user_hash, user_id).main_department
+        if department:
+            return department
+        try:
+            last = self.services.redis.get(self.last_key(user_hash))
+        except Exception:  # noqa: BLE001 - without Redis nothing is known to charge
+            last = None
+        if last:
+            log.warning("user/get failed; the department last seen is charged")
+            return last.decode() if isinstance(last, bytes) else str(last)
+        log.warning("user/get failed for an employee never seen; no department budget applies")
+        return ""
+
     @staticmethod
     def key(user_hash: str) -> str:
         return f"member:{user_hash}"
+
+    @staticmethod
+    def last_key(user_hash: str) -> str:
+        return f"member:last:{user_hash}"
 
     def _shared(self, user_hash: str, user_id: str) -> Member:
         key = self.key(user_hash)
@@ -100,6 +126,9 @@ class Directory:
         with contextlib.suppress(Exception):  # uncached: asked again next time
             self.services.redis.set(key, json.dumps([member.main_department, list(member.departments)]),
                                     ex=self.services.settings.department_cache_s)
+            if member.main_department:
+                self.services.redis.set(self.last_key(user_hash), member.main_department,
+                                        ex=self.LAST_KNOWN_S)
         return member
 
 

@@ -78,3 +78,21 @@ def test_a_change_event_forgets_the_member_everywhere(services, redis_client):
 def test_ids_that_are_not_department_ids_never_reach_a_query(services):
     wecom = _WeCom({"department": [10**30, "7", -3, 5], "main_department": 10**30})
     assert Directory(services, wecom).member("h6", "erin") == Member("7", (5, 7))
+
+
+def test_budgets_charge_the_department_last_seen_while_user_get_fails(services, redis_client):
+    """Issue 50: a department budget must not fail open when WeCom's directory does."""
+    wecom = _WeCom({"department": [7, 3], "main_department": 3})
+    directory = Directory(services, wecom)
+    assert directory.budget_department("h7", "frank") == "3"
+    assert 89 * 86400 < redis_client.ttl("member:last:h7") <= Directory.LAST_KNOWN_S
+    wecom.answer = None  # WeCom's directory fails from now on
+    redis_client.delete("member:h7")
+    directory._local.clear()
+    assert directory.member("h7", "frank") is UNKNOWN  # the knowledge base: public only
+    assert directory.budget_department("h7", "frank") == "3"  # the budget: the last one seen
+
+
+def test_an_employee_never_seen_has_no_department_budget_while_user_get_fails(services):
+    directory = Directory(services, _WeCom(None))
+    assert directory.budget_department("h8", "grace") == ""
