@@ -329,6 +329,8 @@ class LLMEngine:
                  speculative_k: int | list[int | None] | None = None) -> list[RequestOutput]:
         """Run a batch to the end; the final output of each prompt, in order. `speculative_k`:
         one for all, or one per prompt (None: `EngineArgs.speculative_k`)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate takes a list of prompts: wrap one prompt in a list")
         if not isinstance(params, list):
             params = [params or SamplingParams()] * len(prompts)
         if not isinstance(speculative_k, list):

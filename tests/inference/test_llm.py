@@ -155,3 +155,11 @@ def test_token_only_engine_refuses_text_and_stop_strings(tiny_llm):
         tiny_llm.generate(["text"])
     with pytest.raises(ValueError, match="stop strings"):
         tiny_llm.generate([[5]], SamplingParams(stop=["x"]))
+
+
+def test_one_prompt_not_in_a_list_is_a_clear_error(tiny_llm):
+    """`generate` runs a batch: token ids or a string passed bare would read as many prompts."""
+    with pytest.raises(TypeError, match="list of prompts"):
+        tiny_llm.generate([5, 6, 7])
+    with pytest.raises(TypeError, match="list of prompts"):
+        tiny_llm.generate("hello")
