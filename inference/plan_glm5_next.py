@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference.config_glm5_next import text_fields
-from inference.plan import (
+from inference.plan_tensors import (
     BF16,
     EMBED,
     FP32,
