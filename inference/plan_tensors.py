@@ -10,7 +10,7 @@ GIB = 1 << 30
 FP8_BLOCK = 128
 DTYPES = ("bf16", "int8", "fp8")
 
-# Tensor kinds: which ones a dtype may quantize (see the module docstring).
+# Tensor kinds: which ones a dtype may quantize (see `inference.plan`'s docstring).
 LINEAR = "linear"  # decoder-layer linear weight: int8 and fp8
 HEAD = "head"  # lm_head: int8 only
 LATENT = "latent"  # MLA's kv_b_proj: fp8 only (the engine keeps it dense under int8)
