@@ -19,7 +19,7 @@ class KfSettings(SettingsGroup):
     kf_token_budget: int = Field(default=0, ge=0, description="tokens the kf channel may use a "
                                  "KF_BUDGET_PERIOD (0 = unlimited); over it a customer is handed to a human")
     kf_budget_period: str = Field(default="day", pattern="^(day|week|month)$")
-    kf_handover_words: str = Field(default="转人工,人工客服,人工服务,找人工,真人,human,agent,real person",
+    kf_handover_words: str = Field(default="转人工,人工客服,人工服务,找人工,真人客服,human agent,talk to a human,real person",
                                    description="comma-separated: a customer message holding one asks for a human")
 
     @field_validator("kf_servicer_userid", mode="before")

@@ -13,6 +13,7 @@ import time
 from app.wecom.kf import TEXT_LIMIT
 from app.wecom.splitting import split_for_wecom
 
+ALONE = ("human", "人工", "客服")  # a message of only this asks for a person too
 WINDOW_S = 48 * 3600
 MAX_MESSAGES = 5
 CUT_NOTE = "\n……（回复过长，已截断 / reply cut short）"
@@ -29,8 +30,8 @@ def within_window(send_time: int, now: float | None = None) -> bool:
 
 def asks_for_human(text: str, terms: tuple[str, ...]) -> bool:
     """The customer asks for a person (转人工, human, ...; KF_HANDOVER_WORDS)."""
-    lowered = text.strip().lower()
-    return any(term in lowered for term in terms)
+    lowered = text.strip().lower().rstrip("!.?！。？")
+    return lowered in ALONE or any(term in lowered for term in terms)
 
 
 def fit_messages(text: str) -> list[str]:
