@@ -54,6 +54,7 @@ from worker.delivery.stream import DEADLINE
 from worker.delivery.stream_writer import fit
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
 from worker.kf.channel import KfChannel
+from worker.kf.channel import handover as kf_handover
 from worker.knowledge import Grounder
 from worker.media import file_questions
 from worker.media import handler as media
@@ -582,8 +583,8 @@ class MessageProcessor:
             raise _model_failure(exc) from exc
         charge = self.meter.reserve(row, user_id, for_estimate(messages), params.max_tokens,
                                     llm.model_name, choices=params.choice)
-        if charge.blocked:
-            return Reply(charge.notice)
+        if charge.blocked:  # a customer gets a person, not an employee's budget notice
+            return Reply(charge.notice) if row.channel != KF else kf_handover("kf: a budget blocked the call")
         started = time.monotonic()
         try:
             generation = channel.generate(llm, messages, params)

@@ -28,6 +28,12 @@ from worker.kf.delivery import KfSend
 log = logging.getLogger(__name__)
 
 
+def handover(reason: str | None = None) -> Reply:
+    """The notice that hands the customer to a person (``worker.kf.delivery`` hands over after
+    sending it); ``reason`` is kept in the row's failure_reason column."""
+    return Reply(rules.HANDOVER_NOTICE, kind=rules.HANDOVER, usage={"failure_reason": reason} if reason else {})
+
+
 class KfChannel:
     def __init__(self, services, wecom):
         self.services = services
@@ -59,10 +65,9 @@ class KfChannel:
             log.info("kf customer is with a person; the bot stays silent message_id=%s", row.id)
             return Reply(sends=False, status=MessageStatus.IGNORED, reason="kf: a person serves the customer")
         if rules.asks_for_human(payload.get("content") or "", self.settings.kf_handover_terms):
-            return Reply(rules.HANDOVER_NOTICE, kind=rules.HANDOVER)
+            return handover()
         if self.budget.spent():
-            return Reply(rules.HANDOVER_NOTICE, kind=rules.HANDOVER,
-                         usage={"failure_reason": "kf: token budget spent"})
+            return handover("kf: token budget spent")
         return None
 
 

@@ -115,3 +115,26 @@ def test_send_msg_keeps_wecom_rules(stack):
 
     assert [send(f"rule-{i}") for i in range(5)] == [0, 0, 0, 0, 95001]  # 1 answer + 4 = 5
     assert send("rule-0") == 95017
+
+
+def test_over_the_channels_budget_a_customer_is_handed_to_a_person(stack):
+    """Last in the module (the budget stays): a money budget on the kf ledger line, used up,
+    hands the customer over instead of showing an employee's budget notice."""
+    from app.accounting import set_budget, set_price
+    from app.db import Database
+    from app.kf.rules import HANDOVER_NOTICE
+
+    db = Database(stack.db.url)
+    try:
+        with db.transaction() as tx:
+            set_price(tx, "fake-glm", 2000, 2000, 2000)  # CNY per million tokens
+            set_budget(tx, "department", "kf", "day", "0.0001", action="block")
+    finally:
+        db.dispose()
+    customer = "wmCustomerBudget01"
+    customer_says(stack, customer, "第一个问题")  # admitted: it spends the budget past its limit
+    wait_for(lambda: received(stack, customer), timeout=60, what="the first answer")
+    customer_says(stack, customer, "第二个问题")
+    wait_for(lambda: session(stack, customer)["state"] == 3, timeout=60, what="the hand-over")
+    assert received(stack, customer) == ["答复#1: 第一个问题", HANDOVER_NOTICE]
+    assert not any("Budget used up" in m for m in received(stack, customer))
