@@ -1,7 +1,7 @@
 """A customer's message read from kf/sync_msg, in the shape the outbox accepts (``Message``).
 
-The customer (``external_userid``) stands where an employee's user id stands: sealed in the
-row's ``user_enc``, hashed in ``user_hash``, never in a log. The kf account (``open_kfid``) and
+The customer (``kf:`` + ``external_userid``) stands where an employee's user id stands: sealed
+in the row's ``user_enc``, hashed in ``user_hash``, never in a log. The kf account (``open_kfid``) and
 WeCom's ``msgid`` ride in the sealed payload: the reply goes back to that account, and the
 msgid keys the row, so a message read twice (a page read again after a crash) is one row.
 A customer's text is ``text``; anything else is ``kf_<type>``, which the worker answers with
@@ -16,6 +16,14 @@ from app.wecom.kf import ORIGIN_CUSTOMER
 from app.wecom.messages import Message
 
 CHANNEL = "kf"
+#: A customer's id as the outbox holds it: apart from every employee's user id, so that no
+#: employee's hash (their user budget, rate limit, conversation, files) is ever a customer's.
+CUSTOMER_PREFIX = "kf:"
+
+
+def external_userid(user_id: str) -> str:
+    """WeCom's ``external_userid`` of a kf row's (decrypted) user."""
+    return user_id.removeprefix(CUSTOMER_PREFIX)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +49,6 @@ def customer_message(item: dict, corp_id: str) -> KfCustomerMessage | None:
     text = item.get("text") if isinstance(item.get("text"), dict) else {}
     send_time = item.get("send_time") if isinstance(item.get("send_time"), int) else 0
     return KfCustomerMessage(
-        to_user=corp_id, from_user=customer, create_time=send_time, agent_id=None, msg_id=msgid,
+        to_user=corp_id, from_user=CUSTOMER_PREFIX + customer, create_time=send_time, agent_id=None, msg_id=msgid,
         msg_type="text" if kind == "text" else f"kf_{kind}"[:16], open_kfid=account,
         content=str(text.get("content") or "") if kind == "text" else "", send_time=send_time)

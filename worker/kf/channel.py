@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from app.kf import rules
+from app.kf.messages import external_userid
 from app.kf.sync import sync_account
 from app.models import MessageStatus
 from app.wecom import kf
@@ -60,7 +61,7 @@ class KfChannel:
         if not rules.within_window(row.wecom_create_time):
             return Reply(sends=False, status=MessageStatus.FAILED, reason="kf: outside the 48-hour window")
         with _wecom_errors("service_state"):
-            state, _ = self.api.service_state(str(payload.get("open_kfid") or ""), customer)
+            state, _ = self.api.service_state(str(payload.get("open_kfid") or ""), external_userid(customer))
         if state in (kf.QUEUED, kf.HUMAN):
             log.info("kf customer is with a person; the bot stays silent message_id=%s", row.id)
             return Reply(sends=False, status=MessageStatus.IGNORED, reason="kf: a person serves the customer")

@@ -15,6 +15,7 @@ import json
 import logging
 
 from app.kf import rules
+from app.kf.messages import external_userid
 from app.knowledge import prompt
 from app.llm import Generation, GenerationParams, LLMBackend
 from app.outbox import rows
@@ -71,10 +72,10 @@ class KfSend:
     def deliver(self, row, owner: str, user_id: str, kind: str, chunks: list[str], lease) -> dict:
         if not rules.within_window(row.wecom_create_time):
             raise PermanentFailure("kf: outside the 48-hour window", notify=False)
-        open_kfid = account_of(self.services, row)
+        open_kfid, customer = account_of(self.services, row), external_userid(user_id)
         for index in range(row.chunks_sent, len(chunks)):
             lease.check()
-            self._send(open_kfid, user_id, chunks[index], f"{row.id}-{index}")
+            self._send(open_kfid, customer, chunks[index], f"{row.id}-{index}")
             if index + 1 < len(chunks):
                 with standalone(self.services.db) as sql:
                     if not rows.save_progress(sql, row.id, owner, chunks_sent=index + 1):
@@ -82,7 +83,7 @@ class KfSend:
             row.chunks_sent = index + 1
         if kind == rules.HANDOVER:
             try:
-                hand_over(self.services, self.api, open_kfid, user_id)
+                hand_over(self.services, self.api, open_kfid, customer)
             except WeComTransientError as exc:
                 raise TransientFailure(f"kf: {exc}") from exc
             except WeComAPIError as exc:
@@ -114,7 +115,8 @@ class KfSend:
             return
         try:
             user_id = self.services.cipher.decrypt(row.user_enc, rows.TABLE, "user_enc", row.id)
-            self.api.send_text(account_of(self.services, row), user_id, notice, f"{row.id}-failed")
+            self.api.send_text(account_of(self.services, row), external_userid(user_id), notice,
+                               f"{row.id}-failed")
         except Exception:  # noqa: BLE001 - the failure is recorded either way
             log.warning("kf failure notice not delivered message_id=%s", row.id)
 

@@ -26,7 +26,7 @@ def test_only_a_customers_well_formed_message_is_taken():
     base = {"msgid": "m1", "open_kfid": "wk1", "external_userid": "wm1", "send_time": 5, "origin": 3,
             "msgtype": "text", "text": {"content": "你好"}}
     m = customer_message(base, "ww1")
-    assert (m.from_user, m.msg_type, m.content, m.create_time) == ("wm1", "text", "你好", 5)
+    assert (m.from_user, m.msg_type, m.content, m.create_time) == ("kf:wm1", "text", "你好", 5)
     assert customer_message({**base, "origin": 5}, "ww1") is None
     assert customer_message({**base, "external_userid": None}, "ww1") is None
     assert customer_message({**base, "msgtype": "image"}, "ww1").msg_type == "kf_image"
