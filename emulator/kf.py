@@ -12,7 +12,7 @@ with ``kf/send_msg`` and hands over with ``kf/service_state/trans``. WeCom's rul
 - service_state/trans: 0/1 -> 1, 2, 3, 4; 2 -> 3, 4; 3 -> 4 (else 95016); state 3 names a servicer;
 - a callback token lives 10 minutes (95007 after, or when unknown); sync without one is allowed.
 
-``/_emulator/kf/messages`` lists what the customer received, ``/_emulator/kf/sessions`` the
+``/kf/`` is a customer's chat page; ``/_emulator/kf/messages`` lists what the customer received, ``/_emulator/kf/sessions`` the
 session states, ``/_emulator/kf/end`` is the servicer ending a session (state 4).
 """
 
@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, jsonify, render_template, request
 
 from emulator.api import answer, error
 from emulator.api import state as emulator_state
@@ -201,6 +201,12 @@ def event_xml(corp_id: str, token: str, account: str, create_time: int) -> str:
     return (f"<xml><ToUserName>{cdata(corp_id)}</ToUserName><CreateTime>{create_time}</CreateTime>"
             f"<MsgType>{cdata('event')}</MsgType><Event>{cdata('kf_msg_or_event')}</Event>"
             f"<Token>{cdata(token)}</Token><OpenKfId>{cdata(account)}</OpenKfId></xml>")
+
+
+@bp.get("/kf/")
+def customer_page():
+    """A customer's chat in the browser (WeChat's side of 微信客服)."""
+    return render_template("kf.html", account=DEFAULT_ACCOUNT)
 
 
 @bp.post("/_emulator/kf/send")

@@ -91,3 +91,9 @@ def test_send_msg_window_and_session_states(kf_emu):
     assert send("m3") == 0
     assert call("send_msg", {"open_kfid": "wkUnknown", "touser": "wmB", "msgtype": "text",
                              "text": {"content": "x"}})["errcode"] == 95000
+
+
+def test_the_customer_page_is_served(kf_emu):
+    server, _, _ = kf_emu
+    page = requests.get(f"{server.url}/kf/", timeout=5)
+    assert page.status_code == 200 and "/_emulator/kf/send" in page.text
