@@ -117,6 +117,17 @@ def test_send_msg_keeps_wecom_rules(stack):
     assert send("rule-0") == 95017
 
 
+def test_a_hand_over_that_failed_once_is_retried_and_the_notice_sent_once(stack):
+    """kf/service_state/trans answers 502 after the notice went out: the retry sends the notice
+    again with the same msgid (WeCom drops it: 95017) and hands over."""
+    customer = "wmCustomerRetry01"
+    stack.emu("POST", "faults", json={"api": "kf/service_state/trans", "http_status": 502})
+    customer_says(stack, customer, "人工")
+    wait_for(lambda: session(stack, customer)["state"] == 3, timeout=60, what="the retried hand-over")
+    assert len(received(stack, customer)) == 1
+    assert stack.emu("GET", "kf/sessions")["counts"].get("duplicate_msgid", 0) >= 1
+
+
 def test_over_the_channels_budget_a_customer_is_handed_to_a_person(stack):
     """Last in the module (the budget stays): a money budget on the kf ledger line, used up,
     hands the customer over instead of showing an employee's budget notice."""
