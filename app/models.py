@@ -530,3 +530,16 @@ class SiemCursor(Base):
     clear_fields: Mapped[str | None] = mapped_column(String(512))  # the policy last exported under
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_error: Mapped[str | None] = mapped_column(String(200))  # why the last run stopped; None: ok
+
+
+class KfCursor(Base):
+    """How far the bot has read one 微信客服 account's messages (kf/sync_msg's next_cursor).
+    Moved by a compare-and-set in the transaction that writes the page's messages to the
+    outbox (``app.kf.sync``): a page is taken whole, once, whoever reads it."""
+
+    __tablename__ = "kf_cursors"
+
+    open_kfid: Mapped[str] = mapped_column(String(64), primary_key=True)  # the company's account
+    cursor: Mapped[str] = mapped_column(String(128), default="")
+    synced: Mapped[int] = mapped_column(BigInteger, default=0)  # customer messages taken, all runs
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

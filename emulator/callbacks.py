@@ -181,6 +181,15 @@ class CallbackDeliverer:
             answer["first_attempt"] = dict(result)
         return answer
 
+    def send_xml(self, xml: str, sender: str, force_retry: bool = False) -> int:
+        """Deliver a callback whose plaintext the caller built (``emulator.kf``'s event, which
+        names no user), with WeCom's retries; its delivery id. ``sender`` labels the records."""
+        delivery_id = self.state.next_delivery_id()
+        self.state.open_delivery(delivery_id, {"msg_id": None, "from_user": sender, "kind": "event"})
+        self._start(self._deliver, delivery_id, xml, {"from_user": sender}, None, force_retry,
+                    threading.Event(), {})
+        return delivery_id
+
     def _start(self, target, *args) -> None:
         self._background.start(target, *args)
 

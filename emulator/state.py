@@ -21,7 +21,8 @@ from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
 FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "department/get", "media/get",
-              "message/update_template_card", "appchat/get")
+              "message/update_template_card", "appchat/get", "kf/sync_msg", "kf/send_msg",
+              "kf/service_state/get", "kf/service_state/trans")
 _MAX_TOKENS = 1000
 
 

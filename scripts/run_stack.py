@@ -105,6 +105,8 @@ def stack_env() -> dict[str, str]:
     env.setdefault("AUDIT_STALE_MINUTES", "30")
     # The bundled demo model is small: its answers are most faithful to the handbook greedy.
     env.setdefault("TEMPERATURE", "0")
+    # 微信客服 in the demo: the emulator's customer page (/kf/) is answered (docs/kf.md).
+    env.setdefault("KF_ENABLED", "true")
     # Readable logs on a terminal (production keeps the JSON default); the worker's metrics
     # endpoint beside gunicorn's /metrics (docs/observability.md).
     env.setdefault("LOG_FORMAT", "text")

@@ -29,6 +29,8 @@ from app.accounting import (
 )
 from app.audit import Event, EventType
 from app.db import utcnow
+from app.kf.messages import CHANNEL as KF_CHANNEL
+from worker.kf.budget import KF_DEPARTMENT
 from worker.scope.directory import Directory
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,8 @@ class Meter:
                 model: str, choices: tuple[str, ...] = ()) -> Charge:
         """``choices``: the replies the model chooses among (KB_ANSWER_BY_QUOTING), whose
         tokens the engine processes too (``estimate_choice_tokens``)."""
-        department = self.department_of(row.user_hash, user_id)
+        # a 微信客服 customer is in no department: the ledger's ``kf`` (worker.kf.budget)
+        department = KF_DEPARTMENT if row.channel == KF_CHANNEL else self.department_of(row.user_hash, user_id)
         prompt_tokens = estimate_prompt_tokens(messages) + estimate_choice_tokens(choices)
         if not getattr(row, "budgeted", True):
             # No budget was enabled at the claim (``app.outbox.rows``): admitted as reserve

@@ -32,7 +32,10 @@ from app import answer_sources, metrics
 from app.aibot_streams import TRUNCATED_NOTICE
 from app.audit import EventType
 from app.db import utcnow
+from app.kf import rules as kf_rules
+from app.kf.messages import CHANNEL as KF
 from app.knowledge import modes, prompt
+from app.knowledge.audience import Audience
 from app.knowledge.prompt import choice_bias
 from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
@@ -41,6 +44,7 @@ from app.outbox import rows
 from app.outbox.rows import ClaimResult
 from app.outbox.statements import standalone
 from app.services import Services
+from app.wecom.messages import KF_EVENT
 from app.wecom.splitting import MARKDOWN_LIMIT, TEXT_LIMIT, split_for_wecom
 from worker import commands, feedback, retry_policy
 from worker.conversation import ConversationStore
@@ -49,6 +53,8 @@ from worker.delivery.reply import FAILURE_NOTICE, Reply
 from worker.delivery.stream import DEADLINE
 from worker.delivery.stream_writer import fit
 from worker.failures import LeaseLost, PermanentFailure, TransientFailure
+from worker.kf.channel import KfChannel
+from worker.kf.channel import handover as kf_handover
 from worker.knowledge import Grounder
 from worker.media import file_questions
 from worker.media import handler as media
@@ -257,7 +263,8 @@ class MessageProcessor:
         self.user_limit = UserRateLimit(services.redis, *self.settings.user_rate_limit)
         self.files = FileContexts(services.redis, services.cipher, self.settings.conversation_ttl_s)
         self.media = media.MediaHandler(services, wecom, self.files)  # voice, images, files (worker/media/)
-        self.deliveries = Deliveries(services, wecom)
+        self.kf = KfChannel(services, wecom)  # 微信客服 customers (worker/kf/)
+        self.deliveries = Deliveries(services, wecom, self.kf.delivery)
         self.drained = _Drained()
 
     @property
@@ -418,6 +425,8 @@ class MessageProcessor:
     def _chunks(row, kind: str, reply: str) -> list[str]:
         if row.channel == AIBOT:
             return [fit(reply)]  # one stream, not several messages
+        if row.channel == KF:
+            return kf_rules.fit_messages(reply)  # at most 5 a customer message
         markdown = kind == "markdown"  # never cut inside a bold, code or link span
         return split_for_wecom(reply, MARKDOWN_LIMIT if markdown else TEXT_LIMIT, markup=markdown)
 
@@ -441,7 +450,13 @@ class MessageProcessor:
                 feedback.on_aibot_feedback(self.services, row, user_id, payload)
             elif row.event == CONTACT_EVENT:  # the address book changed: departments asked again
                 self._forget_member(payload)
+            elif row.event == KF_EVENT:  # 微信客服: the account's new messages become rows
+                self.kf.sync(payload)
             return Reply.nothing()
+        if row.channel == KF:  # a person serving, the window, "转人工", the kf budget
+            held = self.kf.before_answer(row, user_id, payload)
+            if held is not None:
+                return held
         if media.handles(row, payload):
             conversation = self._conversation_key(row, payload)
             try:
@@ -459,7 +474,7 @@ class MessageProcessor:
         if not text:
             return Reply.nothing()
         conversation = self._conversation_key(row, payload)
-        command = commands.parse(text)
+        command = commands.parse(text) if row.channel != KF else None  # employees' commands
         if command is not None:
             name, argument = command
             context = commands.CommandContext(user_id, row.user_hash, argument, services=self.services,
@@ -503,8 +518,10 @@ class MessageProcessor:
         # what every reader of the answer may see (a group chat's members: worker/scope/audience.py).
         grounding = None
         if not images and self.grounder.wanted(text):
+            audience = (Audience.company_wide() if row.channel == KF  # customers: documents for everyone
+                        else self.audiences.of(row.user_hash, user_id, chat_id))
             grounding = self.grounder.ground(row.user_hash, user_id, file_questions.kb_question(text, files),
-                                             history, self.audiences.of(row.user_hash, user_id, chat_id))
+                                             history, audience)
         from_files = file_questions.NOT_ABOUT
         if grounding is not None:
             from_files = file_questions.consider(text, files, grounding.found, self.settings)
@@ -566,8 +583,8 @@ class MessageProcessor:
             raise _model_failure(exc) from exc
         charge = self.meter.reserve(row, user_id, for_estimate(messages), params.max_tokens,
                                     llm.model_name, choices=params.choice)
-        if charge.blocked:
-            return Reply(charge.notice)
+        if charge.blocked:  # a customer gets a person, not an employee's budget notice
+            return Reply(charge.notice) if row.channel != KF else kf_handover("kf: a budget blocked the call")
         started = time.monotonic()
         try:
             generation = channel.generate(llm, messages, params)

@@ -10,6 +10,7 @@ every setting keeps its flat name: ``settings.wecom_token`` reads ``WECOM_TOKEN`
   site (``AdminSettings``); ``worker``: the message path's worker (``WorkerSettings``);
 - ``audit`` (``AuditSettings``), ``accounting`` (``AccountingSettings``: budgets and alerts),
   ``observability`` (``ObservabilitySettings``: logs, metrics);
+- ``kf``: the 微信客服 channel (``KfSettings``);
 - ``siem``: audit events and spend streamed to the SIEM (``SiemSettings``: syslog, OTLP);
 - ``inference``: the model (``ModelSettings``, ``OpenAISettings``); ``knowledge``: the
   knowledge base and its servers; ``media``: voice, images and files (``MediaSettings``);
@@ -29,6 +30,7 @@ from pydantic import ValidationError
 from app.config.accounting import AccountingSettings
 from app.config.audit import AuditSettings
 from app.config.inference import ModelSettings, OpenAISettings
+from app.config.kf import KfSettings
 from app.config.knowledge import KnowledgeServerSettings, KnowledgeSettings
 from app.config.media import MediaSettings
 from app.config.observability import ObservabilitySettings
@@ -61,7 +63,7 @@ class Settings(
     WeComSettings, AiBotSettings, DatabaseSettings, QueueSettings, DataProtectionSettings,
     WebSettings, ApiSettings, AdminSettings, WorkerSettings, AuditSettings, AccountingSettings,
     ObservabilitySettings, ModelSettings, OpenAISettings, KnowledgeSettings,
-    KnowledgeServerSettings, MediaSettings, SiemSettings,
+    KnowledgeServerSettings, MediaSettings, SiemSettings, KfSettings,
 ):
     """Every setting of the service: the groups above, one flat namespace."""
 
@@ -90,7 +92,7 @@ def get_settings() -> Settings:
 __all__ = [
     "GENERATE_HINT", "MIN_SECRET_BYTES", "PLACEHOLDER_WORDS", "RATE_UNITS", "AccountingSettings",
     "AdminSettings", "AiBotSettings", "ApiSettings", "AuditSettings", "ConfigError",
-    "DataProtectionSettings", "DatabaseSettings", "KnowledgeServerSettings", "KnowledgeSettings",
+    "DataProtectionSettings", "DatabaseSettings", "KfSettings", "KnowledgeServerSettings", "KnowledgeSettings",
     "MediaSettings", "ModelSettings", "ObservabilitySettings", "OpenAISettings", "QueueSettings",
     "Settings", "SiemSettings", "WeComSettings", "WebSettings", "WorkerSettings", "decode_random_secret",
     "get_settings", "load_settings", "parse_keyring", "parse_rate", "parse_thresholds",

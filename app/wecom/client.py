@@ -265,6 +265,11 @@ class WeComClient:
             raise api_error(errcode, str(data.get("errmsg", "")), data)
         return data
 
+    def post(self, path: str, body: dict) -> dict:
+        """POST ``body`` to an API area's ``path`` with the token (``app.wecom.kf``): WeCom's
+        answer, or the ``WeComAPIError``/``WeComTransientError`` its errcode names."""
+        return self._call("POST", path, json=body)
+
     def _request(self, method: str, path: str, *, params: dict, json: dict | None = None) -> dict:
         try:
             response = self.http.request(method, self.api_base + path, params=params, json_body=json,

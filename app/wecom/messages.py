@@ -11,6 +11,7 @@ What WeCom sends (接收消息与事件, docs 90239 message formats and 90240 ev
 
 ``file`` is not on WeCom's list of app messages (90239), but some clients send one (``MediaId``,
 sometimes ``Title``/``FileName``); it is read as ``FileMessage`` so an employee's PDF is not lost.
+``kf_msg_or_event`` (微信客服: customer messages to fetch with kf/sync_msg) is read as ``KfEvent``.
 ``change_contact`` (the address book changed) is read as ``ContactChangeEvent``: the worker
 forgets the member's cached departments (``worker.scope.directory``). Anything else (a message type
 or event this module does not model, such as the approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 #: A decrypted callback is a few hundred bytes; anything this big is not from WeCom.
 MAX_XML_BYTES = 256 * 1024
+KF_EVENT = "kf_msg_or_event"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,6 +204,20 @@ class ContactChangeEvent(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KfEvent(Message):
+    """微信客服: customer messages are waiting (kf_msg_or_event). It names no sender: the kf
+    account (``open_kfid``) stands in ``from_user``, so one account's events are worked in order;
+    ``token`` lets kf/sync_msg read them within 10 minutes (``app.kf``)."""
+
+    token: str
+    open_kfid: str
+
+    @property
+    def dedup_key(self) -> str:
+        return f"evt:kf:{self.open_kfid}:{self.create_time}:{self.token}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class UnknownEvent(Message):
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -212,6 +228,8 @@ class UnknownEvent(Message):
 def parse_message(xml: str | bytes) -> Message:
     """Parse one decrypted callback; raise ``MessageParseError`` when it is not one."""
     fields = _xml_to_dict(xml)
+    if isinstance(fields.get("Event"), str) and fields["Event"].strip().lower() == KF_EVENT:
+        fields.setdefault("FromUserName", fields.get("OpenKfId"))  # the event names no sender
     common = _common_fields(fields)
     if common["msg_type"] == "event":
         return _parse_event(fields, common)
@@ -372,6 +390,8 @@ def _parse_event(f: dict[str, Any], common: dict[str, Any]) -> Message:
             response_code=_optional(f, "ResponseCode"),
             selected=_selected_items(f.get("SelectedItems")),
         )
+    if event == KF_EVENT:
+        return KfEvent(**common, token=_required(f, "Token"), open_kfid=_required(f, "OpenKfId"))
     if event == "change_contact":
         return ContactChangeEvent(
             **common,

@@ -21,6 +21,7 @@ from worker.delivery.stream import StreamDelivery
 from worker.delivery.stream_writer import StreamWriter
 
 AIBOT = "aibot"  # the 智能机器人 channel: answered by streaming, not message/send
+KF = "kf"  # 微信客服: answered through kf/send_msg (worker.kf)
 
 
 class Delivery(Protocol):
@@ -52,11 +53,15 @@ class Delivery(Protocol):
 class Deliveries:
     """Picks the channel a row is answered through; built once per processor."""
 
-    def __init__(self, services, wecom):
+    def __init__(self, services, wecom, kf_delivery=None):
         self.services, self.wecom = services, wecom
+        self.kf_delivery = kf_delivery  # () -> the 微信客服 channel's (worker.kf.delivery)
 
     def for_row(self, row) -> Delivery:
-        """The AI bot stream this row answers into, or message/send."""
+        """The AI bot stream this row answers into, kf/send_msg for a 微信客服 customer, or
+        message/send."""
+        if row.channel == KF and self.kf_delivery is not None:
+            return self.kf_delivery()
         if row.channel != AIBOT or not row.stream_id:
             return MessageSend(self.services, self.wecom)
         s = self.services.settings
