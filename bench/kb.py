@@ -212,7 +212,7 @@ def holds(texts: list[str], facts: list[list[str]]) -> bool:
 
 
 def facts_recall(questions: list[dict], top_ks: list[int], embeddings: str | None = None,
-                 conversation: int = 0) -> dict[int, dict[str, float]]:
+                 conversation: int = 0, documents=None) -> dict[int, dict[str, float]]:
     """For each k, over the in-scope ``questions`` (both handbook editions, as ``make run``
     uploads them; the demo's reading, its thresholds applied): ``one``, the share for which one
     of the passages the worker gives the model at ``KB_TOP_K`` k holds every fact; ``together``,
@@ -222,7 +222,8 @@ def facts_recall(questions: list[dict], top_ks: list[int], embeddings: str | Non
     applied (the ranking's part alone: what an answered question is given), and
     ``ranked_together``, those k together.
     ``conversation`` N: asked N in a row by one employee, each searched with the previous
-    question as the worker searches it (``app.knowledge.evaluate.in_conversations``)."""
+    question as the worker searches it (``app.knowledge.evaluate.in_conversations``).
+    ``documents``: (path, title) pairs instead of the handbook (``demo.eval.documents_in``)."""
     from app.knowledge.evaluate import in_conversations, scratch_knowledge_base  # noqa: PLC0415
     from demo.corpus import HANDBOOKS  # noqa: PLC0415
     from demo.grounded import DEMO_EMBEDDER, demo_reading  # noqa: PLC0415
@@ -233,7 +234,7 @@ def facts_recall(questions: list[dict], top_ks: list[int], embeddings: str | Non
     order = in_conversations(scored, conversation) if conversation else [
         ([{"question": q["follows"], "unscored": True}] if q.get("follows") else []) + [q] for q in scored]
     tally = {k: Counter() for k in top_ks}
-    with scratch_knowledge_base(HANDBOOKS, embeddings=embeddings, **reading) as services:
+    with scratch_knowledge_base(documents or HANDBOOKS, embeddings=embeddings, **reading) as services:
         retriever = Retriever(services)
         chunks = _all_chunks(retriever)
         for turns in order:
@@ -295,13 +296,18 @@ def main() -> None:
     parser.add_argument("--top-ks", default="3,5,8", help="with --facts: the KB_TOP_K values")
     parser.add_argument("--conversation", type=int, default=0, metavar="N",
                         help="with --facts: the questions asked N in a row too")
+    parser.add_argument("--documents", default=None, metavar="DIR",
+                        help="with --facts: the documents in DIR instead of the handbook")
     args = parser.parse_args()
     if args.facts:
         ks = [int(k) for k in args.top_ks.split(",")]
+        from demo.eval import documents_in  # noqa: PLC0415
+
+        documents = documents_in(args.documents) if args.documents else None
         for name in args.facts.split(","):
             questions = question_set(name)
             for size in [0] + ([args.conversation] if args.conversation else []):
-                shares = facts_recall(questions, ks, args.embeddings, size)
+                shares = facts_recall(questions, ks, args.embeddings, size, documents)
                 asked = f"conversations of {size}" if size else "fresh"
                 print(f"{name} ({asked}, {sum(1 for q in questions if q.get('facts'))} questions"
                       f"{', dense ' + args.embeddings if args.embeddings else ', lexical'}; one chunk "
