@@ -157,6 +157,16 @@ class KnowledgeStore:
                 raise UploadError(f"{exc}: try again, or unset EMBEDDINGS_BASE_URL") from None
         return Prepared(parsed, chunks, postings, lengths, vectors)
 
+    def vectors_missing_here(self) -> bool:
+        """Whether a document added now would lack what the others have: vectors (this process
+        has no ``EMBEDDINGS_BASE_URL``, the stack that added them had one). Dense retrieval
+        would never rank it: a CLI run without the stack's settings (``var/stack.env``)."""
+        if self.embedder is not None:
+            return False
+        with self.services.db.reader() as session:
+            return session.scalar(select(KnowledgeChunk.id).where(KnowledgeChunk.vector_enc.is_not(None))
+                                  .limit(1)) is not None
+
     # -- writing -------------------------------------------------------------------------------
     def add(self, data: bytes, title: str, *, filename: str | None = None,
             departments: list[int] | None = None, document_id: int | None = None,

@@ -79,3 +79,28 @@ def test_the_new_document_is_found_beside_a_follow_up_in_a_conversation(grounder
                {"role": "assistant", "content": "RMB 50, refunded when you return the key."}]
     grounding = grounder.ground("hash", "user", "那班车呢？多久一班？", history, audience=Audience.member([]))
     assert any(p.title == "Office move 2027" and "20" in p.text for p in grounding.passages)
+
+
+def test_the_cli_refuses_to_add_a_document_without_the_vectors_the_others_have(grounder, monkeypatch):
+    """``kb add`` run without the stack's embeddings settings (var/dev.env alone) would store a
+    document dense retrieval never ranks: refused with what to load, unless asked for."""
+    from click.testing import CliRunner
+
+    from app import cli
+    from app.services import Services
+
+    services = grounder.services
+    bare = Services(services.settings.model_copy(update={"embeddings_base_url": ""}), services.db)
+    monkeypatch.setattr(cli, "_services", lambda: bare)
+    path = DOCUMENTS / "everyone.md"
+    out = CliRunner().invoke(cli.cli, ["kb", "add", str(path), "--title", "Office move (copy)"])
+    assert out.exit_code != 0 and "EMBEDDINGS_BASE_URL" in out.output and "var/stack.env" in out.output
+    assert "Office move (copy)" not in CliRunner().invoke(cli.cli, ["kb", "list"]).output
+    # with the stack's settings it is stored with vectors
+    monkeypatch.setattr(cli, "_services", lambda: services)
+    out = CliRunner().invoke(cli.cli, ["kb", "add", str(path), "--title", "Office move (copy)"])
+    assert out.exit_code == 0, out.output
+    monkeypatch.setattr(cli, "_services", lambda: bare)
+    out = CliRunner().invoke(cli.cli, ["kb", "add", str(path), "--title", "Office move (bare)",
+                                       "--without-vectors"])
+    assert out.exit_code == 0, out.output
