@@ -67,12 +67,12 @@ def _table_pieces(table: str, max_tokens: int) -> list[str] | None:
     return [p for piece in pieces for p in _sentence_pieces(piece, max_tokens)]
 
 
-def _pieces(paragraph: str, max_tokens: int) -> list[str]:
+def _pieces(paragraph: str, max_tokens: int, table_headers: bool = True) -> list[str]:
     """A paragraph in pieces of at most ``max_tokens``, cut at sentence ends when it can be (a
-    table between rows, under its header: ``_table_pieces``)."""
+    table between rows, under its header: ``_table_pieces``, unless not ``table_headers``)."""
     if count_tokens(paragraph) <= max_tokens:
         return [paragraph]
-    table = _table_pieces(paragraph, max_tokens)
+    table = _table_pieces(paragraph, max_tokens) if table_headers else None
     return table if table is not None else _sentence_pieces(paragraph, max_tokens)
 
 
@@ -101,7 +101,10 @@ def _sentence_pieces(paragraph: str, max_tokens: int) -> list[str]:
     return pieces
 
 
-def chunk_blocks(blocks: list[Block], max_tokens: int = DEFAULT_MAX_TOKENS) -> list[Chunk]:
+def chunk_blocks(blocks: list[Block], max_tokens: int = DEFAULT_MAX_TOKENS,
+                 table_headers: bool = True) -> list[Chunk]:
+    """``table_headers`` False: a long table is cut like any paragraph (its rows without the
+    header: what a model trained on such passages, the bundled demo's, knows)."""
     if max_tokens < 20:
         raise ValueError("max_tokens must be at least 20")
     # A document's one top-level heading at its start is its title, cited apart: kept out of the
@@ -128,7 +131,7 @@ def chunk_blocks(blocks: list[Block], max_tokens: int = DEFAULT_MAX_TOKENS) -> l
                 path.pop()
             path.append((block.level, block.text.strip()[:200]))
             continue
-        for piece in _pieces(block.text, max_tokens):
+        for piece in _pieces(block.text, max_tokens, table_headers):
             size = count_tokens(piece)
             if current and current_tokens + size > max_tokens:
                 flush()

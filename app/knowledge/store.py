@@ -135,7 +135,7 @@ class KnowledgeStore:
         return self.prepare_parsed(parsed)
 
     def prepare_parsed(self, parsed: Parsed) -> Prepared:
-        chunks = chunk_blocks(parsed.blocks, self.settings.kb_chunk_tokens)
+        chunks = chunk_blocks(parsed.blocks, self.settings.kb_chunk_tokens, self.settings.kb_table_headers)
         if not chunks:
             raise UploadError("no text found in the document")
         if len(chunks) > MAX_CHUNKS:

@@ -188,6 +188,8 @@ def test_a_long_table_is_cut_between_rows_each_piece_under_its_header():
         assert chunk.tokens <= 40 and len(lines) > 2
     kept = [line for chunk in chunks for line in chunk.text.split("\n")[2:]]
     assert kept == rows  # every row once, in order, none cut apart
+    plain = chunk_blocks(blocks, max_tokens=40, table_headers=False)  # KB_TABLE_HEADERS=false
+    assert sum(chunk.text.count("| Team | Extension |") for chunk in plain) == 1
 
 
 def test_a_table_row_longer_than_a_chunk_is_cut_like_a_paragraph():
