@@ -301,9 +301,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.facts:
         ks = [int(k) for k in args.top_ks.split(",")]
-        from demo.eval import documents_in  # noqa: PLC0415
+        documents = None
+        if args.documents:
+            from demo.eval import documents_in  # noqa: PLC0415
 
-        documents = documents_in(args.documents) if args.documents else None
+            documents = documents_in(args.documents)
         for name in args.facts.split(","):
             questions = question_set(name)
             for size in [0] + ([args.conversation] if args.conversation else []):
