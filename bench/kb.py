@@ -212,7 +212,8 @@ def holds(texts: list[str], facts: list[list[str]]) -> bool:
 
 
 def facts_recall(questions: list[dict], top_ks: list[int], embeddings: str | None = None,
-                 conversation: int = 0, documents=None) -> dict[int, dict[str, float]]:
+                 conversation: int = 0, documents=None,
+                 table_headers: bool | None = None) -> dict[int, dict[str, float]]:
     """For each k, over the in-scope ``questions`` (both handbook editions, as ``make run``
     uploads them; the demo's reading, its thresholds applied): ``one``, the share for which one
     of the passages the worker gives the model at ``KB_TOP_K`` k holds every fact; ``together``,
@@ -223,13 +224,16 @@ def facts_recall(questions: list[dict], top_ks: list[int], embeddings: str | Non
     ``ranked_together``, those k together.
     ``conversation`` N: asked N in a row by one employee, each searched with the previous
     question as the worker searches it (``app.knowledge.evaluate.in_conversations``).
-    ``documents``: (path, title) pairs instead of the handbook (``demo.eval.documents_in``)."""
+    ``documents``: (path, title) pairs instead of the handbook (``demo.eval.documents_in``);
+    ``table_headers``: ``KB_TABLE_HEADERS`` instead of the demo's (off: its model's)."""
     from app.knowledge.evaluate import in_conversations, scratch_knowledge_base  # noqa: PLC0415
     from demo.corpus import HANDBOOKS  # noqa: PLC0415
     from demo.grounded import DEMO_EMBEDDER, demo_reading  # noqa: PLC0415
 
     demo_embedder = bool(embeddings) and os.path.realpath(embeddings) == os.path.realpath(DEMO_EMBEDDER)
     reading = demo_reading(dense=demo_embedder)
+    if table_headers is not None:
+        reading["kb_table_headers"] = table_headers
     scored = [q for q in questions if q.get("facts")]
     order = in_conversations(scored, conversation) if conversation else [
         ([{"question": q["follows"], "unscored": True}] if q.get("follows") else []) + [q] for q in scored]
@@ -298,6 +302,8 @@ def main() -> None:
                         help="with --facts: the questions asked N in a row too")
     parser.add_argument("--documents", default=None, metavar="DIR",
                         help="with --facts: the documents in DIR instead of the handbook")
+    parser.add_argument("--table-headers", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --facts: KB_TABLE_HEADERS (default: the demo's reading, off)")
     args = parser.parse_args()
     if args.facts:
         ks = [int(k) for k in args.top_ks.split(",")]
@@ -309,7 +315,7 @@ def main() -> None:
         for name in args.facts.split(","):
             questions = question_set(name)
             for size in [0] + ([args.conversation] if args.conversation else []):
-                shares = facts_recall(questions, ks, args.embeddings, size, documents)
+                shares = facts_recall(questions, ks, args.embeddings, size, documents, args.table_headers)
                 asked = f"conversations of {size}" if size else "fresh"
                 print(f"{name} ({asked}, {sum(1 for q in questions if q.get('facts'))} questions"
                       f"{', dense ' + args.embeddings if args.embeddings else ', lexical'}; one chunk "
