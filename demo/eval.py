@@ -3,7 +3,9 @@
 (`app/knowledge/evaluate.py`; `demo/eval_sets/new_wordings.jsonl` is a set in
 wordings nowhere in the training data, with questions the handbook does not answer;
 `eval_sets/dev.jsonl`, in other new wordings, is the one to choose settings on, its out-of-scope
-questions near the handbook's topics, so that the first set stays a test).
+questions near the handbook's topics, so that the first set stays a test). `--documents DIR`
+puts DIR's documents in the knowledge base instead of the handbook (`eval_sets/unseen/`: another
+company's, written for the evaluation alone).
 
 Greedy answers (through `LLM.generate`, the engine, MTP speculative by default: greedy speculative decoding
 gives the same tokens as plain greedy, only faster) to the training questions and to the
