@@ -19,6 +19,11 @@ hit is gold among the five best. It also reports, at ``KB_MIN_SCORE``, how many 
 questions are answered (not declined) and how many of a list of questions the handbook does not
 answer are declined. ``--embeddings DIR`` does the recall with dense retrieval too (the demo's
 embedder served as ``make run`` serves it; its thresholds), the sweep still over coverage.
+
+``--facts SETS [--top-ks 3,5,8] [--conversation N] [--documents DIR] [--table-headers]``: instead,
+for each set (``heldout`` or a question file) the share of questions for which a passage among the
+k best, and among those the thresholds give the model, holds every fact of the question
+(``facts_recall``; docs/retrieval.md).
 """
 
 from __future__ import annotations
