@@ -482,8 +482,10 @@ def _departments_option(value: str | None) -> list[int]:
 @click.option("--contact", default=None,
               help="the team a 'not found' names for this document's topics, where its sections do not "
                    "name one (e.g. '财务部 分机 8300')")
+@click.option("--without-vectors", is_flag=True,
+              help="add it although the other documents have vectors and no EMBEDDINGS_BASE_URL is set")
 def kb_add(path: str, title: str, departments: str | None, document_id: int | None,
-           contact: str | None) -> None:
+           contact: str | None, without_vectors: bool) -> None:
     """Add (or replace) a Markdown, text, HTML, PDF or DOCX document."""
     from pathlib import Path
 
@@ -496,6 +498,11 @@ def kb_add(path: str, title: str, departments: str | None, document_id: int | No
     if file.stat().st_size > services.settings.kb_max_upload_bytes:
         raise click.ClickException(f"{file.name}: the file is over the "
                                    f"{services.settings.kb_max_upload_bytes} byte limit")
+    if not without_vectors and store.vectors_missing_here():
+        raise click.ClickException(
+            "the knowledge base's documents have vectors but EMBEDDINGS_BASE_URL is not set here, so this "
+            "one would have none: load the settings the stack runs with first (make run: set -a; "
+            ". var/stack.env; set +a; docs/retrieval.md), or pass --without-vectors")
     try:
         result = store.add(file.read_bytes(), title, filename=file.name,
                            departments=_departments_option(departments), document_id=document_id,

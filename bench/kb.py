@@ -19,6 +19,11 @@ hit is gold among the five best. It also reports, at ``KB_MIN_SCORE``, how many 
 questions are answered (not declined) and how many of a list of questions the handbook does not
 answer are declined. ``--embeddings DIR`` does the recall with dense retrieval too (the demo's
 embedder served as ``make run`` serves it; its thresholds), the sweep still over coverage.
+
+``--facts SETS [--top-ks 3,5,8] [--conversation N] [--documents DIR] [--table-headers]``: instead,
+for each set (``heldout`` or a question file) the share of questions for which a passage among the
+k best, and among those the thresholds give the model, holds every fact of the question
+(``facts_recall``; docs/retrieval.md).
 """
 
 from __future__ import annotations
@@ -197,6 +202,94 @@ def _recall(url: str, drop, overrides: dict) -> dict:
         drop()
 
 
+def _shown(passage) -> str:
+    from app.knowledge.evaluate import as_read  # noqa: PLC0415
+
+    return as_read(f"{passage.section}\n{passage.text}")
+
+
+def holds(texts: list[str], facts: list[list[str]]) -> bool:
+    """Whether ``texts`` together hold every fact of an item (each group's one alternative or
+    another), as an employee reads them (``as_read``)."""
+    from app.knowledge.evaluate import as_read  # noqa: PLC0415
+
+    return all(any(as_read(s) in t for t in texts for s in group) for group in facts)
+
+
+def facts_recall(questions: list[dict], top_ks: list[int], embeddings: str | None = None,
+                 conversation: int = 0, documents=None,
+                 table_headers: bool | None = None) -> dict[int, dict[str, float]]:
+    """For each k, over the in-scope ``questions`` (both handbook editions, as ``make run``
+    uploads them; the demo's reading, its thresholds applied): ``one``, the share for which one
+    of the passages the worker gives the model at ``KB_TOP_K`` k holds every fact; ``together``,
+    those passages together; ``ceiling``, the share that one chunk of the knowledge base could
+    hold at all (the rest need two places: a section's rule and section 1's contacts);
+    ``ranked``, the share for which one of the k best passages holds every fact, thresholds not
+    applied (the ranking's part alone: what an answered question is given), and
+    ``ranked_together``, those k together.
+    ``conversation`` N: asked N in a row by one employee, each searched with the previous
+    question as the worker searches it (``app.knowledge.evaluate.in_conversations``).
+    ``documents``: (path, title) pairs instead of the handbook (``demo.eval.documents_in``);
+    ``table_headers``: ``KB_TABLE_HEADERS`` instead of the demo's (off: its model's)."""
+    from app.knowledge.evaluate import in_conversations, scratch_knowledge_base  # noqa: PLC0415
+    from demo.corpus import HANDBOOKS  # noqa: PLC0415
+    from demo.grounded import DEMO_EMBEDDER, demo_reading  # noqa: PLC0415
+
+    demo_embedder = bool(embeddings) and os.path.realpath(embeddings) == os.path.realpath(DEMO_EMBEDDER)
+    reading = demo_reading(dense=demo_embedder)
+    if table_headers is not None:
+        reading["kb_table_headers"] = table_headers
+    scored = [q for q in questions if q.get("facts")]
+    order = in_conversations(scored, conversation) if conversation else [
+        ([{"question": q["follows"], "unscored": True}] if q.get("follows") else []) + [q] for q in scored]
+    tally = {k: Counter() for k in top_ks}
+    with scratch_knowledge_base(documents or HANDBOOKS, embeddings=embeddings, **reading) as services:
+        retriever = Retriever(services)
+        chunks = _all_chunks(retriever)
+        for turns in order:
+            previous = None
+            for item in turns:
+                if not item.get("unscored"):
+                    ceiling = any(holds([c], item["facts"]) for c in chunks)
+                    for k in top_ks:
+                        result = retriever.search(item["question"], [], previous=previous, top_k=k)
+                        shown = [_shown(p) for p in result.passages]
+                        tally[k]["one"] += any(holds([t], item["facts"]) for t in shown)
+                        tally[k]["together"] += holds(shown, item["facts"])
+                        tally[k]["ceiling"] += ceiling
+                        ranked = retriever.search(item["question"], [], previous=previous, top_k=k,
+                                                  min_score=0)
+                        best = [_shown(p) for p in ranked.passages]
+                        tally[k]["ranked"] += any(holds([t], item["facts"]) for t in best)
+                        tally[k]["ranked_together"] += holds(best, item["facts"])
+                previous = item["question"]
+    return {k: {name: tally[k][name] / len(scored) for name in ("ranked", "ranked_together", "one", "together", "ceiling")}
+            for k in top_ks}
+
+
+def _all_chunks(retriever: Retriever) -> list[str]:
+    """Every chunk of the knowledge base as an employee reads it."""
+    from sqlalchemy import select  # noqa: PLC0415
+
+    from app.models import KnowledgeChunk  # noqa: PLC0415
+
+    with retriever.services.db.reader() as session:
+        ids = list(session.scalars(select(KnowledgeChunk.id)))
+        zero = dict.fromkeys(ids, 0.0)
+        return [_shown(p) for p in retriever._passages(session, ids, zero, zero)]
+
+
+def question_set(name: str) -> list[dict]:
+    """``heldout`` (the held-out paraphrases with their reference's facts) or a question file."""
+    if name == "heldout":
+        from demo.eval import heldout_questions  # noqa: PLC0415
+
+        return heldout_questions()
+    from app.knowledge.evaluate import load_questions  # noqa: PLC0415
+
+    return load_questions(name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
@@ -206,7 +299,38 @@ def main() -> None:
     parser.add_argument("--embeddings", default=None,
                         help="recall with dense retrieval too: this embedder (e.g. models/demo-embed) "
                              "served over HTTP, with its thresholds")
+    parser.add_argument("--facts", default=None, metavar="SETS",
+                        help="only the facts recall: 'heldout' or question files (e.g. "
+                             "demo/eval_sets/dev.jsonl, the set to tune on), separated by commas")
+    parser.add_argument("--top-ks", default="3,5,8", help="with --facts: the KB_TOP_K values")
+    parser.add_argument("--conversation", type=int, default=0, metavar="N",
+                        help="with --facts: the questions asked N in a row too")
+    parser.add_argument("--documents", default=None, metavar="DIR",
+                        help="with --facts: the documents in DIR instead of the handbook")
+    parser.add_argument("--table-headers", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --facts: KB_TABLE_HEADERS (default: the demo's reading, off)")
     args = parser.parse_args()
+    if args.facts:
+        ks = [int(k) for k in args.top_ks.split(",")]
+        documents = None
+        if args.documents:
+            from demo.eval import documents_in  # noqa: PLC0415
+
+            documents = documents_in(args.documents)
+        for name in args.facts.split(","):
+            questions = question_set(name)
+            for size in [0] + ([args.conversation] if args.conversation else []):
+                shares = facts_recall(questions, ks, args.embeddings, size, documents, args.table_headers)
+                asked = f"conversations of {size}" if size else "fresh"
+                print(f"{name} ({asked}, {sum(1 for q in questions if q.get('facts'))} questions"
+                      f"{', dense ' + args.embeddings if args.embeddings else ', lexical'}; one chunk "
+                      f"could hold every fact for {shares[ks[0]]['ceiling']:.1%}): a passage holding every "
+                      "fact among the k best (the k together) / among those given to the model, thresholds "
+                      "applied (together): " + ", ".join(
+                          f"k={k} {v['ranked']:.1%} ({v['ranked_together']:.1%}) / {v['one']:.1%} "
+                          f"({v['together']:.1%})" for k, v in shares.items()),
+                      flush=True)
+        return
     rng = random.Random(7)
     questions = [item["question"] for item in load_qa()]
     queries = rng.sample(questions, min(args.queries, len(questions)))

@@ -3,7 +3,9 @@
 (`app/knowledge/evaluate.py`; `demo/eval_sets/new_wordings.jsonl` is a set in
 wordings nowhere in the training data, with questions the handbook does not answer;
 `eval_sets/dev.jsonl`, in other new wordings, is the one to choose settings on, its out-of-scope
-questions near the handbook's topics, so that the first set stays a test).
+questions near the handbook's topics, so that the first set stays a test). `--documents DIR`
+puts DIR's documents in the knowledge base instead of the handbook (`eval_sets/unseen/`: another
+company's, written for the evaluation alone).
 
 Greedy answers (through `LLM.generate`, the engine, MTP speculative by default: greedy speculative decoding
 gives the same tokens as plain greedy, only faster) to the training questions and to the
@@ -147,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
                              "('heldout': the held-out paraphrases, their reference's key facts; several "
                              "sets separated by commas are asked as one)")
     parser.add_argument("--json", action="store_true", help="with --questions: one JSON object per line")
+    parser.add_argument("--documents", default=None, metavar="DIR",
+                        help="with --questions: the knowledge base holds the documents in DIR (uploaded "
+                             "through the real path, visible to everyone) instead of the handbook")
     parser.add_argument("--conversation", type=int, default=0, metavar="N",
                         help="with --questions: also ask them N in a row by one employee (topics changing, "
                              "follow-ups after their questions) and report that beside the fresh figures")
@@ -214,6 +219,28 @@ def heldout_questions() -> list[dict]:
     return items
 
 
+DOCUMENT_TYPES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf", ".docx")
+
+
+def documents_in(directory: str) -> list[tuple[Path, str]]:
+    """The documents of ``directory`` (its files of a type the knowledge base reads, by name) as
+    (path, title): a markdown file's title is its first top-level heading, else the file's name."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise SystemExit(f"--documents {directory}: not a directory")
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in DOCUMENT_TYPES):
+        title = path.stem
+        if path.suffix.lower() in (".md", ".markdown"):
+            heading = next((line[2:].strip() for line in path.read_text(encoding="utf-8").splitlines()
+                            if line.startswith("# ")), "")
+            title = heading or title
+        found.append((path, title))
+    if not found:
+        raise SystemExit(f"--documents {directory}: no document ({', '.join(DOCUMENT_TYPES)})")
+    return found
+
+
 def knowledge_eval(args) -> None:
     """The `--questions` mode: the worker's retrieval and prompt over the demo handbook (the
     knowledge base lives above the engine, in `app`; this tool uses it, the engine never does)."""
@@ -237,8 +264,9 @@ def knowledge_eval(args) -> None:
     reading.update({name: value for name, value in options.items() if value is not None})
     runs = {"fresh": 0, **({f"conversations of {args.conversation}": args.conversation}
                            if args.conversation else {})}
-    tallies = {name: evaluate(questions, args.model, HANDBOOKS, passages, embeddings=args.embeddings or None,
-                              conversation=size, **reading)  # both editions, as make run
+    handbooks = documents_in(args.documents) if args.documents else HANDBOOKS  # both editions, as make run
+    tallies = {name: evaluate(questions, args.model, handbooks, passages, embeddings=args.embeddings or None,
+                              conversation=size, **reading)
                for name, size in runs.items()}
     if args.json:
         for name, tally in tallies.items():
@@ -247,6 +275,7 @@ def knowledge_eval(args) -> None:
         summaries = {"summary": tallies["fresh"].summary(),
                      **{f"summary ({name})": t.summary() for name, t in tallies.items() if name != "fresh"}}
         print(json.dumps({**summaries, "model": args.model, "passages_in_prompt": passages,
+                          "documents": args.documents or "handbook",
                           "embeddings": args.embeddings or None, **reading}))
         return
     for row in tallies["fresh"].rows[: args.show]:

@@ -43,6 +43,13 @@ class KnowledgeSettings(SettingsGroup):
                                               "declines more")
     kb_min_similarity: float = Field(default=0.6, ge=-1, le=1,
                                      description="cosine from which a dense match is relevant")
+    kb_table_headers: bool = Field(default=True,
+                                   description="a table longer than a chunk is cut between rows, each "
+                                               "piece under the table's header row (after a change: kb "
+                                               "reindex)")
+    kb_dense_weight: float = Field(default=1.0, ge=0, le=10,
+                                   description="with an embeddings server: the dense ranking's weight in "
+                                               "the fusion with BM25's (weight 1); it ranks, never gates")
     kb_server_retry_s: float = Field(default=30.0, ge=0,
                                      description="after the embeddings or reranking server fails, search "
                                                  "without it for this long before trying it again")

@@ -197,7 +197,7 @@ class Retriever:
         or to every reader of an ``Audience`` (``app.knowledge.audience``).
 
         With ``previous`` (the conversation's previous question): a question that opens like a
-        follow-up is searched together with it; a short one that finds nothing alone, too, unless
+        follow-up is searched together with it (alone when together finds nothing); a short one that finds nothing alone, too, unless
         it asks about something no visible document mentions ("Who is our CEO?" after a question
         about meals is a new topic: searched with it, it found the meal passage and was answered
         with it).
@@ -208,7 +208,13 @@ class Retriever:
         previous = (previous or "").strip()
         combined = f"{previous}\n{question}" if previous else question
         if previous and is_follow_up(question):
-            return self._search(combined, departments, top_k, threshold)
+            result = self._search(combined, departments, top_k, threshold)
+            if result.found:
+                return result
+            # a follow-up that names a topic of its own ("那班车呢？多久一班？" after the lockers):
+            # the previous question's words only dilute it; alone, it may be found
+            alone = self._search(question, departments, top_k, threshold)
+            return alone if alone.found else result
         result = self._search(question, departments, top_k, threshold)
         if previous and not result.found and is_short(question) and not result.unknown:
             return self._search(combined, departments, top_k, threshold)
@@ -309,9 +315,10 @@ class Retriever:
             cosine = dict(dense)
             minimum = self.settings.kb_min_similarity
             fused: dict[int, float] = {}
-            for ranking in (ranked[:top_k * 5], [c for c, _ in dense]):
+            for weight, ranking in ((1.0, ranked[:top_k * 5]),
+                                    (self.settings.kb_dense_weight, [c for c, _ in dense])):
                 for rank, chunk_id in enumerate(ranking):
-                    fused[chunk_id] = fused.get(chunk_id, 0.0) + 1.0 / (RRF_K + rank + 1)
+                    fused[chunk_id] = fused.get(chunk_id, 0.0) + weight / (RRF_K + rank + 1)
             matched = matched_in(list(fused))
             coverage = {c: _coverage(words, idf, matched.get(c, set())) for c in fused}
 

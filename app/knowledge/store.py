@@ -135,7 +135,7 @@ class KnowledgeStore:
         return self.prepare_parsed(parsed)
 
     def prepare_parsed(self, parsed: Parsed) -> Prepared:
-        chunks = chunk_blocks(parsed.blocks, self.settings.kb_chunk_tokens)
+        chunks = chunk_blocks(parsed.blocks, self.settings.kb_chunk_tokens, self.settings.kb_table_headers)
         if not chunks:
             raise UploadError("no text found in the document")
         if len(chunks) > MAX_CHUNKS:
@@ -156,6 +156,16 @@ class KnowledgeStore:
             except EmbeddingError as exc:
                 raise UploadError(f"{exc}: try again, or unset EMBEDDINGS_BASE_URL") from None
         return Prepared(parsed, chunks, postings, lengths, vectors)
+
+    def vectors_missing_here(self) -> bool:
+        """Whether a document added now would lack what the others have: vectors (this process
+        has no ``EMBEDDINGS_BASE_URL``, the stack that added them had one). Dense retrieval
+        would never rank it: a CLI run without the stack's settings (``var/stack.env``)."""
+        if self.embedder is not None:
+            return False
+        with self.services.db.reader() as session:
+            return session.scalar(select(KnowledgeChunk.id).where(KnowledgeChunk.vector_enc.is_not(None))
+                                  .limit(1)) is not None
 
     # -- writing -------------------------------------------------------------------------------
     def add(self, data: bytes, title: str, *, filename: str | None = None,

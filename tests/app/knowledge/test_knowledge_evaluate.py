@@ -159,3 +159,30 @@ def test_conversations_are_reported_beside_the_fresh_questions(tmp_path, capsys)
         assert set(mine) == {"域账号的密码最少要几个字符？", "那杭州呢？", "明天上海会下雨吗？"}  # follows: unscored
         assert "450" in mine["那杭州呢？"]["answer"] and not mine["那杭州呢？"]["declined"]
     assert summary["summary"]["in_scope"] == summary["summary (conversations of 4)"]["in_scope"] == 2
+
+
+def test_documents_replace_the_handbook(tmp_path, capsys):
+    """--documents DIR: the knowledge base holds DIR's documents, not the handbook: a handbook
+    question finds nothing there, and each row is scored against them."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.md").write_text(
+        "# Lanshan notes\n\n## Lockers\n\n- The locker key deposit is RMB 50.\n", encoding="utf-8")
+    (tmp_path / "docs" / "ignored.bin").write_bytes(b"\x00\x01")
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps(q, ensure_ascii=False) for q in [
+        {"question": "How much is the locker key deposit?", "facts": [["50"]]},
+        {"question": "域账号的密码最少要几个字符？", "facts": [["12"]]}]) + "\n")
+    assert demo_eval.documents_in(str(tmp_path / "docs")) == [(tmp_path / "docs" / "notes.md", "Lanshan notes")]
+    demo_eval.main(["--questions", str(questions), "--json", "--documents", str(tmp_path / "docs")])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    rows, summary = {r["question"]: r for r in lines[:-1]}, lines[-1]
+    assert summary["documents"] == str(tmp_path / "docs")
+    assert rows["域账号的密码最少要几个字符？"]["declined"]  # the handbook is not there
+    assert all("Handbook" not in c for r in rows.values() for c in r["citations"])
+
+
+def test_documents_must_be_a_directory_with_documents(tmp_path):
+    with pytest.raises(SystemExit, match="not a directory"):
+        demo_eval.documents_in(str(tmp_path / "missing"))
+    with pytest.raises(SystemExit, match="no document"):
+        demo_eval.documents_in(str(tmp_path))

@@ -176,6 +176,30 @@ def test_long_sections_are_packed_and_cut_at_sentences_within_the_size():
     assert all(f"第{i}条" in joined for i in range(40)) and "短段落" in joined
 
 
+def test_a_long_table_is_cut_between_rows_each_piece_under_its_header():
+    rows = [f"| Team {n} | ext. {8000 + n} | team{n}@example.com |" for n in range(30)]
+    table = "\n".join(["| Team | Extension | Email |", "|---|---|---|", *rows])
+    blocks = parse(f"# Contacts\n\n## Key contacts\n\n{table}\n".encode(), "contacts.md").blocks
+    chunks = chunk_blocks(blocks, max_tokens=40)
+    assert len(chunks) > 3
+    for chunk in chunks:
+        lines = chunk.text.split("\n")
+        assert lines[:2] == ["| Team | Extension | Email |", "|---|---|---|"]
+        assert chunk.tokens <= 40 and len(lines) > 2
+    kept = [line for chunk in chunks for line in chunk.text.split("\n")[2:]]
+    assert kept == rows  # every row once, in order, none cut apart
+    plain = chunk_blocks(blocks, max_tokens=40, table_headers=False)  # KB_TABLE_HEADERS=false
+    assert sum(chunk.text.count("| Team | Extension |") for chunk in plain) == 1
+
+
+def test_a_table_row_longer_than_a_chunk_is_cut_like_a_paragraph():
+    long_row = "| Policy | " + " ".join(f"word{n}." for n in range(60)) + " |"
+    table = "\n".join(["| Name | Text |", "|---|---|", "| Short | fine |", long_row])
+    chunks = chunk_blocks([Block(table)], max_tokens=30)
+    assert all(chunk.tokens <= 30 for chunk in chunks)
+    assert chunks[0].text.startswith("| Name | Text |")
+
+
 def test_count_tokens_cjk_chars_and_words():
     assert count_tokens("年假 annual leave 10 days") == 6
     assert count_tokens("") == 0
