@@ -58,6 +58,7 @@ from worker.media.prompt import for_estimate, with_files, with_images
 from worker.metering import Meter
 from worker.scope.audience import Audiences, chat_of
 from worker.scope.directory import Directory
+from worker.tools.loop import ToolLoop
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,7 @@ class MessageProcessor:
         self.media = media.MediaHandler(services, wecom, self.files)  # voice, images, files (worker/media/)
         self.deliveries = Deliveries(services, wecom)
         self.drained = _Drained()
+        self.tools = ToolLoop(services, self.meter, directory, wecom)  # MCP tools (worker/tools/)
 
     @property
     def llm(self) -> LLMBackend:
@@ -435,6 +437,10 @@ class MessageProcessor:
         if row.msg_type == "event":
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return Reply(self.settings.welcome_message)
+            if row.event == feedback.CARD_EVENT and self.tools.enabled:  # a tool's 确认/取消 card?
+                decided = self.tools.on_card_event(row, user_id, payload)
+                if decided is not None:
+                    return decided
             if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
                 feedback.on_card_event(self.services, self.wecom, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
@@ -466,6 +472,11 @@ class MessageProcessor:
                                               conversations=self.conversations, meter=self.meter,
                                               files=self.files, conversation_key=conversation)
             return Reply(commands.run(name, context))
+        if self.tools.enabled:  # a 确认/取消, or an answer through the asker's tools
+            tooled = self.tools.respond(row, user_id, text, self.conversations.history(conversation),
+                                        lambda: self.llm)
+            if tooled is not None:
+                return tooled
         return self._generate(row, text, lease, channel, user_id, conversation, chat_id=chat_of(payload))
 
     def _forget_member(self, payload: dict) -> None:

@@ -53,10 +53,12 @@ def when(text: str, now: datetime) -> datetime | None:
     return datetime(day.year, day.month, day.day, hour, minute, tzinfo=now.tzinfo)
 
 
-def route(text: str, offered, timezone: str = "Asia/Shanghai", now: datetime | None = None):
-    """(the OfferedTool, its arguments) for ``text``, or None when no offered tool fits."""
+def route(text: str, offered, timezone="Asia/Shanghai", now: datetime | None = None):
+    """(the OfferedTool, its arguments) for ``text``, or None when no offered tool fits.
+    ``timezone``: a name or a tzinfo (the settings' TIMEZONE)."""
     by_tool = {tool.tool: tool for tool in offered}
-    now = now or datetime.now(ZoneInfo(timezone))
+    zone = ZoneInfo(timezone) if isinstance(timezone, str) else timezone
+    now = now or datetime.now(zone)
     for name, pattern in _INTENTS:
         if name not in by_tool or not pattern.search(text):
             continue

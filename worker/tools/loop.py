@@ -21,6 +21,7 @@ from app.llm import GenerationParams, LLMError
 from app.llm.tools import ToolChoice, check_tools
 from app.tools import identity, registry
 from worker.delivery.reply import Reply
+from worker.failures import PermanentFailure, TransientFailure
 from worker.tools import intent, mcp_calls, record
 from worker.tools.catalog import Catalog, OfferedTool
 from worker.tools.confirm import Confirmations, Pending, answer_of, card, click_of
@@ -116,6 +117,21 @@ class ToolLoop:
         return NOTICES.get(outcome.outcome, NOTICES["malformed"]).format(tool=tool, detail=detail)
 
     # -- a question ---------------------------------------------------------------------------
+    def respond(self, row, user_id: str, text: str, history: list[dict], llm_of) -> Reply | None:
+        """What the processor asks of a text message: a typed 确认/取消, else an answer through
+        the asker's tools, else None (the usual path). A model error fails the message as the
+        usual path's would (retried when transient)."""
+        decided = self.on_text(row, user_id, text)
+        if decided is not None:
+            return decided
+        turns = [{"role": t["role"], "content": t["content"]} for t in history if t.get("ref") != row.id]
+        try:
+            return self.answer(row, user_id, text, turns, llm_of, row.channel or "app")
+        except LLMError as exc:
+            if exc.transient:
+                raise TransientFailure(f"model: {exc}") from exc
+            raise PermanentFailure(f"model: {exc}"[:120]) from exc
+
     def answer(self, row, user_id: str, text: str, history: list[dict], llm_of, channel_name: str) -> Reply | None:
         """The answer through the asker's tools, or None when no tool is offered or none fits
         (the message then takes the usual path). ``llm_of()``: the model backend, loaded on use."""
