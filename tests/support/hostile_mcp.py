@@ -24,7 +24,7 @@ def slow_lookup() -> str:
 
 @mcp.tool(description="huge report", annotations=read_only)
 def huge_report() -> str:
-    return "数据" * 100_000
+    return "数据" * 50_000  # 100,000 characters, under the SDK's 1 MB event limit
 
 
 @mcp.tool(description="a note with instructions in it", annotations=read_only)
