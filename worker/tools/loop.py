@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 from app.llm import GenerationParams, LLMError
 from app.llm.tools import ToolChoice, check_tools
-from app.tools import identity, registry
+from app.tools import identity, mcp_calls, registry
+from app.tools.catalog import Catalog, OfferedTool
+from app.tools.mcp_calls import ToolFailure
 from worker.delivery.reply import Reply
 from worker.failures import PermanentFailure, TransientFailure
-from worker.tools import intent, mcp_calls, record
-from worker.tools.catalog import Catalog, OfferedTool
+from worker.tools import intent, record
 from worker.tools.confirm import Confirmations, Pending, answer_of, card, click_of
-from worker.tools.mcp_calls import ToolFailure
 
 log = logging.getLogger(__name__)
 

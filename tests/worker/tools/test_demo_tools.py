@@ -15,13 +15,12 @@ from sqlalchemy import select
 from app import create_app
 from app.models import AuditEvent, InboundMessage
 from app.services import Services
-from app.tools import identity, registry
+from app.tools import identity, mcp_calls, registry
 from tests.support import mcp_servers
 from tests.support.env import settings_from
 from tests.worker.test_processor_data import FakeWeCom, post_message, post_xml
 from worker.conversation import ConversationStore
 from worker.processor import MessageProcessor
-from worker.tools import mcp_calls
 
 ASKER = "lina"
 

@@ -172,7 +172,7 @@ def test_a_server_that_is_down_gets_a_notice(loop_for):
     model = ScriptedModel(call("gone__huge_report"), answer("x"))
     assert run(loop, model) is None  # its tools cannot be listed: nothing offered, the usual path
     assert model.prompts == []
-    from worker.tools.catalog import OfferedTool
+    from app.tools.catalog import OfferedTool
     server = registry.server(services, "gone")
     loop.catalog.offered = lambda departments: [OfferedTool(server, "huge_report", "", {"type": "object"}, False)]
     model = ScriptedModel(call("gone__huge_report"), answer("服务暂时不可用。"))
@@ -183,7 +183,7 @@ def test_a_server_that_is_down_gets_a_notice(loop_for):
 
 def test_malformed_answers_are_a_clear_failure(loop_for, garbage_http):
     services, loop = loop_for("garbage", "http", garbage_http)
-    from worker.tools.catalog import OfferedTool
+    from app.tools.catalog import OfferedTool
     server = registry.server(services, "garbage")
     loop.catalog.offered = lambda departments: [OfferedTool(server, "huge_report", "", {"type": "object"}, False)]
     model = ScriptedModel(call("garbage__huge_report"), answer("返回内容无法识别。"))

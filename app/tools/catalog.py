@@ -10,10 +10,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from app.tools import registry
+from app.tools import mcp_calls, registry
+from app.tools.mcp_calls import ListedTool, ToolFailure
 from app.tools.registry import Server
-from worker.tools import mcp_calls
-from worker.tools.mcp_calls import ListedTool, ToolFailure
 
 log = logging.getLogger(__name__)
 SEPARATOR = "__"  # the model sees server__tool: names stay unique across servers
