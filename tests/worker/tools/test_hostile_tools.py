@@ -96,11 +96,12 @@ def garbage_http():
 @pytest.fixture
 def loop_for(env, db, redis_client, tmp_path):
     seed, _ = mcp_servers.keypair(tmp_path)
-    settings = settings_from(env, tools_enabled="true", tools_signing_key=seed, tools_call_timeout_s="2",
-                             tools_result_max_chars="500", tools_max_steps="3")
-    services = Services(settings, db)
 
-    def make(name, transport, target):
+    def make(name, transport, target, timeout_s="2"):
+        """``timeout_s``: one call's; a stdio call starts its server process within it."""
+        settings = settings_from(env, tools_enabled="true", tools_signing_key=seed, tools_call_timeout_s=timeout_s,
+                                 tools_result_max_chars="500", tools_max_steps="3")
+        services = Services(settings, db)
         registry.add_server(services, name, transport, target)
         for tool in ("slow_lookup", "huge_report", "injected_note", "transfer_money"):
             registry.allow(services, name, tool, None)
@@ -193,7 +194,7 @@ def test_malformed_answers_are_a_clear_failure(loop_for, garbage_http):
 
 
 def test_the_hostile_server_over_stdio_is_bounded_too(loop_for, transfers):
-    services, loop = loop_for("hoststdio", "stdio", f"{sys.executable} {HOSTILE} --stdio")
+    services, loop = loop_for("hoststdio", "stdio", f"{sys.executable} {HOSTILE} --stdio", "8")
     model = ScriptedModel(call("hoststdio__huge_report"), call("hoststdio__slow_lookup"), answer("好的。"))
     assert run(loop, model).text == "好的。"
     assert "truncated" in model.prompts[1][-1]["content"] and "超时" in model.prompts[2][-1]["content"]
