@@ -169,3 +169,84 @@ def test_the_demo_server_over_stdio_reads_the_token_from_meta(tool_services, dem
     assert not result.is_error and "EX-" in result.text
     assert json.loads(json.dumps([t.as_dict() for t in mcp_calls.list_tools(server, 20)]))
     assert subprocess  # the stdio server is the SDK's, started by the client
+
+
+class ToolModel:
+    """A model that calls the tool it is scripted to, then answers from the result it was shown."""
+
+    model_name = "glm-4"
+
+    def __init__(self, function: str, arguments: dict):
+        self.function, self.arguments, self.prompts = function, arguments, []
+
+    def generate(self, messages, params):
+        from app.llm import Generation
+        from app.llm.tools import ToolCall
+
+        self.prompts.append(messages)
+        offered = {t.name for t in params.tools}
+        if messages[-1]["role"] == "user" and self.function in offered:
+            return Generation(text="", model="glm-4", prompt_tokens=300, completion_tokens=30,
+                              finish_reason="tool_calls",
+                              tool_calls=[ToolCall("call_1", self.function, json.dumps(self.arguments))])
+        return Generation(text="据查询：" + messages[-1]["content"].split("\n")[1], model="glm-4",
+                          prompt_tokens=400, completion_tokens=40)
+
+
+def test_the_model_planner_counts_every_step_and_a_typed_answer_decides(tool_services):
+    from app.accounting import set_budget, set_price
+    from app.models import UsageRecord
+
+    services = tool_services
+    services.settings.tools_planner = "model"
+    with services.db.transaction() as session:
+        set_price(session, "glm-4", 10, 2, 30)
+        set_budget(session, "global", "", "day", "100")
+    wecom = CardWeCom()
+    conversations = ConversationStore(services.redis, services.cipher, 3600, 20)
+    client = create_app(services=services).test_client()
+
+    model = ToolModel("demo__leave_balance", {})
+    post_message(client, services, "我的年假还剩几天", 601, user=ASKER)
+    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
+    assert wecom.sent[-1][2].startswith("据查询：李娜") and len(model.prompts) == 2
+    assert model.prompts[1][-1]["role"] == "tool"
+    with services.db.session() as session:  # both model turns charged: the larger of the
+        usage = session.scalars(select(UsageRecord).order_by(UsageRecord.id)).all()  # report and
+    assert len(usage) == 2  # the estimate, which holds the offered tools' schemas too
+    assert usage[0].prompt_tokens > 300 and usage[0].completion_tokens >= 30
+    assert usage[1].prompt_tokens > usage[0].prompt_tokens and usage[1].completion_tokens >= 40
+    assert all(u.cost > 0 for u in usage)
+
+    model = ToolModel("demo__book_meeting_room", {"start": "2026-12-09T10:00+08:00", "room": "B201"})
+    post_message(client, services, "后天上午十点帮我订 B201", 602, user=ASKER)
+    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
+    assert "确认" in wecom.sent[-1][2]
+    post_message(client, services, "取消", 603, user=ASKER)
+    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
+    assert wecom.sent[-1][2] == "已取消，没有执行任何操作。"
+    post_message(client, services, "确认", 604, user=ASKER)  # nothing open any more
+    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
+    assert "已过期或已经处理过" in wecom.sent[-1][2]
+
+    post_message(client, services, "后天上午十点帮我订 B201", 605, user=ASKER)
+    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
+    post_message(client, services, "确认", 606, user=ASKER)
+    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
+    assert wecom.sent[-1][2].startswith("已完成") and "B201" in wecom.sent[-1][2]
+    assert [o for o, _ in tool_events(services)] == ["ok", "proposed", "cancelled", "proposed", "ok"]
+
+
+def test_a_confirmation_expires(tool_services):
+    services = tool_services
+    wecom = CardWeCom()
+    processor = MessageProcessor(services, NoModel(), wecom, ConversationStore(services.redis, services.cipher, 3600, 20))
+    client = create_app(services=services).test_client()
+    post_message(client, services, "帮我订明天下午三点的会议室", 701, user=ASKER)
+    processor.process(last_id(services))
+    task_id = wecom.cards[-1][1]["task_id"]
+    services.redis.delete(f"tools:confirm:{task_id.removeprefix('tool-')}")  # its TTL ran out
+    card_event(client, services, task_id, "tool_confirm")
+    processor.process(last_id(services))
+    assert "已过期" in wecom.sent[-1][2]
+    assert [o for o, _ in tool_events(services)] == ["proposed"]

@@ -1,0 +1,51 @@
+"""The asker's identity token: what a tool server accepts and what it refuses."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from app.tools import identity
+from app.tools.identity import IdentityError
+
+KEY = Ed25519PrivateKey.from_private_bytes(os.urandom(32))
+PUBLIC = identity.public_key_from_text(identity.public_pem(KEY))
+
+
+def token(**overrides):
+    values = {"issuer": "wecom-bot", "audience": "hr", "user_id": "lina", "departments": [3]}
+    values.update(overrides)
+    return identity.issue(KEY, **values)
+
+
+def test_a_fresh_token_names_its_bearer_and_departments():
+    asker = identity.verify(token(), PUBLIC, issuer="wecom-bot", audience="hr")
+    assert (asker.user_id, asker.departments) == ("lina", (3,)) and len(asker.jti) == 32
+    claims = jwt.decode(token(), options={"verify_signature": False})
+    assert claims["exp"] - claims["iat"] == 60 and claims["aud"] == "hr"
+    assert token() != token()  # a jti each: a server may refuse a replay
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("", "no identity token"),
+    ("a.b.c", "refused"),
+    (token(audience="finance"), "another server"),
+    (token(now=time.time() - 120), "expired"),
+    (token(issuer="someone-else"), "refused"),
+    (identity.issue(Ed25519PrivateKey.generate(), issuer="wecom-bot", audience="hr", user_id="lina",
+                    departments=[3]), "refused"),  # signed by another key
+    (jwt.encode({"iss": "wecom-bot", "aud": "hr", "sub": "lina", "exp": time.time() + 60,
+                 "iat": time.time(), "jti": "x"}, "s" * 32, algorithm="HS256"), "refused"),  # alg swap
+])
+def test_what_a_server_refuses(bad, reason):
+    with pytest.raises(IdentityError, match=reason):
+        identity.verify(bad, PUBLIC, issuer="wecom-bot", audience="hr")
+
+
+def test_bearer_of():
+    assert identity.bearer_of("Bearer abc") == "abc" and identity.bearer_of("Basic abc") == ""
+    assert identity.bearer_of(None) == ""
