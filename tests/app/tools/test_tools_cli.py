@@ -54,3 +54,20 @@ def test_register_allow_list_revoke_remove(setup):
     assert runner.invoke(group, ["remove", "demo"]).exit_code == 0
     assert registry.servers(services) == [] and registry.policies(services) == {}
     assert runner.invoke(group, ["remove", "demo"]).exit_code == 1
+
+
+def test_keys_rotate_reseals_a_servers_secrets(env, db, redis_client):
+    import base64
+    import os
+
+    from app.audit import EventType
+    from app.security.rotation import rotate_keys
+
+    services = Services(settings_from(env), db)
+    services.audit.record(db, EventType.ADMIN_CHANGE, actor="test", payload={})  # a sealed chain head
+    registry.add_server(services, "hr", "http", "http://127.0.0.1:9/mcp", {"X-Api-Key": "gw-0123456789"})
+    new_keys = "k9:" + base64.b64encode(os.urandom(32)).decode() + "," + env["DATA_KEYS"]
+    rotated = Services(settings_from(env, data_keys=new_keys), db)
+    assert rotate_keys(rotated)["tool_servers.secrets_enc"] == 1
+    only_new = Services(settings_from(env, data_keys=new_keys.split(",")[0]), db)
+    assert registry.server(only_new, "hr").secrets == {"X-Api-Key": "gw-0123456789"}
