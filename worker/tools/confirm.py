@@ -68,12 +68,16 @@ class Confirmations:
         cid = self.services.redis.get(f"tools:confirm:last:{user_hash}")
         return cid.decode() if cid else None
 
-    def decide_once(self, cid: str) -> bool:
-        """True for the first decision on ``cid`` only (Redis SET NX); the pending call goes."""
-        first = bool(self.services.redis.set(f"tools:confirm:done:{cid}", "1", nx=True,
-                                             ex=self.ttl_s * 2))
+    def decide_once(self, pending: Pending) -> bool:
+        """True for the first decision on ``pending`` only (Redis SET NX); the pending call goes,
+        and a later typed 确认 no longer finds it as the asker's latest."""
+        redis = self.services.redis
+        first = bool(redis.set(f"tools:confirm:done:{pending.id}", "1", nx=True, ex=self.ttl_s * 2))
         if first:
-            self.services.redis.delete(self._key(cid))
+            redis.delete(self._key(pending.id))
+            latest = f"tools:confirm:last:{pending.user_hash}"
+            if (redis.get(latest) or b"").decode() == pending.id:
+                redis.delete(latest)
         return first
 
 

@@ -267,7 +267,7 @@ class ToolLoop:
                              arguments=pending.arguments, outcome="refused", side_effect=True,
                              result="decided by someone else")
             return Reply(NOT_YOURS_NOTICE)
-        if not self.confirmations.decide_once(cid):
+        if not self.confirmations.decide_once(pending):
             return Reply(EXPIRED_NOTICE)
         if not confirmed:
             record.tool_call(self.services, row, server=pending.server, tool=pending.tool,

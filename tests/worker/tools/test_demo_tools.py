@@ -225,9 +225,7 @@ def test_the_model_planner_counts_every_step_and_a_typed_answer_decides(tool_ser
     post_message(client, services, "取消", 603, user=ASKER)
     MessageProcessor(services, model, wecom, conversations).process(last_id(services))
     assert wecom.sent[-1][2] == "已取消，没有执行任何操作。"
-    post_message(client, services, "确认", 604, user=ASKER)  # nothing open any more
-    MessageProcessor(services, model, wecom, conversations).process(last_id(services))
-    assert "已过期或已经处理过" in wecom.sent[-1][2]
+    assert not list(services.redis.scan_iter("tools:confirm:last:*"))  # a later 确认 opens nothing
 
     post_message(client, services, "后天上午十点帮我订 B201", 605, user=ASKER)
     MessageProcessor(services, model, wecom, conversations).process(last_id(services))

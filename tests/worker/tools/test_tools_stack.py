@@ -9,6 +9,7 @@ import pytest
 from app.db import Database
 from app.services import Services
 from app.tools import registry
+from scripts.dev_env import random_aes_key
 from tests.support import mcp_servers
 from tests.support.env import settings_from
 from tests.support.stack import Stack, select_rows, wait_for
@@ -24,7 +25,11 @@ def stack(tmp_path_factory):
     port = mcp_servers.free_port()
     server = mcp_servers.start(["-m", "emulator.mcp_server", "--port", str(port), "--public-key", str(pem)], port)
     s = Stack(tmp, redis_db=5, extra_env={"TOOLS_ENABLED": "true", "TOOLS_SIGNING_KEY": seed,
-                                          "TOOLS_PLANNER": "intent"})
+                                          "TOOLS_PLANNER": "intent",
+                                          "AIBOT_TOKEN": "aibot-token-for-tests",
+                                          "AIBOT_ENCODING_AES_KEY": random_aes_key(), "AIBOT_NAME": "小星",
+                                          "AIBOT_REFRESH_THROTTLE_S": "0"},
+              emulator_options={"aibot_poll_interval": 0.1})
     try:
         s.start()
         db = Database(s.db.url)
@@ -63,3 +68,24 @@ def test_leave_and_a_confirmed_booking_in_the_emulator(stack):
                                        "WHERE event_type = 'tool_call' ORDER BY seq")
     assert [e["outcome"] for e in events] == ["ok", "proposed", "ok"]
     assert len({e["actor"] for e in events}) == 1 and ASKER not in events[0]["actor"]
+
+
+def aibot_says(stack, user: str, content: str) -> str:
+    sent = stack.emu("POST", "aibot/send", json={"from_user": user, "content": content})
+
+    def done():
+        found = stack.emu("GET", "aibot/conversations", params={"delivery_id": sent["delivery_id"]})["conversations"]
+        return found and found[0]["status"] not in ("streaming", "pending") and found[0]
+    conversation = wait_for(done, 60, 0.2, "the AI bot's answer")
+    assert conversation["status"] == "finished", conversation.get("error")
+    return conversation["final"]
+
+
+def test_the_ai_bot_asks_in_text_and_a_typed_confirmation_acts(stack):
+    before = len(cards(stack))
+    proposal = aibot_says(stack, "wangfang", "帮我订后天上午十点的会议室")
+    assert "回复「确认」" in proposal and len(cards(stack)) == before  # no app card on the AI bot
+    # lina's 确认 opens nothing (hers was decided in the test above): the usual answer
+    assert aibot_says(stack, "lina", "确认").startswith("答复#")
+    done = aibot_says(stack, "wangfang", "确认")
+    assert done.startswith("已完成") and "王芳" in done and "10:00" in done
