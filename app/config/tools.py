@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from app.config.base import SettingsGroup, blank_is_unset
 from app.config.secret_fields import SIGNING_KEY
@@ -48,3 +48,10 @@ class ToolSettings(SettingsGroup):
         if value not in PLANNERS:
             raise ValueError(f"must be one of {', '.join(PLANNERS)}")
         return value
+
+    @model_validator(mode="after")
+    def _tools_need_a_key(self):
+        if self.tools_enabled and self.tools_signing_key is None and not self.tools_signing_key_file:
+            raise ValueError("TOOLS_ENABLED needs TOOLS_SIGNING_KEY or TOOLS_SIGNING_KEY_FILE: every "
+                             "tool call carries the asker's signed identity")
+        return self

@@ -1,5 +1,6 @@
 """The tools an asker may be offered: every enabled server's tool list (cached in Redis for
-``TOOLS_LIST_TTL_S``, the last good list kept a day for a server that is down), filtered by the
+``TOOLS_LIST_TTL_S``, the last good list kept a day for a server that is down, and a server whose
+list failed not asked again for ``DOWN_S``, so no message waits for its timeout), filtered by the
 policies for the asker's departments. A tool nobody allowed, or not allowed for any of the
 asker's departments, never reaches the model.
 """
@@ -17,6 +18,7 @@ from app.tools.registry import Server
 log = logging.getLogger(__name__)
 SEPARATOR = "__"  # the model sees server__tool: names stay unique across servers
 STALE_S = 86_400
+DOWN_S = 30  # a server whose list failed is not asked again for this long
 
 
 @dataclass(frozen=True)
@@ -51,11 +53,16 @@ class Catalog:
                 return [ListedTool(**t) for t in json.loads(cached)]
         except Exception:  # noqa: BLE001 - without Redis, ask the server
             log.warning("tool list cache unavailable")
+        down = f"tools:list:down:{server.version}"
         try:
-            tools = mcp_calls.list_tools(server, self.settings.tools_call_timeout_s)
+            if redis.get(down) is None:
+                tools = mcp_calls.list_tools(server, self.settings.tools_call_timeout_s)
+            else:  # it failed a moment ago: no message waits for its timeout again
+                raise ToolFailure("unavailable", "listed as down")
         except ToolFailure as exc:
             log.warning("tool list of server %s unavailable: %s", server.name, exc.kind)
             try:
+                redis.set(down, exc.kind, ex=DOWN_S, nx=True)
                 cached = redis.get(stale)
                 return [ListedTool(**t) for t in json.loads(cached)] if cached else []
             except Exception:  # noqa: BLE001
@@ -71,7 +78,7 @@ class Catalog:
     def refresh(self, server: Server) -> list[ListedTool]:
         """Ask the server now (``tools list --refresh``)."""
         try:
-            self.services.redis.delete(f"tools:list:{server.version}")
+            self.services.redis.delete(f"tools:list:{server.version}", f"tools:list:down:{server.version}")
         except Exception:  # noqa: BLE001
             log.warning("tool list cache unavailable")
         return self.listed(server)

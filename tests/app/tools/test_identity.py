@@ -49,3 +49,13 @@ def test_what_a_server_refuses(bad, reason):
 def test_bearer_of():
     assert identity.bearer_of("Bearer abc") == "abc" and identity.bearer_of("Basic abc") == ""
     assert identity.bearer_of(None) == ""
+
+
+def test_tools_on_without_a_key_stops_start_up():
+    from app.config import ConfigError
+    from tests.support.env import make_env, settings_from
+
+    with pytest.raises(ConfigError, match="TOOLS_ENABLED needs TOOLS_SIGNING_KEY"):
+        settings_from(make_env(), tools_enabled="true", tools_signing_key="")  # dev_env sets one
+    with pytest.raises(ConfigError, match="TOOLS_SIGNING_KEY"):
+        settings_from(make_env(), tools_enabled="true", tools_signing_key="too-short")

@@ -173,6 +173,10 @@ def test_a_server_that_is_down_gets_a_notice(loop_for):
     model = ScriptedModel(call("gone__huge_report"), answer("x"))
     assert run(loop, model) is None  # its tools cannot be listed: nothing offered, the usual path
     assert model.prompts == []
+    server = registry.server(services, "gone")
+    assert services.redis.get(f"tools:list:down:{server.version}") == b"unavailable"
+    started = time.monotonic()  # the next message does not try (and wait) again
+    assert loop.catalog.offered((1,)) == [] and time.monotonic() - started < 0.5
     from app.tools.catalog import OfferedTool
     server = registry.server(services, "gone")
     loop.catalog.offered = lambda departments: [OfferedTool(server, "huge_report", "", {"type": "object"}, False)]
