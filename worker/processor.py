@@ -472,7 +472,7 @@ class MessageProcessor:
                                               conversations=self.conversations, meter=self.meter,
                                               files=self.files, conversation_key=conversation)
             return Reply(commands.run(name, context))
-        if self.tools.enabled:  # a 确认/取消, or an answer through the asker's tools
+        if self.tools.enabled and not chat_of(payload):  # 1:1 only: a group would read the asker's data
             tooled = self.tools.respond(row, user_id, text, self.conversations.history(conversation),
                                         lambda: self.llm)
             if tooled is not None:

@@ -20,9 +20,9 @@ class ToolSettings(SettingsGroup):
         default=None, description="Ed25519 key signing the asker's identity token a tool server "
                                   "checks: PKCS#8 PEM or base64 of the 32-byte seed")
     tools_signing_key_file: str | None = Field(default=None, description="or a PEM file of it")
-    tools_token_issuer: str = Field(default="wecom-bot", min_length=1, max_length=64,
+    tools_identity_issuer: str = Field(default="wecom-bot", min_length=1, max_length=64,
                                     description="the token's iss; a server checks it")
-    tools_token_ttl_s: int = Field(default=60, ge=10, le=300, description="identity token lifetime")
+    tools_identity_ttl_s: int = Field(default=60, ge=10, le=300, description="identity token lifetime")
     tools_max_steps: int = Field(default=4, ge=1, le=10, description="model turns in one tool loop")
     tools_max_seconds: float = Field(default=60.0, ge=5, le=600, description="one tool loop's time")
     tools_max_tokens: int = Field(default=4096, ge=256, le=200_000,

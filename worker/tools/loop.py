@@ -93,9 +93,9 @@ class ToolLoop:
         """Run one call as the asker (their signed token), record it, and say how it went."""
         started = time.monotonic()
         try:
-            token = identity.issue(self.key(), issuer=self.settings.tools_token_issuer,
+            token = identity.issue(self.key(), issuer=self.settings.tools_identity_issuer,
                                    audience=server.name, user_id=user_id, departments=departments,
-                                   ttl_s=self.settings.tools_token_ttl_s)
+                                   ttl_s=self.settings.tools_identity_ttl_s)
             result = mcp_calls.call_tool(server, tool, arguments, token, self.settings.tools_call_timeout_s,
                                          self.settings.tools_result_max_chars)
             outcome = CallOutcome("error" if result.is_error else "ok", result.text)

@@ -70,8 +70,8 @@ def test_leave_and_a_confirmed_booking_in_the_emulator(stack):
     assert len({e["actor"] for e in events}) == 1 and ASKER not in events[0]["actor"]
 
 
-def aibot_says(stack, user: str, content: str) -> str:
-    sent = stack.emu("POST", "aibot/send", json={"from_user": user, "content": content})
+def aibot_says(stack, user: str, content: str, **fields) -> str:
+    sent = stack.emu("POST", "aibot/send", json={"from_user": user, "content": content, **fields})
 
     def done():
         found = stack.emu("GET", "aibot/conversations", params={"delivery_id": sent["delivery_id"]})["conversations"]
@@ -89,3 +89,12 @@ def test_the_ai_bot_asks_in_text_and_a_typed_confirmation_acts(stack):
     assert aibot_says(stack, "lina", "确认").startswith("答复#")
     done = aibot_says(stack, "wangfang", "确认")
     assert done.startswith("已完成") and "王芳" in done and "10:00" in done
+
+
+def test_no_tool_in_a_group_chat(stack):
+    """The group would read the asker's own data: the usual answer, no tool called."""
+    before = select_rows(stack.db.url, "SELECT count(*) AS n FROM audit_events WHERE event_type = 'tool_call'")
+    said = aibot_says(stack, "zhaolei", "我还有几天年假", chat_type="group", chat_id="wr-team")
+    assert said.startswith("答复#") and "还剩" not in said
+    after = select_rows(stack.db.url, "SELECT count(*) AS n FROM audit_events WHERE event_type = 'tool_call'")
+    assert after == before
