@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 
 from app.tools import mcp_calls, registry
@@ -18,6 +19,8 @@ from app.tools.registry import Server
 log = logging.getLogger(__name__)
 SEPARATOR = "__"  # the model sees server__tool: names stay unique across servers
 STALE_S = 86_400
+FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's, as app.llm.tools checks it
+MAX_TOOLS = 128  # OpenAI's limit on tools
 DOWN_S = 30  # a server whose list failed is not asked again for this long
 
 
@@ -98,4 +101,19 @@ class Catalog:
                 side_effect = policy.side_effect if policy.side_effect is not None else not tool.read_only
                 offered.append(OfferedTool(server, tool.name, tool.description, tool.input_schema,
                                            side_effect))
-        return offered
+        return usable(offered)
+
+
+def usable(offered: list[OfferedTool]) -> list[OfferedTool]:
+    """The tools the model interface accepts: a server's tool whose name cannot be a function
+    name (or collides with another's once prefixed and cut to 64), or whose schema is not an
+    object, is left out and logged, never failing the asker's message; at most ``MAX_TOOLS``."""
+    kept, seen = [], set()
+    for tool in offered:
+        if (not FUNCTION_NAME.match(tool.function) or tool.function in seen
+                or not isinstance(tool.input_schema, dict) or len(kept) >= MAX_TOOLS):
+            log.warning("tool left out (name, schema or count) server=%s", tool.server.name)
+            continue
+        seen.add(tool.function)
+        kept.append(tool)
+    return kept

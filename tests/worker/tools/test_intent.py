@@ -33,3 +33,18 @@ def test_times():
     assert when("今天 15:45", NOW) == datetime(2026, 12, 7, 15, 45, tzinfo=NOW.tzinfo)
     assert when("明天晚上八点", NOW).hour == 20 and when("下午十二点", NOW).hour == 12
     assert when("明天", NOW) is None and when("25点", NOW) is None
+
+
+def test_a_tool_the_model_interface_would_refuse_is_left_out():
+    from app.llm.tools import check_tools
+    from app.tools.catalog import usable
+
+    odd = [OfferedTool(SERVER, "get.weather", "", {"type": "object"}, False),  # '.' is no function name
+           OfferedTool(SERVER, "x" * 70, "", {"type": "object"}, False),
+           OfferedTool(SERVER, "x" * 80, "", {"type": "object"}, False),  # the same once cut to 64
+           OfferedTool(SERVER, "schema", "", ["not", "an", "object"], False),
+           *offered("leave_balance")]
+    kept = usable(odd)
+    assert [t.tool for t in kept] == ["x" * 70, "leave_balance"]
+    assert len(check_tools([t.openai() for t in kept])) == 2  # what the loop then offers the model
+    assert len(usable(offered(*(f"t{i}" for i in range(200))))) == 128
