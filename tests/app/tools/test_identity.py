@@ -30,20 +30,20 @@ def test_a_fresh_token_names_its_bearer_and_departments():
     assert token() != token()  # a jti each: a server may refuse a replay
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ("", "no identity token"),
-    ("a.b.c", "refused"),
-    (token(audience="finance"), "another server"),
-    (token(now=time.time() - 120), "expired"),
-    (token(issuer="someone-else"), "refused"),
-    (identity.issue(Ed25519PrivateKey.generate(), issuer="wecom-bot", audience="hr", user_id="lina",
-                    departments=[3]), "refused"),  # signed by another key
-    (jwt.encode({"iss": "wecom-bot", "aud": "hr", "sub": "lina", "exp": time.time() + 60,
-                 "iat": time.time(), "jti": "x"}, "s" * 32, algorithm="HS256"), "refused"),  # alg swap
+@pytest.mark.parametrize("bad, reason", [  # made when the test runs: a token lives 60 s
+    (lambda: "", "no identity token"),
+    (lambda: "a.b.c", "refused"),
+    (lambda: token(audience="finance"), "another server"),
+    (lambda: token(now=time.time() - 120), "expired"),
+    (lambda: token(issuer="someone-else"), "refused"),
+    (lambda: identity.issue(Ed25519PrivateKey.generate(), issuer="wecom-bot", audience="hr", user_id="lina",
+                            departments=[3]), "refused"),  # signed by another key
+    (lambda: jwt.encode({"iss": "wecom-bot", "aud": "hr", "sub": "lina", "exp": time.time() + 60,
+                         "iat": time.time(), "jti": "x"}, "s" * 32, algorithm="HS256"), "refused"),  # alg swap
 ])
 def test_what_a_server_refuses(bad, reason):
     with pytest.raises(IdentityError, match=reason):
-        identity.verify(bad, PUBLIC, issuer="wecom-bot", audience="hr")
+        identity.verify(bad(), PUBLIC, issuer="wecom-bot", audience="hr")
 
 
 def test_bearer_of():
