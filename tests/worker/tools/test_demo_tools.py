@@ -248,3 +248,16 @@ def test_a_confirmation_expires(tool_services):
     processor.process(last_id(services))
     assert "已过期" in wecom.sent[-1][2]
     assert [o for o, _ in tool_events(services)] == ["proposed"]
+
+
+def test_two_decisions_racing_run_the_action_once(tool_services):
+    """Both loaded the pending call before either decided: the SET NX lets one through."""
+    from worker.tools.confirm import Confirmations
+
+    services = tool_services
+    confirmations = Confirmations(services)
+    proposed = confirmations.propose("h" * 64, "demo", "book_meeting_room", {"start": "x"}, "订会议室", 1)
+    first, second = confirmations.load(proposed.id), confirmations.load(proposed.id)
+    assert first == second == proposed
+    assert [confirmations.decide_once(first), confirmations.decide_once(second)] == [True, False]
+    assert confirmations.load(proposed.id) is None and confirmations.latest_of("h" * 64) is None

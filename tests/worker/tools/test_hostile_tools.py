@@ -27,6 +27,7 @@ from worker.metering import Meter
 from worker.scope.directory import Directory
 from worker.tools.loop import DATA_OPEN, LIMIT_NOTICE, REFUSED_ACTION, ToolLoop
 
+pytestmark = pytest.mark.faults
 HOSTILE = "tests/support/hostile_mcp.py"
 
 
