@@ -63,8 +63,10 @@ class EventType:
     AUDIT_PURGE = "audit_purge"  # the anchor a purge left (through_seq, anchor_hash)
     AUDIT_CHECKPOINT = "audit_checkpoint"  # the beat's periodic reseal of the head
     FEEDBACK = "feedback"  # a rating of an answer or a /feedback comment (app.feedback)
+    TOOL_CALL = "tool_call"  # one MCP tool call for an asker, or its confirmation (worker.tools)
     ALL = (MESSAGE_RECEIVED, REPLY_SENT, REPLY_FAILED, BUDGET_ALERT, BUDGET_BLOCK, ADMIN_LOGIN,
-           ADMIN_CHANGE, EXPORT, KEY_ROTATION, API_REQUEST, AUDIT_PURGE, AUDIT_CHECKPOINT, FEEDBACK)
+           ADMIN_CHANGE, EXPORT, KEY_ROTATION, API_REQUEST, AUDIT_PURGE, AUDIT_CHECKPOINT, FEEDBACK,
+           TOOL_CALL)
 
 
 def request_fingerprint(secret: bytes | str, remote_addr: str | None, user_agent: str | None,

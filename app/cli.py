@@ -13,6 +13,7 @@
 - ``kb add FILE --title T [--departments 1,2] [--contact TEAM]`` / ``kb list`` / ``kb remove ID`` /
   ``kb search QUESTION [--department N]`` / ``kb reindex``: the knowledge base.
 - ``siem status`` / ``siem export``: the SIEM sinks' cursors, one export run now (app/siem).
+- ``tools add|list|remove|allow|revoke|public-key``: MCP tool servers (app/tools, docs/tools.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import click
 
 from app.config import ConfigError
 from app.siem.cli import siem_group
+from app.tools.cli import tools_group
 
 
 @click.group()
@@ -575,6 +577,7 @@ def kb_search(question: str, departments: tuple[int, ...], everything: bool,
 for _group in (keys, audit, prices, budgets, users, apikeys, kb):
     cli.add_command(_group)
 cli.add_command(siem_group(_services))
+cli.add_command(tools_group(_services))
 
 
 def main() -> None:

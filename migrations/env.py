@@ -7,6 +7,7 @@ import os
 from alembic import context
 
 import app.models  # noqa: F401 - registers every table on Base.metadata
+import app.tools.models  # noqa: F401 - the tool servers' tables
 from app.db import Base, make_engine
 
 config = context.config

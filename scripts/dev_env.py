@@ -34,6 +34,8 @@ def dev_env(api_base: str = "http://127.0.0.1:8081") -> dict[str, str]:
         "SECRET_KEY": secrets.token_urlsafe(48),
         # Ed25519 seed signing audit exports ('python -m app.cli audit public-key' for auditors)
         "AUDIT_EXPORT_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
+        # Ed25519 seed signing the asker's identity for MCP tool servers (docs/tools.md)
+        "TOOLS_SIGNING_KEY": base64.b64encode(secrets.token_bytes(32)).decode(),
         **aibot_env(),
     }
 

@@ -38,6 +38,7 @@ import requests
 from demo.corpus import COMPANY_PATH, HANDBOOKS
 from demo.grounded import DEMO_EMBEDDER, as_environment, demo_reading
 from inference.embedder import read_config
+from scripts import demo_tools
 from scripts.supervisor import Program, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +141,7 @@ def stack_env() -> dict[str, str]:
         if dense:
             for name, value in as_environment(embedder.chosen_settings()).items():
                 env.setdefault(name, value)
+    demo_tools.settings(env)  # the demo's MCP tools (scripts/demo_tools.py)
     contact = handbook_contact()
     if contact:
         env.setdefault("KB_FALLBACK_CONTACT", contact)
@@ -186,6 +188,7 @@ def programs(env: dict[str, str]) -> list[Program]:
         # Two of them: the WeCom callbacks (and admin) apart from /v1, so streams of a slow model
         # never hold the threads that answer WeCom within its 5 s (docs/deploy.md).
         *web_programs(env),
+        *demo_tools.program(env),  # the demo MCP tool server on 8084
         Program("worker", [*celery, "worker", "--pool", "threads",
                            "--concurrency", env.get("WORKER_CONCURRENCY", "8"),
                            "-Q", "chat", "--loglevel", "INFO"],
@@ -238,6 +241,7 @@ def main() -> None:
         if env.get("ENGINE_SERVED"):
             wait_http(f"http://127.0.0.1:{ENGINE_PORT}/health", seconds=300, ok_only=True)  # the model loads
         load_handbook(env)  # after the engine: it embeds the chunks when dense retrieval is on
+        demo_tools.register(env)
         wait_http(f"http://127.0.0.1:{EMULATOR_PORT}/")
         wait_http(f"http://127.0.0.1:{WEB_PORT}/healthz")
         wait_http(f"http://{env['API_BIND']}/healthz")

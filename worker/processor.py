@@ -64,6 +64,7 @@ from worker.media.prompt import for_estimate, with_files, with_images
 from worker.metering import Meter
 from worker.scope.audience import Audiences, chat_of
 from worker.scope.directory import Directory
+from worker.tools.loop import ToolLoop
 from worker.user_limit import UserRateLimit
 
 log = logging.getLogger(__name__)
@@ -266,6 +267,7 @@ class MessageProcessor:
         self.kf = KfChannel(services, wecom)  # 微信客服 customers (worker/kf/)
         self.deliveries = Deliveries(services, wecom, self.kf.delivery)
         self.drained = _Drained()
+        self.tools = ToolLoop(services, self.meter, directory, wecom)  # MCP tools (worker/tools/)
 
     @property
     def llm(self) -> LLMBackend:
@@ -444,6 +446,10 @@ class MessageProcessor:
         if row.msg_type == "event":
             if row.event in WELCOME_EVENTS and self._welcome_due(row):
                 return Reply(self.settings.welcome_message)
+            if row.event == feedback.CARD_EVENT and self.tools.enabled:  # a tool's 确认/取消 card?
+                decided = self.tools.on_card_event(row, user_id, payload)
+                if decided is not None:
+                    return decided
             if row.event == feedback.CARD_EVENT:  # a 👍/👎 click: stored, no reply
                 feedback.on_card_event(self.services, self.wecom, row, user_id, payload)
             elif row.event == feedback.AIBOT_EVENT and row.channel == AIBOT:  # the AI bot's 👍/👎
@@ -481,6 +487,11 @@ class MessageProcessor:
                                               conversations=self.conversations, meter=self.meter,
                                               files=self.files, conversation_key=conversation)
             return Reply(commands.run(name, context))
+        if self.tools.enabled and not chat_of(payload):  # 1:1 only: a group would read the asker's data
+            tooled = self.tools.respond(row, user_id, text, self.conversations.history(conversation),
+                                        lambda: self.llm)
+            if tooled is not None:
+                return tooled
         return self._generate(row, text, lease, channel, user_id, conversation, chat_id=chat_of(payload))
 
     def _forget_member(self, payload: dict) -> None:

@@ -12,6 +12,7 @@ every setting keeps its flat name: ``settings.wecom_token`` reads ``WECOM_TOKEN`
   ``observability`` (``ObservabilitySettings``: logs, metrics);
 - ``kf``: the 微信客服 channel (``KfSettings``);
 - ``siem``: audit events and spend streamed to the SIEM (``SiemSettings``: syslog, OTLP);
+- ``tools``: MCP tools, their identity tokens and the tool loop's bounds (``ToolSettings``);
 - ``inference``: the model (``ModelSettings``, ``OpenAISettings``); ``knowledge``: the
   knowledge base and its servers; ``media``: voice, images and files (``MediaSettings``);
 - ``secret_fields``: which settings are secrets, their strength rules, the logs' redaction list;
@@ -49,6 +50,7 @@ from app.config.secret_fields import (
 )
 from app.config.siem import SiemSettings
 from app.config.storage import DatabaseSettings, QueueSettings
+from app.config.tools import ToolSettings
 from app.config.values import RATE_UNITS, parse_rate, parse_thresholds
 from app.config.web import AdminSettings, ApiSettings, WebSettings
 from app.config.wecom import AiBotSettings, WeComSettings
@@ -63,7 +65,7 @@ class Settings(
     WeComSettings, AiBotSettings, DatabaseSettings, QueueSettings, DataProtectionSettings,
     WebSettings, ApiSettings, AdminSettings, WorkerSettings, AuditSettings, AccountingSettings,
     ObservabilitySettings, ModelSettings, OpenAISettings, KnowledgeSettings,
-    KnowledgeServerSettings, MediaSettings, SiemSettings, KfSettings,
+    KnowledgeServerSettings, MediaSettings, SiemSettings, KfSettings, ToolSettings,
 ):
     """Every setting of the service: the groups above, one flat namespace."""
 

@@ -14,6 +14,7 @@ from sqlalchemy import and_, or_, select, update
 from app.audit import EventType
 from app.db import Base
 from app.models import ENCRYPTED_COLUMNS, AuditEvent
+from app.tools import models as _tool_models  # noqa: F401 - its sealed column joins ENCRYPTED_COLUMNS
 
 
 def rotate_keys(services, batch_size: int = 500, actor: str = "cli") -> dict[str, int]:

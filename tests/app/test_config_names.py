@@ -55,6 +55,9 @@ TASK_MAX_RETRIES TEMPERATURE TOP_P TRUSTED_PROXIES VISION_API_KEY VISION_BASE_UR
 VISION_TIMEOUT_S VOICE_MAX_DURATION_S WECOM_AES_KEY WECOM_AGENT_ID WECOM_API_BASE WECOM_CORP_ID WECOM_DUPLICATE_CHECK_S
 WECOM_MARKDOWN WECOM_RATE_LIMIT_RETRY_S WECOM_SECRET WECOM_TOKEN WECOM_USER_RATE_LIMIT WELCOME_MESSAGE
 WEB_ROLE WORKER_HEARTBEAT_TTL_S
+TOOLS_CALL_TIMEOUT_S TOOLS_CONFIRM_TTL_S TOOLS_ENABLED TOOLS_LIST_TTL_S TOOLS_MAX_SECONDS
+TOOLS_MAX_STEPS TOOLS_MAX_TOKENS TOOLS_PLANNER TOOLS_RESULT_MAX_CHARS TOOLS_SIGNING_KEY
+TOOLS_SIGNING_KEY_FILE TOOLS_IDENTITY_ISSUER TOOLS_IDENTITY_TTL_S
 """.split())  # noqa: SIM905 - a block of names reads and diffs better than 123 strings
 # ``settings.<name>`` that are computed from the variables above.
 DERIVED = ("aibot_enabled", "aibot_ws_enabled", "alert_recipients", "blind_index_keys", "keyring",
@@ -63,8 +66,9 @@ DERIVED = ("aibot_enabled", "aibot_ws_enabled", "alert_recipients", "blind_index
 
 
 def test_the_settings_read_exactly_the_environment_names_deployments_use():
-    assert len(ENVIRONMENT_NAMES) == 160  # 129, issue 50's three (docs/security.md), issue 56's 20
-    # (docs/siem.md) and 6 (docs/kf.md), KB_DENSE_WEIGHT, KB_TABLE_HEADERS (docs/retrieval.md)
+    assert len(ENVIRONMENT_NAMES) == 173  # 129, issue 50's three (docs/security.md), issue 56's 20
+    # (docs/siem.md) and 6 (docs/kf.md), KB_DENSE_WEIGHT, KB_TABLE_HEADERS (docs/retrieval.md),
+    # issue 53's 13 (docs/tools.md)
     read = {name.upper() for name in Settings.model_fields}
     assert sorted(read - ENVIRONMENT_NAMES) == [], "a new variable: add it to the list on purpose"
     assert sorted(ENVIRONMENT_NAMES - read) == [], "renamed or dropped: deployments set these"
