@@ -11,6 +11,7 @@ every setting keeps its flat name: ``settings.wecom_token`` reads ``WECOM_TOKEN`
 - ``audit`` (``AuditSettings``), ``accounting`` (``AccountingSettings``: budgets and alerts),
   ``observability`` (``ObservabilitySettings``: logs, metrics);
 - ``siem``: audit events and spend streamed to the SIEM (``SiemSettings``: syslog, OTLP);
+- ``sso``: WeCom sign-in for the admin site (``WeComLoginSettings``);
 - ``inference``: the model (``ModelSettings``, ``OpenAISettings``); ``knowledge``: the
   knowledge base and its servers; ``media``: voice, images and files (``MediaSettings``);
 - ``secret_fields``: which settings are secrets, their strength rules, the logs' redaction list;
@@ -46,6 +47,7 @@ from app.config.secret_fields import (
     split_blind_index_keys,
 )
 from app.config.siem import SiemSettings
+from app.config.sso import WeComLoginSettings
 from app.config.storage import DatabaseSettings, QueueSettings
 from app.config.values import RATE_UNITS, parse_rate, parse_thresholds
 from app.config.web import AdminSettings, ApiSettings, WebSettings
@@ -61,7 +63,7 @@ class Settings(
     WeComSettings, AiBotSettings, DatabaseSettings, QueueSettings, DataProtectionSettings,
     WebSettings, ApiSettings, AdminSettings, WorkerSettings, AuditSettings, AccountingSettings,
     ObservabilitySettings, ModelSettings, OpenAISettings, KnowledgeSettings,
-    KnowledgeServerSettings, MediaSettings, SiemSettings,
+    KnowledgeServerSettings, MediaSettings, SiemSettings, WeComLoginSettings,
 ):
     """Every setting of the service: the groups above, one flat namespace."""
 
