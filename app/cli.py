@@ -13,6 +13,8 @@
 - ``kb add FILE --title T [--departments 1,2] [--contact TEAM]`` / ``kb list`` / ``kb remove ID`` /
   ``kb search QUESTION [--department N]`` / ``kb reindex``: the knowledge base.
 - ``siem status`` / ``siem export``: the SIEM sinks' cursors, one export run now (app/siem).
+- ``wecom-roles set --user ID|--department ID --role R`` / ``list`` / ``remove``: who may sign
+  in to the admin site with WeCom (app/sso).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import click
 
 from app.config import ConfigError
 from app.siem.cli import siem_group
+from app.sso.cli import wecom_roles_group
 
 
 @click.group()
@@ -568,6 +571,7 @@ def kb_search(question: str, departments: tuple[int, ...], everything: bool,
 for _group in (keys, audit, prices, budgets, users, apikeys, kb):
     cli.add_command(_group)
 cli.add_command(siem_group(_services))
+cli.add_command(wecom_roles_group(_services))
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from emulator.chats import GroupChats
 from emulator.config import EmulatorConfig
 
 FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "department/get", "media/get",
-              "message/update_template_card", "appchat/get")
+              "message/update_template_card", "appchat/get", "auth/getuserinfo")
 _MAX_TOKENS = 1000
 
 

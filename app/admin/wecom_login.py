@@ -13,7 +13,7 @@ from app.audit import EventType
 from app.models import AdminRole, WeComRoleMapping
 from app.sso import roles
 from app.sso.login_state import Pending
-from app.sso.signin import WeComSignIn, account_name, end_sessions
+from app.sso.signin import WeComSignIn, account_name, end_sessions_for_mapping
 
 PENDING_KEY = "wecom_login"  # the started sign-in's state and verifier in the session cookie
 REFUSED = {  # outcome -> (HTTP status, what the person is told)
@@ -101,7 +101,7 @@ def wecom_roles():
             with svc.db.transaction() as db_session:
                 row = roles.set_mapping(db_session, form.kind.data, form.value.data, form.role.data,
                                         created_by=f"admin:{_me()}")
-                _end_affected_sessions(db_session, row.kind, row.value)
+                end_sessions_for_mapping(db_session, row.kind, row.value)
                 audit_admin(db_session, EventType.ADMIN_CHANGE, payload={
                     "action": "wecom_role_set", "kind": row.kind, "value": row.value, "role": row.role})
         except ValueError as exc:
@@ -125,7 +125,7 @@ def wecom_role_delete(mapping_id: int):
             abort(404)
         kind, value = row.kind, row.value
         db_session.delete(row)
-        _end_affected_sessions(db_session, kind, value)
+        end_sessions_for_mapping(db_session, kind, value)
         audit_admin(db_session, EventType.ADMIN_CHANGE, payload={
             "action": "wecom_role_remove", "kind": kind, "value": value})
     flash("Removed. 已删除。")
@@ -137,17 +137,3 @@ def _me() -> str:
 
     return current_user.name
 
-
-def _end_affected_sessions(db_session, kind: str, value: str) -> None:
-    """A changed userid row ends that member's sessions; a department row, every WeCom one
-    (who is in the department is WeCom's to say): they sign in again with the new role."""
-    from sqlalchemy import select
-
-    from app.models import AdminUser
-
-    if kind == "user":
-        user_id = db_session.scalar(select(AdminUser.id).where(AdminUser.name == account_name(value)))
-        if user_id is not None:
-            end_sessions(db_session, user_id)
-    else:
-        end_sessions(db_session)

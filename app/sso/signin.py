@@ -81,7 +81,7 @@ class WeComSignIn:
         try:
             userid = self.wecom.get_user_info(code).get("userid")
         except WeComTransientError:
-            return SignInResult("wecom_unavailable", channel=channel)
+            return SignInResult("wecom_down", channel=channel)
         except WeComAPIError as exc:
             return SignInResult("bad_code" if exc.errcode == INVALID_CODE else f"wecom_{exc.errcode}",
                                 channel=channel)
@@ -104,7 +104,7 @@ class WeComSignIn:
         try:
             departments = self.wecom.get_user(userid).get("department") or []
         except WeComTransientError:
-            return roles.RoleDecision(None, "wecom_unavailable")
+            return roles.RoleDecision(None, "wecom_down")
         except WeComAPIError as exc:
             logger.info("user/get refused the signing-in member (errcode %s)", exc.errcode)
             return roles.RoleDecision(None, "no_role")
@@ -140,3 +140,13 @@ def end_sessions(session, user_id: int | None = None) -> int:
     result = session.execute(delete(AdminSession).where(AdminSession.user_id.in_(ids))
                              .execution_options(synchronize_session=False))
     return result.rowcount or 0
+
+
+def end_sessions_for_mapping(session, kind: str, value: str) -> int:
+    """A changed or removed mapping: a userid's row ends that member's sessions; a department's,
+    every WeCom-linked one (who is in the department is WeCom's to say). They sign in again and
+    get the role the mappings give now."""
+    if kind != "user":
+        return end_sessions(session)
+    user_id = session.scalar(select(AdminUser.id).where(AdminUser.name == account_name(value)))
+    return 0 if user_id is None else end_sessions(session, user_id)
