@@ -77,7 +77,7 @@ class LoginStates:
             raise StateRefused("bad_state")
         raw = self.redis.getdel(STATE_PREFIX + _digest(returned_state))
         if raw is None:
-            raise StateRefused("state_used_or_expired")
+            raise StateRefused("state_spent")
         record = json.loads(raw)
         if not secrets.compare_digest(record.get("challenge", "").encode(),
                                       _digest(pending.verifier).encode()):
