@@ -3,17 +3,20 @@ WeCom userids and departments to roles (``/admin/wecom-roles``). The checks live
 
 from __future__ import annotations
 
+import redis
 from flask import abort, flash, redirect, render_template, request, session, url_for
+from flask_login import current_user
 from flask_wtf import FlaskForm
 from wtforms import SelectField, StringField
 from wtforms.validators import DataRequired, Length
 
 from app.admin import audit_admin, bp, roles_required, services
+from app.admin.auth import LoginForm, safe_next, start_session
 from app.audit import EventType
 from app.models import AdminRole, WeComRoleMapping
 from app.sso import roles
 from app.sso.login_state import Pending
-from app.sso.signin import WeComSignIn, account_name, end_sessions_for_mapping
+from app.sso.signin import SignInResult, WeComSignIn, account_name, end_sessions_for_mapping
 
 PENDING_KEY = "wecom_login"  # the started sign-in's state and verifier in the session cookie
 REFUSED = {  # outcome -> (HTTP status, what the person is told)
@@ -23,6 +26,7 @@ REFUSED = {  # outcome -> (HTTP status, what the person is told)
                        "您所在部门对应的角色不一致，请联系管理员。"),
     "disabled": (403, "This account is turned off. 该账户已停用。"),
     "not_member": (403, "Only members of this company can sign in. 仅限本企业成员登录。"),
+    "store_down": (503, "Sign-in is unavailable for a moment: try again. 登录暂不可用，请稍后再试。"),
     "wecom_down": (503, "WeCom did not answer: try again in a minute. 企业微信暂时无响应，请稍后再试。"),
 }
 EXPIRED = (400, "The sign-in expired or was already used: start it again. 登录已过期或已使用，请重新登录。")
@@ -48,27 +52,29 @@ def _redirect_uri(settings) -> str:
 @bp.get("/login/wecom")
 def wecom_login():
     """Send the browser to WeCom: the QR page, or OAuth inside the WeCom client (``wxwork``)."""
-    from app.admin.auth import safe_next
-
     svc = services()
     sign_in = _sign_in(svc)
     via = request.args.get("via") or ("oauth" if "wxwork" in request.headers.get("User-Agent", "").lower()
                                       else "qr")
     if via not in ("qr", "oauth"):
         abort(400)
-    pending = sign_in.begin(via, safe_next())
+    try:
+        pending = sign_in.begin(via, safe_next())
+    except redis.RedisError:
+        return _refused("store_down")
     session[PENDING_KEY] = pending.to_session()
     return redirect(sign_in.authorize_url(via, pending.state, _redirect_uri(svc.settings)))
 
 
 @bp.get("/login/wecom/callback")
 def wecom_callback():
-    from app.admin.auth import LoginForm, start_session
-
     svc = services()
     sign_in = _sign_in(svc)
     pending = Pending.from_session(session.pop(PENDING_KEY, None))
-    result = sign_in.complete(pending, request.args.get("state", ""), request.args.get("code", ""))
+    try:
+        result = sign_in.complete(pending, request.args.get("state", ""), request.args.get("code", ""))
+    except redis.RedisError:  # the state store is down: nothing can be checked, nothing accepted
+        result = SignInResult("store_down")
     with svc.db.transaction() as db_session:
         audit_admin(db_session, EventType.ADMIN_LOGIN, outcome=result.outcome[:16],
                     payload={"via": "wecom", "channel": result.channel,
@@ -78,7 +84,11 @@ def wecom_callback():
     if result.outcome == "ok":
         start_session(svc, result.user)
         return redirect(result.next_path or url_for("admin.index"))
-    status, message = REFUSED.get(result.outcome, EXPIRED)
+    return _refused(result.outcome)
+
+
+def _refused(outcome: str):
+    status, message = REFUSED.get(outcome, EXPIRED)
     flash(message, "error")
     return render_template("admin/login.html", form=LoginForm()), status
 
@@ -100,7 +110,7 @@ def wecom_roles():
         try:
             with svc.db.transaction() as db_session:
                 row = roles.set_mapping(db_session, form.kind.data, form.value.data, form.role.data,
-                                        created_by=f"admin:{_me()}")
+                                        created_by=f"admin:{current_user.name}")
                 end_sessions_for_mapping(db_session, row.kind, row.value)
                 audit_admin(db_session, EventType.ADMIN_CHANGE, payload={
                     "action": "wecom_role_set", "kind": row.kind, "value": row.value, "role": row.role})
@@ -130,10 +140,4 @@ def wecom_role_delete(mapping_id: int):
             "action": "wecom_role_remove", "kind": kind, "value": value})
     flash("Removed. 已删除。")
     return redirect(url_for("admin.wecom_roles"))
-
-
-def _me() -> str:
-    from flask_login import current_user
-
-    return current_user.name
 

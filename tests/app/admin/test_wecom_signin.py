@@ -304,3 +304,17 @@ def _token_for(client, settings) -> str:
     with client.session_transaction("/admin/login") as session:
         session["csrf_token"] = "a" * 40
     return URLSafeTimedSerializer(settings.secret_key.get_secret_value(), salt="wtf-csrf-token").dumps("a" * 40)
+
+
+def test_with_the_state_store_down_nothing_is_accepted(client, services, emulator):
+    import redis
+
+    grant(services, "user", "zhangwei", "admin")
+    callback = scan(start(client), "zhangwei")
+    services.__dict__["redis"] = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    down = come_back(client, callback)
+    assert down.status_code == 503 and "unavailable" in down.get_data(as_text=True)
+    assert client.get("/admin/login/wecom").status_code == 503
+    assert client.get("/admin/dashboard").status_code == 302
+    assert wecom_logins(services) == [("admin:unknown", "store_down")]
+    assert emulator.state.stats.get("auth/getuserinfo") is None  # WeCom was never asked
