@@ -8,6 +8,7 @@ from flask import abort, flash, redirect, render_template, request, session, url
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from wtforms import SelectField, StringField
+from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length
 
 from app.admin import audit_admin, bp, roles_required, services
@@ -95,7 +96,8 @@ def _refused(outcome: str):
 
 # -- role mappings (admin only) --------------------------------------------------------------------
 class MappingForm(FlaskForm):
-    kind = SelectField("Kind 类型", choices=[("user", "userid 成员"), ("department", "department id 部门")])
+    kind = SelectField("Kind 类型", choices=[SelectChoice("user", "userid 成员"),
+                                            SelectChoice("department", "department id 部门")])
     value = StringField("Userid or department id 成员账号或部门ID", validators=[DataRequired(), Length(max=64)])
     role = SelectField("Role 角色", choices=list(AdminRole.ALL))
 
