@@ -73,8 +73,8 @@ SIGN_IN_BY_WECOM_ONLY = "Password sign-in is turned off: sign in with WeCom. 密
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     form = LoginForm()
-    if request.method == "POST" and not services().settings.admin_password_login:
-        with services().db.transaction() as db_session:  # ADMIN_PASSWORD_LOGIN=false
+    if request.method == "POST" and not services().settings.admin_local_login:
+        with services().db.transaction() as db_session:  # ADMIN_LOCAL_LOGIN=false
             audit_admin(db_session, EventType.ADMIN_LOGIN, outcome="password_off",
                         payload={"via": "password"}, actor="unknown")
         flash(SIGN_IN_BY_WECOM_ONLY, "error")

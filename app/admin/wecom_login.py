@@ -37,7 +37,7 @@ EXPIRED = (400, "The sign-in expired or was already used: start it again. 登录
 def _sign_in_options() -> dict:
     settings = services().settings
     return {"wecom_login_enabled": settings.wecom_login_enabled,
-            "password_login_enabled": settings.admin_password_login}
+            "password_login_enabled": settings.admin_local_login}
 
 
 def _sign_in(svc) -> WeComSignIn:

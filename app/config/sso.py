@@ -29,8 +29,9 @@ class WeComLoginSettings(SettingsGroup):
                     "the app's trusted domain); empty: built from the request")
     wecom_login_state_ttl_s: int = Field(default=300, ge=30, le=1800,
                                          description="how long a started sign-in stays valid")
-    admin_password_login: bool = Field(default=True,
-                                       description="false closes the password login (break-glass)")
+    # The local accounts' password form (no "password" in the name: it holds none).
+    admin_local_login: bool = Field(default=True,
+                                    description="false closes the password login (break-glass)")
 
     @field_validator("wecom_login_base", "wecom_oauth_base", "wecom_login_redirect_url")
     @classmethod
@@ -42,7 +43,7 @@ class WeComLoginSettings(SettingsGroup):
 
     @model_validator(mode="after")
     def _someone_can_sign_in(self):
-        if not self.admin_password_login and not self.wecom_login_enabled:
-            raise ValueError("ADMIN_PASSWORD_LOGIN=false needs WECOM_LOGIN_ENABLED=true: "
+        if not self.admin_local_login and not self.wecom_login_enabled:
+            raise ValueError("ADMIN_LOCAL_LOGIN=false needs WECOM_LOGIN_ENABLED=true: "
                              "otherwise nobody can sign in to the admin site")
         return self

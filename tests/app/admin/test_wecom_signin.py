@@ -281,7 +281,7 @@ def test_wecom_sign_in_off_is_not_found(database_url, db, users):
 
 def test_password_login_turned_off(database_url, db, users, emulator):
     settings = settings_from(make_env(DATABASE_URL=database_url, SESSION_COOKIE_SECURE="false",
-                                      ADMIN_PASSWORD_LOGIN="false"))
+                                      ADMIN_LOCAL_LOGIN="false"))
     services = Services(settings, db)
     client = create_app(services=services).test_client()
     page = client.get("/admin/login").get_data(as_text=True)

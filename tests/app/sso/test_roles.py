@@ -78,10 +78,10 @@ def test_a_wecom_account_name_and_its_hash_open_nothing_by_password(db):
 
 
 def test_password_login_off_needs_wecom_sign_in():
-    with pytest.raises(ConfigError, match="ADMIN_PASSWORD_LOGIN=false needs WECOM_LOGIN_ENABLED=true"):
-        settings_from(make_env(ADMIN_PASSWORD_LOGIN="false", WECOM_LOGIN_ENABLED="false"))
+    with pytest.raises(ConfigError, match="ADMIN_LOCAL_LOGIN=false needs WECOM_LOGIN_ENABLED=true"):
+        settings_from(make_env(ADMIN_LOCAL_LOGIN="false", WECOM_LOGIN_ENABLED="false"))
     with pytest.raises(ConfigError, match="WECOM_LOGIN_BASE"):
         settings_from(make_env(WECOM_LOGIN_BASE="ftp://login.example"))
-    settings = settings_from(make_env(ADMIN_PASSWORD_LOGIN="false", WECOM_LOGIN_ENABLED="true",
+    settings = settings_from(make_env(ADMIN_LOCAL_LOGIN="false", WECOM_LOGIN_ENABLED="true",
                                       WECOM_LOGIN_REDIRECT_URL="https://admin.example.com/admin/login/wecom/callback/"))
     assert settings.wecom_login_redirect_url == "https://admin.example.com/admin/login/wecom/callback"
