@@ -23,7 +23,9 @@ the callback's, deduplicated by msgid, and the worker records it.
 **Pushes** (``aibot_send_msg``: the bot writing first, e.g. a budget alert to a department
 head) are queued in Redis by any process (``app.aibot_pushes``); the holder sends each with the
 pump and marks it sent once WeCom acknowledged it (a holder that dies before the ack leaves it to
-the next, which sends it again).
+the next, which sends it again). **Images and files** queued the same way
+(``app.aibot_uploads``) are uploaded (``aibot_upload_media_init``/``chunk``/``finish``, one
+frame in flight, the next sent on WeCom's ack) and sent with ``aibot_send_msg``.
 
 **Replies** are the stream the worker writes to Redis for the callback's refresh polls
 (``app.aibot_streams``); nothing in the worker changes. The holder pushes each stream instead of
@@ -60,6 +62,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app import aibot_callback, redis_client
 from app.aibot_pushes import Pushes
+from app.aibot_uploads import MediaPushes, Upload, UploadFailed
 from app.callback import CallbackRejected
 from app.intake.protocol import IntakeUnavailable
 from app.logging_setup import request_id_var
@@ -205,6 +208,7 @@ class Session:
     finished: dict[str, str] = field(default_factory=dict)  # req_id -> its stream, finish sent
     offered: dict[str, str] = field(default_factory=dict)  # stream id -> feedback id, first frame
     pushing: dict[str, str] = field(default_factory=dict)  # aibot_send_msg req_id -> push key
+    uploading: dict[str, Upload] = field(default_factory=dict)  # req_id in flight -> its upload
 
     def send(self, frame: aibot_ws.Frame) -> None:
         self.ws.send(frame.encode())
@@ -279,6 +283,9 @@ class Session:
             return
         if frame.req_id in self.pushing:
             self.pushed(frame)
+            return
+        if frame.req_id in self.uploading:
+            self.upload_step(frame)
             return
         if frame.errcode:
             log.warning("frame refused req_id=%s errcode=%s errmsg=%s", frame.req_id, frame.errcode,
@@ -406,6 +413,41 @@ class Session:
             self.send(frame)
             self.pushing[frame.req_id] = push.key
 
+    def upload_waiting(self) -> None:
+        """Start uploading each queued image or file not yet in flight on this connection."""
+        media = self.holder.media
+        try:
+            waiting = media.waiting()
+            busy = {upload.key for upload in self.uploading.values()}
+            for push in waiting:
+                data = None if push.key in busy else media.data(push.key)
+                if data is None:
+                    if push.key not in busy:
+                        media.drop(push.key)  # its bytes expired
+                    continue
+                upload = Upload(push.key, push.chatid, push.kind, push.filename, data)
+                frame = upload.start()
+                self.send(frame)
+                self.uploading[frame.req_id] = upload
+        except redis.RedisError as exc:
+            log.warning("media pushes unavailable: %s", type(exc).__name__)
+
+    def upload_step(self, frame: aibot_ws.Frame) -> None:
+        """WeCom's ack of an upload's frame: send its next one; done or refused, settle it."""
+        upload = self.uploading.pop(frame.req_id)
+        try:
+            following = upload.on_ack(frame)
+        except UploadFailed as exc:
+            log.warning("media not sent (%s %s): %s", upload.kind, upload.step, exc)
+            self.holder.media.drop(upload.key)  # it would be refused again
+            return
+        if following is None:
+            self.holder.media.sent(upload.key)
+            log.info("%s sent over the long connection in %d chunk(s)", upload.kind, upload.chunks)
+            return
+        self.send(following)
+        self.uploading[following.req_id] = upload
+
     def pushed(self, frame: aibot_ws.Frame) -> None:
         """WeCom's answer to a push: sent (never again), or refused (dropped: it would be refused
         again; what it carried went by app message as well)."""
@@ -424,6 +466,7 @@ class Session:
         the messages the bot writes first."""
         holder = self.holder
         self.push_waiting()
+        self.upload_waiting()
         try:
             owed = holder.pending.all()
         except redis.RedisError as exc:
@@ -475,6 +518,7 @@ class Holder:
         self.lease = Lease(services.redis, s.aibot_ws_lease_s)
         self.pending = Pending(services.redis)
         self.pushes = Pushes(services.redis)
+        self.media = MediaPushes(services.redis)
         self.backoff = aibot_ws.Backoff(1.0, s.aibot_ws_backoff_max_s)
         self.keeper: LeaseKeeper | None = None
         self._connect = connect or _connect

@@ -14,6 +14,8 @@
   ``kb search QUESTION [--department N]`` / ``kb reindex``: the knowledge base.
 - ``siem status`` / ``siem export``: the SIEM sinks' cursors, one export run now (app/siem).
 - ``tools add|list|remove|allow|revoke|public-key``: MCP tool servers (app/tools, docs/tools.md).
+- ``wecom-roles set --user ID|--department ID --role R`` / ``list`` / ``remove``: who may sign
+  in to the admin site with WeCom (app/sso).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import click
 from app.config import ConfigError
 from app.siem.cli import siem_group
 from app.tools.cli import tools_group
+from app.sso.cli import wecom_roles_group
 
 
 @click.group()
@@ -578,6 +581,7 @@ for _group in (keys, audit, prices, budgets, users, apikeys, kb):
     cli.add_command(_group)
 cli.add_command(siem_group(_services))
 cli.add_command(tools_group(_services))
+cli.add_command(wecom_roles_group(_services))
 
 
 def main() -> None:

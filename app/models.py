@@ -357,6 +357,23 @@ class AdminSession(Base):
                       Index("ix_admin_sessions_expires", "expires_at"))
 
 
+class WeComRoleMapping(Base):
+    """Who may sign in to the admin site with WeCom, and as what (app.sso.roles): a WeCom userid
+    (``kind`` user) or a department id (``kind`` department) and the role it grants. A userid's
+    own row wins over its departments'."""
+
+    __tablename__ = "wecom_role_mappings"
+
+    id: Mapped[int] = mapped_column(BigInt, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))  # user | department
+    value: Mapped[str] = mapped_column(String(64))  # the userid (lower case) or the department id
+    role: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str] = mapped_column(String(80))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    __table_args__ = (UniqueConstraint("kind", "value", name="uq_wecom_role_mappings_kind_value"),)
+
+
 # -- knowledge base (app.knowledge) ----------------------------------------------------------------
 class KnowledgeVisibility:
     ALL = "all"  # every employee

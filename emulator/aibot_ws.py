@@ -19,7 +19,8 @@ frame of a message's req_id makes the reply ratable (``AibotDeliverer.rate``); t
 ``aibot_event_callback`` frame (``feedback_event``) that no frame answers. ``aibot_send_msg``
 (the bot writing first: markdown or a template card, to a member's single chat or a group) is
 acknowledged and shown as an outbound message (``source: aibot_ws_send``); text is refused
-(40008), as WeCom refuses it there.
+(40008), as WeCom refuses it there. Images and files come as ``aibot_send_msg`` with the
+``media_id`` that ``aibot_upload_media_init``/``chunk``/``finish`` gave (``emulator.aibot_uploads``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from urllib.parse import quote
 
 from app.wecom import aibot_ws as proto
 from emulator.aibot import feedback_of, summary
+from emulator.aibot_uploads import MediaUploads
 from emulator.callbacks import CallbackError
 from emulator.state import EmulatorState
 
@@ -42,7 +44,7 @@ BAD_SECRET = 40001
 UNKNOWN_REQ_ID = 40058  # WeCom's "invalid parameter"
 STREAM_EXPIRED = 846608
 INVALID_MSGTYPE = 40008
-PUSH_TYPES = ("markdown", "template_card")
+PUSH_TYPES = ("markdown", "template_card", "image", "file")
 PUSH_MAX_BYTES = 20480
 
 
@@ -75,6 +77,7 @@ class LongConnection:
         self.server = None
         self.connections = 0
         self.answer_pings = True  # False: a connection that went silent (the bot must notice)
+        self.uploads = MediaUploads(state)
         self._thread: threading.Thread | None = None
 
     @property
@@ -142,6 +145,8 @@ class LongConnection:
                     conn.send(self._welcome(frame).encode())
                 elif frame.cmd == proto.SEND:
                     conn.send(self._pushed(frame).encode())
+                elif frame.cmd in (proto.UPLOAD_INIT, proto.UPLOAD_CHUNK, proto.UPLOAD_FINISH):
+                    conn.send(self.uploads.handle(frame).encode())
                 else:
                     conn.send(proto.ack(frame.req_id, UNKNOWN_REQ_ID, "unknown cmd").encode())
         except Exception as exc:  # noqa: BLE001 - a connection's end, however it comes
@@ -364,6 +369,10 @@ class LongConnection:
             st.bump("aibot_ws", "send_refused")
             return proto.ack(frame.req_id, INVALID_MSGTYPE, "invalid message type")
         item = body.get(msgtype)
+        if msgtype in ("image", "file") and not (isinstance(item, dict) and self.uploads.known(
+                str(item.get("media_id") or ""), msgtype)):
+            st.bump("aibot_ws", "send_refused")
+            return proto.ack(frame.req_id, 40007, "invalid media_id")
         content = item.get("content") if isinstance(item, dict) and msgtype == "markdown" else None
         if msgtype == "markdown" and (not isinstance(content, str) or not content.strip()
                                       or len(content.encode()) > PUSH_MAX_BYTES):

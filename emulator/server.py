@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flask import Flask
 
-from emulator import admin, api, kf, media
+from emulator import admin, api, kf, login, media
 from emulator.aibot import AibotDeliverer
 from emulator.aibot_ws import LongConnection
 from emulator.callbacks import CallbackDeliverer
@@ -46,6 +46,8 @@ def create_emulator(config: EmulatorConfig | None = None) -> tuple[Flask, Emulat
     app.register_blueprint(media.bp)
     app.extensions["wecom_emulator_kf"] = kf.KfState(state.wall)  # 微信客服
     app.register_blueprint(kf.bp)
+    app.extensions["wecom_emulator_login"] = login.LoginCodes(state.clock)
+    app.register_blueprint(login.bp)
     return app, state
 
 

@@ -22,7 +22,8 @@ from emulator.config import EmulatorConfig
 
 FAULT_APIS = ("gettoken", "message/send", "user/get", "department/list", "department/get", "media/get",
               "message/update_template_card", "appchat/get", "kf/sync_msg", "kf/send_msg",
-              "kf/service_state/get", "kf/service_state/trans")
+              "kf/service_state/get", "kf/service_state/trans",
+              "auth/getuserinfo")
 _MAX_TOKENS = 1000
 
 

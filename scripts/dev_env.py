@@ -29,6 +29,10 @@ def dev_env(api_base: str = "http://127.0.0.1:8081") -> dict[str, str]:
         "WECOM_AGENT_ID": "1000002",
         **demo_secrets("WECOM_SECRET", "WECOM_TOKEN", "WECOM_AES_KEY"),
         "WECOM_API_BASE": api_base,
+        # WeCom sign-in for the admin site: the emulator plays WeCom's login pages too
+        "WECOM_LOGIN_ENABLED": "true",
+        "WECOM_LOGIN_BASE": api_base,
+        "WECOM_OAUTH_BASE": api_base,
         "DATA_KEYS": "k1:" + base64.b64encode(secrets.token_bytes(32)).decode(),
         "BLIND_INDEX_KEY": secrets.token_urlsafe(48),
         "SECRET_KEY": secrets.token_urlsafe(48),

@@ -61,7 +61,7 @@ def init_app(app, services) -> None:
     csrf.exempt(aibot_callback.bp)
     csrf.exempt(api.bp)  # API clients authenticate with a bearer key, not a session cookie
 
-    from app.admin import audit_views, auth, budgets, dashboard, finance, tools, users  # noqa: F401
+    from app.admin import audit_views, auth, budgets, dashboard, finance, tools, users, wecom_login  # noqa: F401
 
     app.register_blueprint(bp)
 

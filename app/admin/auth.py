@@ -67,9 +67,18 @@ def _count_failure(svc) -> None:
         window_add(svc.redis, bucket, window)
 
 
+SIGN_IN_BY_WECOM_ONLY = "Password sign-in is turned off: sign in with WeCom. 密码登录已关闭，请使用企业微信登录。"
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     form = LoginForm()
+    if request.method == "POST" and not services().settings.admin_local_login:
+        with services().db.transaction() as db_session:  # ADMIN_LOCAL_LOGIN=false
+            audit_admin(db_session, EventType.ADMIN_LOGIN, outcome="password_off",
+                        payload={"via": "password"}, actor="unknown")
+        flash(SIGN_IN_BY_WECOM_ONLY, "error")
+        return render_template("admin/login.html", form=None), 403
     if form.validate_on_submit():
         svc = services()
         name = form.name.data.strip()
@@ -92,12 +101,8 @@ def login():
                         outcome="ok" if result.outcome == "ok" else result.outcome[:16],
                         payload={"name": name}, actor=actor)
         if result.outcome == "ok":
-            session.clear()  # no state carried over from before the login
-            session[sessions.SESSION_KEY] = sessions.start(
-                svc.db, result.user.id, timedelta(hours=settings.admin_session_hours))
-            login_user(result.user)
-            session.permanent = True
-            return redirect(_safe_next() or url_for("admin.index"))
+            start_session(svc, result.user)
+            return redirect(safe_next() or url_for("admin.index"))
         _count_failure(svc)
         flash(LOGIN_FAILED, "error")
         return render_template("admin/login.html", form=form), 401
@@ -115,7 +120,16 @@ def logout():
     return redirect(url_for("admin.login"))
 
 
-def _safe_next() -> str | None:
+def start_session(svc, user) -> None:
+    """Sign ``user`` in: a fresh cookie session naming a new server-side session."""
+    session.clear()  # no state carried over from before the login
+    session[sessions.SESSION_KEY] = sessions.start(
+        svc.db, user.id, timedelta(hours=svc.settings.admin_session_hours))
+    login_user(user)
+    session.permanent = True
+
+
+def safe_next() -> str | None:
     target = request.args.get("next", "")
     # Only paths inside the admin area: no scheme, no host, no "//evil".
     if target.startswith("/admin/") and not target.startswith("//") and "\\" not in target:

@@ -13,6 +13,7 @@ every setting keeps its flat name: ``settings.wecom_token`` reads ``WECOM_TOKEN`
 - ``kf``: the 微信客服 channel (``KfSettings``);
 - ``siem``: audit events and spend streamed to the SIEM (``SiemSettings``: syslog, OTLP);
 - ``tools``: MCP tools, their identity tokens and the tool loop's bounds (``ToolSettings``);
+- ``sso``: WeCom sign-in for the admin site (``WeComLoginSettings``);
 - ``inference``: the model (``ModelSettings``, ``OpenAISettings``); ``knowledge``: the
   knowledge base and its servers; ``media``: voice, images and files (``MediaSettings``);
 - ``secret_fields``: which settings are secrets, their strength rules, the logs' redaction list;
@@ -49,6 +50,7 @@ from app.config.secret_fields import (
     split_blind_index_keys,
 )
 from app.config.siem import SiemSettings
+from app.config.sso import WeComLoginSettings
 from app.config.storage import DatabaseSettings, QueueSettings
 from app.config.tools import ToolSettings
 from app.config.values import RATE_UNITS, parse_rate, parse_thresholds
@@ -66,6 +68,7 @@ class Settings(
     WebSettings, ApiSettings, AdminSettings, WorkerSettings, AuditSettings, AccountingSettings,
     ObservabilitySettings, ModelSettings, OpenAISettings, KnowledgeSettings,
     KnowledgeServerSettings, MediaSettings, SiemSettings, KfSettings, ToolSettings,
+    WeComLoginSettings,
 ):
     """Every setting of the service: the groups above, one flat namespace."""
 

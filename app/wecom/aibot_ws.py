@@ -17,7 +17,12 @@ URL, no trusted IPs, no signature or AES (TLS carries it). Every frame is one JS
   polling: the bot pushes), each acked; ``aibot_respond_welcome_msg`` answers ``enter_chat``
   (within 5 s) with a ``text`` body; ``aibot_send_msg`` pushes unprompted. A req_id's first
   stream frame may carry ``stream.feedback.id``: a 👍/👎 on that reply then comes back as an
-  ``aibot_event_callback`` with ``event.eventtype: feedback_event`` (``app.feedback``).
+  ``aibot_event_callback`` with ``event.eventtype: feedback_event`` (``app.feedback``);
+* bot -> WeCom ``aibot_upload_media_init`` ``{type, filename, total_size, total_chunks, md5}``
+  (acked with ``body.upload_id``), ``aibot_upload_media_chunk`` ``{upload_id, chunk_index,
+  base64_data}`` (512 KiB pieces, at most 100), ``aibot_upload_media_finish`` ``{upload_id}``
+  (acked with ``body.media_id``): a temporary image or file, sent with ``aibot_send_msg``
+  ``{chatid, msgtype: image|file, <type>: {media_id}}`` (``app.aibot_uploads``).
 
 Acks carry the req_id of the frame they answer and no ``cmd``. This module builds and parses;
 ``app.aibot_connection`` holds the connection.
@@ -25,6 +30,8 @@ Acks carry the req_id of the frame they answer and no ``cmd``. This module build
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import random
 import secrets
@@ -39,6 +46,12 @@ EVENT_CALLBACK = "aibot_event_callback"
 RESPOND = "aibot_respond_msg"
 RESPOND_WELCOME = "aibot_respond_welcome_msg"
 SEND = "aibot_send_msg"
+UPLOAD_INIT = "aibot_upload_media_init"
+UPLOAD_CHUNK = "aibot_upload_media_chunk"
+UPLOAD_FINISH = "aibot_upload_media_finish"
+UPLOAD_CHUNK_BYTES = 512 * 1024  # the SDKs' piece (base64 of it stays under MAX_FRAME_BYTES)
+MAX_UPLOAD_CHUNKS = 100
+MEDIA_TYPES = ("image", "file")  # what the bot sends back here (voice and video exist too)
 DISCONNECTED_EVENT = "disconnected_event"
 MAX_FRAME_BYTES = 1024 * 1024
 
@@ -130,6 +143,29 @@ def send_markdown(chatid: str, content: str) -> Frame:
     userid; WeCom delivers it only where the member has talked to the bot before)."""
     return Frame(SEND, new_req_id(SEND), {"chatid": chatid, "chat_type": 1, "msgtype": "markdown",
                                           "markdown": {"content": content}})
+
+
+def upload_init(kind: str, filename: str, data: bytes) -> Frame:
+    chunks = max(1, -(-len(data) // UPLOAD_CHUNK_BYTES))
+    return Frame(UPLOAD_INIT, new_req_id(UPLOAD_INIT), {
+        "type": kind, "filename": filename, "total_size": len(data), "total_chunks": chunks,
+        "md5": hashlib.md5(data).hexdigest()})  # noqa: S324 - WeCom's integrity check, not security
+
+
+def upload_chunk(upload_id: str, index: int, data: bytes) -> Frame:
+    piece = data[index * UPLOAD_CHUNK_BYTES:(index + 1) * UPLOAD_CHUNK_BYTES]
+    return Frame(UPLOAD_CHUNK, new_req_id(UPLOAD_CHUNK), {
+        "upload_id": upload_id, "chunk_index": index, "base64_data": base64.b64encode(piece).decode()})
+
+
+def upload_finish(upload_id: str) -> Frame:
+    return Frame(UPLOAD_FINISH, new_req_id(UPLOAD_FINISH), {"upload_id": upload_id})
+
+
+def send_media(chatid: str, kind: str, media_id: str) -> Frame:
+    """``aibot_send_msg`` with an uploaded image or file, to a member's single chat."""
+    return Frame(SEND, new_req_id(SEND), {"chatid": chatid, "chat_type": 1, "msgtype": kind,
+                                          kind: {"media_id": media_id}})
 
 
 def ack(req_id: str, errcode: int = 0, errmsg: str = "ok") -> Frame:

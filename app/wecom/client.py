@@ -402,6 +402,16 @@ class WeComClient:
             raise ValueError("userid is empty")
         return self._call("GET", "/cgi-bin/user/get", params={"userid": userid})
 
+    # --- auth/getuserinfo (web sign-in) --------------------------------------------------------
+
+    def get_user_info(self, code: str) -> dict:
+        """Who a sign-in ``code`` (from the QR login or OAuth redirect) belongs to: ``userid`` for
+        a member of the corp, ``openid`` for anyone else. WeCom takes each code once, within
+        five minutes (errcode 40029 otherwise)."""
+        if not code:
+            raise ValueError("code is empty")
+        return self._call("GET", "/cgi-bin/auth/getuserinfo", params={"code": code})
+
     # --- department/get ------------------------------------------------------------------------
 
     def get_department(self, dept_id: int) -> dict:

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.faults
 # The callbacks are signed instead; health holds no data; /metrics answers loopback or its bearer
 # token only (tests/app/test_metrics_collectors.py), and this test client is loopback.
 PUBLIC = {"static", "health.healthz", "health.readyz", "metrics.metrics", "admin.static",
-          "admin.login", "wecom.verify_url", "wecom.receive", "aibot.verify_url", "aibot.receive"}
+          "admin.login", "wecom.verify_url", "wecom.receive", "aibot.verify_url", "aibot.receive",
+          # signing in with WeCom: anyone starts one; its callback checks state, verifier and code
+          "admin.wecom_login", "admin.wecom_callback"}
 LOGIN_ONLY = {"admin.index", "admin.logout"}  # any signed-in role; they hold no data
 ROLES = (AdminRole.ADMIN, AdminRole.FINANCE, AdminRole.AUDITOR)
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

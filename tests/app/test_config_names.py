@@ -54,6 +54,8 @@ SWEEP_QUEUED_AFTER_S SYSTEM_PROMPT
 TASK_MAX_RETRIES TEMPERATURE TOP_P TRUSTED_PROXIES VISION_API_KEY VISION_BASE_URL VISION_MODEL
 VISION_TIMEOUT_S VOICE_MAX_DURATION_S WECOM_AES_KEY WECOM_AGENT_ID WECOM_API_BASE WECOM_CORP_ID WECOM_DUPLICATE_CHECK_S
 WECOM_MARKDOWN WECOM_RATE_LIMIT_RETRY_S WECOM_SECRET WECOM_TOKEN WECOM_USER_RATE_LIMIT WELCOME_MESSAGE
+WECOM_LOGIN_BASE WECOM_LOGIN_ENABLED WECOM_LOGIN_REDIRECT_URL WECOM_LOGIN_STATE_TTL_S WECOM_OAUTH_BASE
+ADMIN_LOCAL_LOGIN
 WEB_ROLE WORKER_HEARTBEAT_TTL_S
 TOOLS_CALL_TIMEOUT_S TOOLS_CONFIRM_TTL_S TOOLS_ENABLED TOOLS_LIST_TTL_S TOOLS_MAX_SECONDS
 TOOLS_MAX_STEPS TOOLS_MAX_TOKENS TOOLS_PLANNER TOOLS_RESULT_MAX_CHARS TOOLS_SIGNING_KEY
@@ -66,9 +68,9 @@ DERIVED = ("aibot_enabled", "aibot_ws_enabled", "alert_recipients", "blind_index
 
 
 def test_the_settings_read_exactly_the_environment_names_deployments_use():
-    assert len(ENVIRONMENT_NAMES) == 173  # 129, issue 50's three (docs/security.md), issue 56's 20
-    # (docs/siem.md) and 6 (docs/kf.md), KB_DENSE_WEIGHT, KB_TABLE_HEADERS (docs/retrieval.md),
-    # issue 53's 13 (docs/tools.md)
+    assert len(ENVIRONMENT_NAMES) == 179  # 129, issue 50's three (docs/security.md), issue 56's 20
+    # (docs/siem.md), 6 (docs/kf.md) and 6 (docs/wecom-signin.md), KB_DENSE_WEIGHT,
+    # KB_TABLE_HEADERS (docs/retrieval.md), issue 53's 13 (docs/tools.md)
     read = {name.upper() for name in Settings.model_fields}
     assert sorted(read - ENVIRONMENT_NAMES) == [], "a new variable: add it to the list on purpose"
     assert sorted(ENVIRONMENT_NAMES - read) == [], "renamed or dropped: deployments set these"
@@ -104,6 +106,7 @@ FROM_THE_ENVIRONMENT = {
     "KB_TOP_K": ("kb_top_k", "6", 6),
     "RERANK_CANDIDATES": ("rerank_candidates", "30", 30),
     "ASR_LANGUAGE": ("asr_language", "zh", "zh"),
+    "WECOM_LOGIN_STATE_TTL_S": ("wecom_login_state_ttl_s", "120", 120),
 }
 
 

@@ -80,7 +80,7 @@ def seed_demo(services: Services, seed: int = 7) -> dict:
 class AdminSite:
     """gunicorn over a seeded database; ``url``, ``services`` (same database and secrets)."""
 
-    def __init__(self, tmp: Path, db_kind: str = "sqlite", workers: int = 2):
+    def __init__(self, tmp: Path, db_kind: str = "sqlite", workers: int = 2, **extra_env: str):
         self.temp_db = TempDatabase(db_kind, tmp)
         migrate.upgrade(self.temp_db.url)
         self.redis = redis.Redis.from_url(REDIS_URL)
@@ -88,7 +88,7 @@ class AdminSite:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.env = make_env(DATABASE_URL=self.temp_db.url, REDIS_URL=REDIS_URL,
-                            SESSION_COOKIE_SECURE="false")
+                            SESSION_COOKIE_SECURE="false", **extra_env)
         self.services = Services(settings_from(self.env))
         self.seeded = seed_demo(self.services)
         self.env.update({"WEB_BIND": f"127.0.0.1:{port}", "WEB_WORKERS": str(workers),

@@ -134,8 +134,9 @@ def session_for(client, ws_, monkeypatch, texts):
 
     monkeypatch.setattr(aibot_callback, "refresh", refresh)
     from app.aibot_pushes import Pushes
+    from app.aibot_uploads import MediaPushes
 
-    holder = SimpleNamespace(pending=Pending(client), pushes=Pushes(client),
+    holder = SimpleNamespace(pending=Pending(client), pushes=Pushes(client), media=MediaPushes(client),
                              settings=SimpleNamespace(aibot_stream_ttl_s=60), services=None)
     return Session(holder, ws_, ws.Heartbeat(30))
 
