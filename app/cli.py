@@ -27,8 +27,8 @@ import click
 
 from app.config import ConfigError
 from app.siem.cli import siem_group
-from app.tools.cli import tools_group
 from app.sso.cli import wecom_roles_group
+from app.tools.cli import tools_group
 
 
 @click.group()
