@@ -13,10 +13,10 @@ workers = int(os.environ.get("WEB_WORKERS", min(2 * multiprocessing.cpu_count() 
 # gthread whose event loop reads each request whole before a thread sees it (as nginx does):
 # slow uploads cost a socket and a buffer, never one of the threads, so they cannot starve
 # /healthz or the callbacks, behind nginx or without it; past REQUEST_BODY_TIMEOUT_S they get
-# 408 (app/gunicorn_worker.py). Plain gthread gave each trickling client a thread (about 72
+# 408 (app/web/gunicorn_worker.py). Plain gthread gave each trickling client a thread (about 72
 # held them all); more threads only move that line, and gevent would need the database and
 # Redis drivers patched.
-worker_class = "app.gunicorn_worker.BufferingThreadWorker"
+worker_class = "app.web.gunicorn_worker.BufferingThreadWorker"
 threads = int(os.environ.get("WEB_THREADS", 8))
 timeout = int(os.environ.get("WEB_TIMEOUT", 60))
 # A streamed /v1 answer may still be running at shutdown: it gets this long to finish.
@@ -32,7 +32,7 @@ loglevel = os.environ.get("WEB_LOG_LEVEL", "info")
 # No preload: each worker opens its own database and Redis connections after the fork.
 preload_app = False
 
-# -- Prometheus multiprocess mode (app/metrics_view.py, docs/observability.md) ---------------------
+# -- Prometheus multiprocess mode (app/web/metrics_view.py, docs/observability.md) ---------------------
 # Each worker writes its counters to files in this directory and /metrics adds them up. It must be
 # set before a worker creates a metric, so it is set here, in the master, if the operator did not;
 # a fresh private directory by default, emptied at start (old files would count twice), and a dead
@@ -45,7 +45,7 @@ if _own_metrics_dir:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="wecom-bot-metrics-")
 
 
-# -- The intake server (app/intake/server.py) ---------------------------------------------------
+# -- The intake server (app/web/intake_server.py) ---------------------------------------------------
 # One process writes every web process's callbacks (larger batches, and no request thread holds
 # the GIL that a transaction waits for). gunicorn runs it as its one "dirty worker": started
 # with the service, started again if it dies, stopped with it. The web processes find it at
@@ -56,7 +56,7 @@ if os.environ.get("INTAKE_SERVER", "1") != "0":
     if not os.environ.get("INTAKE_SOCKET"):
         _own_intake_dir = tempfile.mkdtemp(prefix="wecom-bot-intake-")
         os.environ["INTAKE_SOCKET"] = os.path.join(_own_intake_dir, "intake.sock")
-    dirty_apps = ["app.intake.server:IntakeApp"]
+    dirty_apps = ["app.web.intake_server:IntakeApp"]
     dirty_workers = 1
     # gunicorn keys its dirty processes' pid file by this name and kills an "orphan" it finds
     # there at start: one name per address keeps two services on one host apart.

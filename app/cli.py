@@ -1,4 +1,4 @@
-"""Command line: ``python -m app.cli <command>`` or ``flask --app app <command>``.
+"""Command line: ``python -m app.cli <command>`` or ``flask --app app.web.factory <command>``.
 
 - ``migrate``: bring the schema to the newest revision;
 - ``keys rotate``: re-encrypt every sealed column with the primary key (audited);
@@ -63,7 +63,7 @@ def _services():
         return current_app.extensions["services"]
     context = click.get_current_context(silent=True)
     info = context.find_object(ScriptInfo) if context else None
-    if info is not None:  # under ``flask --app app``
+    if info is not None:  # under ``flask --app app.web.factory``
         return info.load_app().extensions["services"]
     from app.config import get_settings
     from app.services import Services
@@ -133,7 +133,7 @@ def verify() -> None:
 @click.option("--days", type=int, default=None, help="retention; default AUDIT_RETENTION_DAYS")
 def purge(days: int | None) -> None:
     """Delete events older than the retention (never below 180 days), keeping an anchor."""
-    from app.audit import MIN_RETENTION_DAYS, ChainBroken
+    from app.audit.chain import MIN_RETENTION_DAYS, ChainBroken
 
     services = _services()
     days = services.settings.audit_retention_days if days is None else days
@@ -173,10 +173,10 @@ def export(out_path, since, until, event_type, reason) -> None:
     """Write a signed zip (audit.csv, audit.jsonl, manifest.json) of the events in a range."""
     from datetime import UTC
 
-    from app.admin.audit_export import ExportQuery, count_rows, export_stream
-    from app.audit import EventType
-    from app.audit_signing import SigningKeyMissing, signing_key
+    from app.audit.chain import EventType
+    from app.audit.signing import SigningKeyMissing, signing_key
     from app.db import utcnow
+    from app.web.admin.audit_export import ExportQuery, count_rows, export_stream
 
     services = _services()
     if len(reason.strip()) < 10:
@@ -217,7 +217,7 @@ def checkpoint(outage: str | None) -> None:
 @audit.command("public-key")
 def public_key() -> None:
     """Print the PEM public key that verifies this server's exports (give it to auditors)."""
-    from app.audit_signing import SigningKeyMissing, public_pem, signing_key
+    from app.audit.signing import SigningKeyMissing, public_pem, signing_key
 
     try:
         click.echo(public_pem(signing_key(_services().settings)), nl=False)
@@ -232,13 +232,13 @@ def public_key() -> None:
                                  "default: this server's own")
 def verify_export(path, public_key_path) -> None:
     """Check an export's signature, checksums, row counts and chain links (exit 1 if not)."""
-    from app.admin.audit_export import verify_export as check
+    from app.web.admin.audit_export import verify_export as check
 
     if public_key_path is not None:
         with open(public_key_path, "rb") as pem:
             key = pem.read()
     else:
-        from app.audit_signing import SigningKeyMissing, signing_key
+        from app.audit.signing import SigningKeyMissing, signing_key
 
         try:
             key = signing_key(_services().settings).public_key()
@@ -310,7 +310,7 @@ def budgets() -> None:
 def set_budget(scope, value, period, limit_amount, action, thresholds) -> None:
     """Create or change a budget; for 'user' VALUE is the WeCom user id (stored as its index)."""
     from app.accounting import set_budget as put_budget
-    from app.audit import EventType
+    from app.audit.chain import EventType
     from app.outbox.rows import user_hash
     from app.wecom.departments import department_id
 
@@ -356,8 +356,8 @@ def users() -> None:
 @click.password_option("--password", prompt="Password", help="prompted for (hidden) if not given")
 def create_user(name: str, role: str, password: str) -> None:
     """Create an admin account NAME with a role; the password is argon2-hashed."""
-    from app.admin.accounts import create_user as add_user
-    from app.audit import EventType
+    from app.audit.chain import EventType
+    from app.web.admin.accounts import create_user as add_user
 
     services = _services()
     try:
@@ -388,7 +388,7 @@ def unlock_user(name: str) -> None:
     """Clear the failed-login lockout of NAME."""
     from sqlalchemy import update
 
-    from app.audit import EventType
+    from app.audit.chain import EventType
     from app.models import AdminUser
 
     services = _services()
@@ -415,8 +415,8 @@ def apikeys() -> None:
               help="requests per minute")
 def create_apikey(name: str, rate_limit: int) -> None:
     """Create a key for application NAME and print it (once: only its hash is kept)."""
-    from app.api.keys import create_key
-    from app.audit import EventType
+    from app.audit.chain import EventType
+    from app.web.api.keys import create_key
 
     services = _services()
     try:
@@ -435,7 +435,7 @@ def create_apikey(name: str, rate_limit: int) -> None:
 
 @apikeys.command("list")
 def list_apikeys() -> None:
-    from app.api.keys import list_keys
+    from app.web.api.keys import list_keys
 
     with _services().db.session() as session:
         for k in list_keys(session):
@@ -448,8 +448,8 @@ def list_apikeys() -> None:
 @click.argument("name")
 def disable_apikey(name: str) -> None:
     """Refuse every further request made with NAME's key."""
-    from app.api.keys import disable_key
-    from app.audit import EventType
+    from app.audit.chain import EventType
+    from app.web.api.keys import disable_key
 
     services = _services()
     try:

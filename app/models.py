@@ -5,7 +5,7 @@ WeCom message (status ``queued``) and the worker moves it to ``answered``, ``fai
 ``ignored``. Content, user id and reply are AES-GCM fields (see ``app.security``); only their
 blind indexes are stored in clear.
 
-The data layer (``app.audit``, ``app.accounting``) adds the hash-chained audit log and the
+The data layer (``app.audit.chain``, ``app.accounting``) adds the hash-chained audit log and the
 usage, price, budget and alert tables. No table holds message text, reply text or a WeCom user id
 in clear: users appear as their blind index (``user_hash``), everything else sensitive is sealed.
 ``ENCRYPTED_COLUMNS`` lists every sealed column, for ``keys rotate``.
@@ -88,7 +88,7 @@ class InboundMessage(Base):
     )
 
 
-# -- audit log (app.audit) -------------------------------------------------------------------------
+# -- audit log (app.audit.chain) -------------------------------------------------------------------------
 class AuditEvent(Base):
     """One append-only event. ``row_hash`` seals every other column, ``prev_hash`` included."""
 
@@ -123,7 +123,7 @@ class AuditChain(Base):
     anchor_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     anchor_hash: Mapped[str] = mapped_column(String(64))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)  # when sealed
-    # app.audit_head: the id of the chain key that sealed the head, and the head's MAC over all
+    # app.audit.head: the id of the chain key that sealed the head, and the head's MAC over all
     # of the above (None only before the first append since migration 0007).
     key_id: Mapped[str | None] = mapped_column(String(16))
     head_mac: Mapped[str | None] = mapped_column(String(64))
@@ -268,7 +268,7 @@ class BudgetAlert(Base):
     )
 
 
-# -- API keys (app.api) ----------------------------------------------------------------------------
+# -- API keys (app.web.api) ----------------------------------------------------------------------------
 class ApiKey(Base):
     """A key of one internal application for ``/v1``: only its HMAC is stored, never the key.
 
@@ -284,7 +284,7 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     # The key's SHA-256, sealed (DATA_KEYS): what ``keys rotate-index`` re-computes ``key_hash``
     # from under a new BLIND_INDEX_KEY. None for a key made before migration 0009 until its
-    # next use (app/api/keys.py). A hash, not the key: the database and DATA_KEYS together still
+    # next use (app/web/api/keys.py). A hash, not the key: the database and DATA_KEYS together still
     # cannot call the API.
     key_seal: Mapped[str | None] = mapped_column(Text)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True)
@@ -301,7 +301,7 @@ ENCRYPTED_COLUMNS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-# -- admin accounts (app.admin) --------------------------------------------------------------------
+# -- admin accounts (app.web.admin) --------------------------------------------------------------------
 class AdminRole:
     ADMIN = "admin"  # budgets, prices, users
     FINANCE = "finance"  # cost views, cost export
@@ -464,7 +464,7 @@ ENCRYPTED_COLUMNS.update({
 })
 
 
-# -- feedback on answers (app.feedback) ------------------------------------------------------------
+# -- feedback on answers (app.feedback.ratings) ------------------------------------------------------------
 class AnswerRating(Base):
     """One 👍/👎 on a model answer: at most one per message (``message_id`` is unique, so WeCom's
     retries and a second click store nothing). ``model`` and ``department`` are copied from the
@@ -496,7 +496,7 @@ class AnswerSource(Base):
     """One passage a model answer cited (revision 0013): its number in the answer, the document
     and chunk, ``section_key`` (a blind index of the document and section, so the 👎 report
     groups without decrypting) and "title › section" sealed with the row's id. Written when the
-    answer is stored, before it is sent (``app.answer_sources``); a file the employee sent is
+    answer is stored, before it is sent (``app.feedback.sources``); a file the employee sent is
     never recorded here."""
 
     __tablename__ = "answer_sources"

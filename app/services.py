@@ -61,7 +61,7 @@ class Services:
 
     @cached_property
     def audit(self):
-        from app.audit import AuditLog
+        from app.audit.chain import AuditLog
 
         s = self.settings
         return AuditLog(self.cipher, s.secret_key.get_secret_value(), s.previous_secret_keys,
@@ -97,7 +97,7 @@ class Services:
 
     @cached_property
     def streams(self):
-        from app.aibot_streams import StreamStore
+        from app.aibot.streams import StreamStore
 
         return StreamStore(self.redis, self.cipher, self.settings.aibot_stream_ttl_s)
 
@@ -113,7 +113,7 @@ class Services:
 
     @cached_property
     def celery(self):
-        from app.task_queue import make_celery
+        from app.broker.task_queue import make_celery
 
         return make_celery(self.settings)
 
@@ -150,7 +150,7 @@ class Services:
         if not self.settings.alert_department_heads:
             return []
         from app.accounting import DepartmentHeads
-        from app.aibot_pushes import Pushes
+        from app.aibot.pushes import Pushes
 
         return [DepartmentHeads(self.wecom, Pushes(self.redis) if self.settings.aibot_ws_enabled else None)]
 

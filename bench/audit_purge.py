@@ -21,8 +21,8 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from app import migrate
-from app.audit import Event, EventType
-from app.audit_head import Head
+from app.audit.chain import Event, EventType
+from app.audit.head import Head
 from app.db import Database, utcnow
 from app.models import AuditChain, AuditEvent
 from app.services import Services

@@ -190,7 +190,7 @@ def main() -> None:
     from app import migrate
 
     migrate.upgrade(stack.db.url)
-    stack.start_process("web", [sys.executable, "-m", "gunicorn", "app:create_app()"])
+    stack.start_process("web", [sys.executable, "-m", "gunicorn", "app.web.factory:create_app()"])
     try:
         wait_for(stack._web_ready, 60, what="gunicorn (app)")
         master = stack.procs["web"].pid

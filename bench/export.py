@@ -36,8 +36,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from app import migrate
-from app.audit import TABLE, EventRow, EventType
-from app.audit_head import Head
+from app.audit.chain import TABLE, EventRow, EventType
+from app.audit.head import Head
 from app.db import utcnow
 from app.models import AuditChain, AuditEvent
 from app.outbox.rows import user_hash
@@ -106,7 +106,7 @@ def _reset_peak() -> bool:
 
 def export_child(env: dict, since: datetime, until: datetime, out: str, trace: bool) -> dict:
     """One export in this (fresh) process: time, rows, zip size and memory figures."""
-    from app.admin.audit_export import ExportQuery, export_stream
+    from app.web.admin.audit_export import ExportQuery, export_stream
 
     services = Services(settings_from(env))
     query = ExportQuery(since, until)
@@ -135,8 +135,8 @@ def export_child(env: dict, since: datetime, until: datetime, out: str, trace: b
 
 
 def verify_child(env: dict, path: str) -> tuple[float, list[str]]:
-    from app.admin.audit_export import verify_export
-    from app.audit_signing import signing_key
+    from app.audit.signing import signing_key
+    from app.web.admin.audit_export import verify_export
 
     public_key = signing_key(settings_from(env)).public_key()
     began = time.perf_counter()

@@ -29,10 +29,11 @@ from pathlib import Path
 import redis
 from sqlalchemy import select
 
-from app import create_app, migrate
-from app.admin import accounts
+from app import migrate
 from app.models import AdminUser
 from app.services import Services
+from app.web.admin import accounts
+from app.web.factory import create_app
 from tests.support.env import make_env, settings_from
 
 TOKEN = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')

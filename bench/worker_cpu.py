@@ -49,10 +49,11 @@ def _database(kind: str, tmp: str) -> tuple[str, callable]:
 
 
 def run(kind: str, messages: int, budget: bool, profile: int) -> float:
-    from app import create_app, migrate
+    from app import migrate
     from app.accounting import set_budget, set_price
     from app.db import Database
     from app.services import Services
+    from app.web.factory import create_app
     from tests.support.env import make_env, settings_from
     from tests.worker.test_processor_data import FakeLLM, ids_of, post_message, processor_for
 

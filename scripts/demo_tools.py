@@ -27,7 +27,7 @@ def program(env: dict[str, str]) -> list[Program]:
     """The demo server, when tools are on and a signing key is set."""
     if not program_wanted(env):
         return []
-    from app.audit_signing import private_key_from_text
+    from app.audit.signing import private_key_from_text
     from app.tools.identity import public_pem
 
     PUBLIC_KEY.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ handbook's two editions (English, Chinese) loaded into the knowledge base (``kb 
 when unchanged; embedded by the model server), the WeCom emulator (port 8081; the AI bot's long connection on 8082),
 gunicorn with the callbacks and the admin area (8080), a second gunicorn with ``/v1`` (8083,
 ``API_PORT``), a Celery worker and Celery beat, the AI bot's long-connection
-service (``python -m app.aibot_connection``, when ``var/dev.env`` has ``AIBOT_BOT_ID``), then asks
+service (``python -m app.web.aibot_connection``, when ``var/dev.env`` has ``AIBOT_BOT_ID``), then asks
 the emulator to verify the callback URLs (the app's and the AI bot's) as WeCom's console does,
 and prints the chat page to open. Ctrl-C stops everything.
 
@@ -168,7 +168,7 @@ def programs(env: dict[str, str]) -> list[Program]:
     celery = [str(VENV_BIN / "celery"), "-A", "worker.celery_app"]
     connection = [
         # the AI bot's long connection; its replicas share a Redis lease (one holds it)
-        Program("aibot-connection", [sys.executable, "-m", "app.aibot_connection"], restart=True),
+        Program("aibot-connection", [sys.executable, "-m", "app.web.aibot_connection"], restart=True),
     ] if env.get("AIBOT_BOT_ID") and env.get("AIBOT_SECRET") else []
     engine = [
         Program("engine", [sys.executable, "-m", "inference", "serve", "--model", env.get("MODEL_DIR", "models/demo"),
@@ -202,7 +202,7 @@ def programs(env: dict[str, str]) -> list[Program]:
 def web_programs(env: dict[str, str]) -> list[Program]:
     """gunicorn for the callbacks, the admin area and the probes on ``WEB_BIND``, and
     gunicorn for ``/v1`` on ``API_BIND`` (no intake server there: it takes no callbacks)."""
-    gunicorn = [str(VENV_BIN / "gunicorn"), "app:create_app()"]
+    gunicorn = [str(VENV_BIN / "gunicorn"), "app.web.factory:create_app()"]
     return [
         Program("web", gunicorn, env={"WEB_ROLE": "web"}),
         Program("api", gunicorn, env={"WEB_ROLE": "api", "WEB_BIND": env["API_BIND"],

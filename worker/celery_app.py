@@ -1,6 +1,6 @@
 """The Celery application as the worker and beat run it: ``celery -A worker.celery_app``.
 
-The configuration and the task names are the web tier's (``app/task_queue.py``); the worker
+The configuration and the task names are the web tier's (``app/broker/task_queue.py``); the worker
 adds what only it needs: surviving a Redis restart in-process (``worker.broker_fixes``), the
 logging/metrics signal handlers, and the heartbeats that ``/readyz`` and the container health
 checks read.
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from celery.signals import beat_init, worker_ready, worker_shutdown
 
-from app.config import get_settings
-from app.task_queue import (  # noqa: F401 - the worker's modules take the names from here
+from app.broker.task_queue import (  # noqa: F401 - the worker's modules take the names from here
     AUDIT_CHECKPOINT,
     DATA_MAINTENANCE,
     HANDLE_MESSAGE,
@@ -19,6 +18,7 @@ from app.task_queue import (  # noqa: F401 - the worker's modules take the names
     SWEEP_OUTBOX,
     make_celery,
 )
+from app.config import get_settings
 from worker import broker_fixes
 from worker.observability import (
     heartbeat,

@@ -1,4 +1,4 @@
-"""The worker's side of feedback (``app.feedback``): the 👍/👎 card after a model answer on the
+"""The worker's side of feedback (``app.feedback.ratings``): the 👍/👎 card after a model answer on the
 app channel, the card's click (``template_card_event``), the AI bot's own 👍/👎
 (``feedback_event``), and the ``/feedback <text>`` command.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from app import feedback
+from app.feedback import ratings as feedback
 from app.wecom.exceptions import WeComAPIError, WeComTransientError
 from worker import commands
 

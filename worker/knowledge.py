@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from app import metrics
 from app.knowledge import prompt
 from app.knowledge.audience import Audience
 from app.knowledge.retrieval import Passage, Retriever
 from app.knowledge.store import topic_contact
+from app.metrics import counters as metrics
 from app.models import KnowledgeDocument
 from worker.scope.directory import Directory
 

@@ -27,7 +27,7 @@ from app.accounting import (
     period_end,
     period_start,
 )
-from app.audit import Event, EventType
+from app.audit.chain import Event, EventType
 from app.db import utcnow
 from app.kf.messages import CHANNEL as KF_CHANNEL
 from worker.kf.budget import KF_DEPARTMENT

@@ -28,10 +28,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
-from app import answer_sources, metrics
-from app.aibot_streams import TRUNCATED_NOTICE
-from app.audit import EventType
+from app.aibot.streams import TRUNCATED_NOTICE
+from app.audit.chain import EventType
 from app.db import utcnow
+from app.feedback import sources as answer_sources
 from app.kf import rules as kf_rules
 from app.kf.messages import CHANNEL as KF
 from app.knowledge import modes, prompt
@@ -39,6 +39,7 @@ from app.knowledge.audience import Audience
 from app.knowledge.prompt import choice_bias
 from app.llm import GenerationParams, LLMBackend, LLMError
 from app.logging_setup import request_context, sensitive
+from app.metrics import counters as metrics
 from app.models import MessageStatus
 from app.outbox import rows
 from app.outbox.rows import ClaimResult
@@ -400,7 +401,7 @@ class MessageProcessor:
         return after
 
     def _record_sources(self, row, reply: Reply) -> None:
-        """The passages the answer cites, kept for the 👎 report (``app.answer_sources``)."""
+        """The passages the answer cites, kept for the 👎 report (``app.feedback.sources``)."""
         if not reply.sources:
             return
         try:

@@ -22,7 +22,7 @@ from decimal import Decimal
 
 from sqlalchemy import update
 
-from app.audit import Event, EventType
+from app.audit.chain import Event, EventType
 from app.models import BudgetAlert
 
 log = logging.getLogger(__name__)

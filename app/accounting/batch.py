@@ -47,7 +47,7 @@ from app.accounting.statements import (
     roll_up_usage,
     write_periods,
 )
-from app.audit import Event
+from app.audit.chain import Event
 from app.db import utcnow
 from app.models import BudgetAlert
 from app.outbox.statements import DriverStatements

@@ -1,6 +1,6 @@
 """A department budget's alerts to the department's heads, where managers are: an app message
 (``message/send`` to their userids) and, where the AI bot's long connection is set up, the bot
-writing to each of them first (``aibot_send_msg``, through ``app.aibot_pushes``).
+writing to each of them first (``aibot_send_msg``, through ``app.aibot.pushes``).
 
 The heads come from the directory: WeCom's ``department/get`` answers ``department_leader``
 (the heads' userids within the app's visible range). A department without a head of its own
@@ -73,7 +73,7 @@ class DepartmentHeads:
 
     def __init__(self, wecom, pushes=None):
         self.wecom = wecom
-        self.pushes = pushes  # app.aibot_pushes.Pushes when the long connection is set up
+        self.pushes = pushes  # app.aibot.pushes.Pushes when the long connection is set up
 
     def __call__(self, alert: RaisedAlert) -> list[str]:
         if alert.scope != "department":

@@ -46,7 +46,7 @@ from app.accounting.statements import (
     lock_periods,
     write_periods,
 )
-from app.audit import Event
+from app.audit.chain import Event
 from app.db import utcnow
 from app.models import BudgetPeriod, BudgetReservation, UsageDaily
 

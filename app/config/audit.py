@@ -1,4 +1,4 @@
-"""The audit log (app/audit.py): retention, checkpoints, the head's outside copy, export signing."""
+"""The audit log (app/audit/chain.py): retention, checkpoints, the head's outside copy, export signing."""
 
 from __future__ import annotations
 

@@ -187,7 +187,7 @@ def check_signing_key(raw: str) -> None:
     """An Ed25519 key (PKCS#8 PEM or the seed's base64/hex) whose seed is random."""
     from cryptography.hazmat.primitives import serialization
 
-    from app.audit_signing import private_key_from_text
+    from app.audit.signing import private_key_from_text
 
     key = private_key_from_text(raw)
     refuse_low_entropy(key.private_bytes(serialization.Encoding.Raw,

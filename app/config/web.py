@@ -11,7 +11,7 @@ from app.config.values import parse_rate
 
 
 class WebSettings(SettingsGroup):
-    """Requests, behind a reverse proxy (app/proxy.py), and the callback path."""
+    """Requests, behind a reverse proxy (app/web/proxy.py), and the callback path."""
 
     web_role: Literal["all", "web", "api"] = Field(
         default="all",
@@ -25,9 +25,9 @@ class WebSettings(SettingsGroup):
     request_body_timeout_s: float = Field(
         default=10.0, gt=0, le=300,
         description="a request body (callback, /v1) must arrive whole within this: else 408 "
-                    "(app/body_reader.py), so a client trickling one cannot hold a thread")
+                    "(app/web/body_reader.py), so a client trickling one cannot hold a thread")
     callback_timestamp_window_s: int = 300
-    # The intake server (app/intake/server.py) that gunicorn.conf.py runs writes every web
+    # The intake server (app/web/intake_server.py) that gunicorn.conf.py runs writes every web
     # process's callbacks; its socket is set there. Unset: each web process writes its own.
     intake_socket: str | None = None
     intake_linger_ms: float = Field(
@@ -42,20 +42,20 @@ class WebSettings(SettingsGroup):
 
 
 class ApiSettings(SettingsGroup):
-    """The OpenAI-compatible API (app/api)."""
+    """The OpenAI-compatible API (app/web/api)."""
 
     api_max_tokens: int = Field(default=4096, ge=1, description="largest max_tokens a caller may ask")
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     api_max_concurrent_per_key: int = Field(
         default=4, ge=0, le=10000,
         description="requests (streams included) one API key may have in flight at once, over "
-                    "every web process; past it 429 with Retry-After (app/api/concurrency.py); 0 = no limit")
+                    "every web process; past it 429 with Retry-After (app/web/api/concurrency.py); 0 = no limit")
     api_reasoning: Literal["separate", "strip"] = Field(
         default="separate", description="a reasoning model's think part: reasoning_content, or dropped")
 
 
 class AdminSettings(SettingsGroup):
-    """The admin site (app/admin): sessions, sign-in limits, the finance export's wording."""
+    """The admin site (app/web/admin): sessions, sign-in limits, the finance export's wording."""
 
     session_cookie_secure: bool = Field(default=True, description="false only for plain-http dev/tests")
     admin_session_hours: int = 8

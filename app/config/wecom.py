@@ -32,7 +32,7 @@ class WeComSettings(SettingsGroup):
 
 class AiBotSettings(SettingsGroup):
     """The AI bot: its callback (/wecom/aibot, off unless token and key are both set) and its
-    long connection (python -m app.aibot_connection, docs/aibot.md: the bot dials out over a
+    long connection (python -m app.web.aibot_connection, docs/aibot.md: the bot dials out over a
     WebSocket, no public URL; off unless the bot id and secret are both set)."""
 
     aibot_token: Annotated[SecretStr | None, SHARED] = None

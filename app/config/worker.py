@@ -17,7 +17,7 @@ class WorkerSettings(SettingsGroup):
     task_max_retries: int = 5
     worker_heartbeat_ttl_s: float = Field(default=30.0, ge=3, description="see worker/observability/heartbeat.py")
     # A 👍/👎 template card after each model answer on the app channel, and WeCom's own 👍/👎
-    # under the AI bot's answers (feedback.id on the first stream reply): app.feedback.
+    # under the AI bot's answers (feedback.id on the first stream reply): app.feedback.ratings.
     feedback_cards: bool = True
     # An app answer with Markdown goes as WeCom's markdown message (headings, bold, links, inline
     # code, quotes; lists and tables rewritten as text: app/wecom/markdown.py); false: always a

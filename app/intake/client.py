@@ -1,4 +1,4 @@
-"""The web processes' side of the intake server (``app.intake.server``), in ``app.intake.wire``'s frames.
+"""The web processes' side of the intake server (``app.web.intake_server``), in ``app.intake.wire``'s frames.
 
 A callback's request thread prepares its message, sends it to the server on a connection of its
 own (kept for the thread's next requests) and waits for the row. When the server cannot be
@@ -19,10 +19,10 @@ import socket
 import threading
 import time
 
-from app import metrics
 from app.intake import wire
 from app.intake.local import LocalIntake
 from app.intake.protocol import IntakeUnavailable
+from app.metrics import counters as metrics
 from app.outbox.rows import Accepted, Arrival, Prepared, prepare
 
 log = logging.getLogger(__name__)

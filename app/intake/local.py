@@ -9,7 +9,7 @@ and answers each. A lone message waits for nobody.
 
 Where that writer runs:
 
-- in the intake server (``app.intake.server``), one process for the whole web service, when
+- in the intake server (``app.web.intake_server``), one process for the whole web service, when
   gunicorn runs one (``gunicorn.conf.py``): the batches hold every web process's messages, and
   the transaction never waits for a GIL that request threads are holding;
 - otherwise, and whenever the server cannot be reached, in a thread of this process (``LocalIntake``
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from app import metrics
-from app.audit import Event, EventType
+from app.audit.chain import Event, EventType
 from app.intake.batching import BatchThread
 from app.intake.protocol import IntakeUnavailable
+from app.metrics import counters as metrics
 from app.outbox.publisher import publish_tasks
 from app.outbox.rows import Accepted, Arrival, Prepared, accept_many, prepare
 

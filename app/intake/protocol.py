@@ -1,4 +1,4 @@
-"""The callback's intake protocol: what both callbacks (``app.callback``, ``app.aibot_callback``)
+"""The callback's intake protocol: what both callbacks (``app.web.callback``, ``app.web.aibot_callback``)
 and the long connection call to make a message durable, and the one error they answer 503 for.
 
 Two implementations: ``app.intake.client.RemoteIntake`` (the intake server's client, under

@@ -1,4 +1,4 @@
-"""The intake server's wire codec, the one both ends use (``app.intake.server``, ``app.intake.client``).
+"""The intake server's wire codec, the one both ends use (``app.web.intake_server``, ``app.intake.client``).
 
 A frame is a 4-byte big-endian length and a UTF-8 JSON value. A request is one prepared message
 (``Prepared.to_wire``); the answer ``[row id, created, stream id]``, or ``{"error": reason}``

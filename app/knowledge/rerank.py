@@ -19,7 +19,7 @@ import math
 
 import requests
 
-from app.http_session import session_for
+from app.http.session import session_for
 
 
 class RerankError(RuntimeError):

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import case, func, select
 
-from app import metrics
 from app.knowledge.audience import Audience, documents_visible_to
 from app.knowledge.embeddings import EmbeddingError, client_from
 from app.knowledge.glossary import equivalents
@@ -42,6 +41,7 @@ from app.knowledge.rerank import RerankError
 from app.knowledge.rerank import client_from as reranker_from
 from app.knowledge.terms import CJK as CJK_CHAR
 from app.knowledge.terms import terms
+from app.metrics import counters as metrics
 from app.models import (
     KnowledgeChunk,
     KnowledgeDocument,

@@ -20,7 +20,7 @@ from datetime import datetime
 
 from sqlalchemy import delete, insert, select
 
-from app.audit import EventType
+from app.audit.chain import EventType
 from app.db import utcnow
 from app.knowledge import contacts as contact_rules
 from app.knowledge.chunking import Chunk, chunk_blocks

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import urllib3
 
-from app.http_pool import HttpError, HttpPool, iter_lines
+from app.http.pool import HttpError, HttpPool, iter_lines
 from app.llm.tools import ToolCall, ToolCallDelta, ToolChoice, ToolSpec
 from inference.reasoning import ReasoningSplitter
 
@@ -115,7 +115,7 @@ class OpenAIBackend:
         self.model_name = model
         self.timeout = (3.05, timeout_s)
         self.retries = retries
-        self.http = HttpPool(self.base_url)  # app/http_pool.py
+        self.http = HttpPool(self.base_url)  # app/http/pool.py
         self.reply_start = reply_start
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 

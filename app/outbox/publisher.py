@@ -1,8 +1,8 @@
 """Publishing the worker's task from the web process, lean: the one way both channels publish.
 
 ``publish_tasks`` is what every new outbox row goes through: the callbacks' group commit
-(``app.intake.local``, ``app.intake.server``) and the AI bot's callback and long connection
-(``app.aibot_callback.submit``, once the row's stream is open). A broker failure leaves the rows
+(``app.intake.local``, ``app.web.intake_server``) and the AI bot's callback and long connection
+(``app.web.aibot_callback.submit``, once the row's stream is open). A broker failure leaves the rows
 queued for the sweeper (``worker.sweeper``).
 
 ``send`` publishes Celery's own message (protocol 2, ``app.amqp.create_task_message``) on a
@@ -33,7 +33,7 @@ from celery import Celery
 from celery.utils.saferepr import saferepr
 from kombu.utils.uuid import uuid
 
-from app.task_queue import HANDLE_MESSAGE, chat_queue, is_amqp
+from app.broker.task_queue import HANDLE_MESSAGE, chat_queue, is_amqp
 
 log = logging.getLogger(__name__)
 _EMBED_JSON = json.dumps({"callbacks": None, "errbacks": None, "chain": None, "chord": None})

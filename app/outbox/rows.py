@@ -53,7 +53,7 @@ class Arrival:
 class Prepared:
     """An arrival reduced to the values its write needs: the hashes and the payload's JSON are
     worked out on the request thread, so the writer (a thread of this process, or the intake
-    server: ``app.intake.server``) does little but the transaction. Plain values, in the order
+    server: ``app.web.intake_server``) does little but the transaction. Plain values, in the order
     ``to_wire`` sends them; ``user`` and ``payload`` are the plaintexts that the writer seals
     with the new row's id."""
 

@@ -24,7 +24,7 @@ from collections import Counter
 
 from sqlalchemy import select, update
 
-from app.audit import EventType
+from app.audit.chain import EventType
 from app.models import (
     AnswerRating,
     ApiKey,
@@ -124,7 +124,7 @@ def _usage(services, users: dict[str, str], batch_size: int, counts: Counter) ->
                 counts["usage_records.user_hash"] += session.execute(
                     update(UsageRecord).where(UsageRecord.user_hash == old)
                     .values(user_hash=new)).rowcount
-                for table in (AnswerRating, FeedbackComment):  # app.feedback's rows
+                for table in (AnswerRating, FeedbackComment):  # app.feedback.ratings's rows
                     moved = session.execute(
                         update(table).where(table.user_hash == old).values(user_hash=new)).rowcount
                     if moved:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import and_, or_, select, update
 
-from app.audit import EventType
+from app.audit.chain import EventType
 from app.db import Base
 from app.models import ENCRYPTED_COLUMNS, AuditEvent
 from app.tools import models as _tool_models  # noqa: F401 - its sealed column joins ENCRYPTED_COLUMNS

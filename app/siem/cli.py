@@ -1,4 +1,4 @@
-"""``python -m app.cli siem status | export`` (also ``flask --app app siem ...``)."""
+"""``python -m app.cli siem status | export`` (also ``flask --app app.web.factory siem ...``)."""
 
 from __future__ import annotations
 

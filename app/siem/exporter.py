@@ -22,8 +22,8 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from app import metrics
-from app.audit import EventType
+from app.audit.chain import EventType
+from app.metrics import counters as metrics
 from app.siem import cursors
 from app.siem.records import audit_anchor, audit_batch, usage_batch, usage_horizon
 

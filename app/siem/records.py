@@ -2,7 +2,7 @@
 ``Record``s that both sinks format (``app.siem.syslog``, ``app.siem.otlp``).
 
 **Audit events** are read by ``seq``. Seqs are taken under the chain head's lock and committed
-in order (``app.audit``), so a reader never sees seq n+1 before n: a cursor on ``seq`` skips
+in order (``app.audit.chain``), so a reader never sees seq n+1 before n: a cursor on ``seq`` skips
 nothing. The payload is sealed (AES-GCM); it leaves sealed (its ciphertext, as the chain's
 ``row_hash`` covers it, so the SIEM's copy can be verified and read later by a key holder)
 unless ``SIEM_PAYLOAD_FIELDS`` names fields to send decrypted as well (docs/siem.md).

@@ -29,7 +29,7 @@ def wecom_roles_group(services: Callable) -> click.Group:
     @click.option("--role", required=True, type=click.Choice(AdminRole.ALL))
     def set_role(user, department, role) -> None:
         """Grant ROLE to a userid or a department (changing an existing row)."""
-        from app.audit import EventType
+        from app.audit.chain import EventType
         from app.sso import roles
         from app.sso.signin import end_sessions_for_mapping
 
@@ -51,7 +51,7 @@ def wecom_roles_group(services: Callable) -> click.Group:
     @click.option("--department", "department", help="a WeCom department id")
     def remove(user, department) -> None:
         """Take a userid's or a department's row away (their WeCom sessions end)."""
-        from app.audit import EventType
+        from app.audit.chain import EventType
         from app.sso import roles
         from app.sso.signin import end_sessions_for_mapping
 

@@ -37,7 +37,7 @@ class Asker:
 
 def signing_key(settings) -> Ed25519PrivateKey | None:
     """``TOOLS_SIGNING_KEY`` (or the PEM in ``TOOLS_SIGNING_KEY_FILE``), None when neither is set."""
-    from app.audit_signing import private_key_from_text
+    from app.audit.signing import private_key_from_text
 
     if settings.tools_signing_key is not None:
         return private_key_from_text(settings.tools_signing_key.get_secret_value())

@@ -19,9 +19,9 @@ Same SHA1 signature and AES as the self-built app (``crypto.py``), but:
 * a first stream reply may carry ``stream.feedback.id`` (at most 256 bytes): WeCom then shows 👍/👎
   under it, and a rating comes back as ``msgtype: event``, ``event.eventtype: feedback_event``,
   ``event.feedback_event: {id, type (1 accurate, 2 inaccurate, 3 withdrawn), content,
-  inaccurate_reason_list}`` (``app/feedback.py`` records it).
+  inaccurate_reason_list}`` (``app/feedback/ratings.py`` records it).
 
-This module parses and builds; it keeps no state (``app/aibot_streams.py`` does).
+This module parses and builds; it keeps no state (``app/aibot/streams.py`` does).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class AibotMessage:
     file_url: str = ""  # file: the encrypted file's URL
     media_keys: tuple[str, ...] = field(default=())  # each image's own aeskey ("" for the bot's)
     file_key: str = ""  # the file's own aeskey, when it has one
-    # ``feedback_event`` (a 👍/👎 on an answer, app/feedback.py): the id our reply carried, WeCom's
+    # ``feedback_event`` (a 👍/👎 on an answer, app/feedback/ratings.py): the id our reply carried, WeCom's
     # type (1 accurate, 2 inaccurate, 3 withdrawn; 0 when missing or not a number) and the
     # reason codes; the employee's free text is ``content`` (sealed in the outbox like a question)
     feedback_id: str = ""
@@ -182,7 +182,7 @@ def parse_message(plaintext: bytes | str, received_at: int) -> AibotMessage:
 
 def _feedback_fields(body) -> dict:
     """``event.feedback_event`` read leniently: what is missing or of the wrong kind is left
-    empty, and the event is then refused with a log line (``app.feedback.aibot_problem``), never
+    empty, and the event is then refused with a log line (``app.feedback.ratings.aibot_problem``), never
     with a 400 that WeCom would retry."""
     if not isinstance(body, dict):
         return {}

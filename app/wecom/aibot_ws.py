@@ -17,15 +17,15 @@ URL, no trusted IPs, no signature or AES (TLS carries it). Every frame is one JS
   polling: the bot pushes), each acked; ``aibot_respond_welcome_msg`` answers ``enter_chat``
   (within 5 s) with a ``text`` body; ``aibot_send_msg`` pushes unprompted. A req_id's first
   stream frame may carry ``stream.feedback.id``: a 👍/👎 on that reply then comes back as an
-  ``aibot_event_callback`` with ``event.eventtype: feedback_event`` (``app.feedback``);
+  ``aibot_event_callback`` with ``event.eventtype: feedback_event`` (``app.feedback.ratings``);
 * bot -> WeCom ``aibot_upload_media_init`` ``{type, filename, total_size, total_chunks, md5}``
   (acked with ``body.upload_id``), ``aibot_upload_media_chunk`` ``{upload_id, chunk_index,
   base64_data}`` (512 KiB pieces, at most 100), ``aibot_upload_media_finish`` ``{upload_id}``
   (acked with ``body.media_id``): a temporary image or file, sent with ``aibot_send_msg``
-  ``{chatid, msgtype: image|file, <type>: {media_id}}`` (``app.aibot_uploads``).
+  ``{chatid, msgtype: image|file, <type>: {media_id}}`` (``app.aibot.uploads``).
 
 Acks carry the req_id of the frame they answer and no ``cmd``. This module builds and parses;
-``app.aibot_connection`` holds the connection.
+``app.web.aibot_connection`` holds the connection.
 """
 
 from __future__ import annotations

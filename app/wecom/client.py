@@ -37,8 +37,8 @@ from urllib.parse import unquote
 import requests
 from redis.exceptions import RedisError
 
-from app.http_pool import HttpError, HttpPool, HttpTimeout
-from app.http_session import session_for
+from app.http.pool import HttpError, HttpPool, HttpTimeout
+from app.http.session import session_for
 from app.wecom.exceptions import (
     TOKEN_ERRCODES,
     InvalidUserError,
@@ -134,7 +134,7 @@ class WeComClient:
         self.api_base = api_base.rstrip("/")
         self.redis = redis
         self.session = session or session_for(self.api_base)  # media downloads
-        self.http = HttpPool(self.api_base)  # the JSON API (app/http_pool.py)
+        self.http = HttpPool(self.api_base)  # the JSON API (app/http/pool.py)
         self.timeout = timeout
         self.token_refresh_margin = token_refresh_margin
         # One token per app: the key names the app (never the secret, which may rotate).

@@ -1,13 +1,12 @@
-"""answer_ratings and feedback_comments: 👍/👎 on answers and /feedback comments (app.feedback)
+"""answer_ratings and feedback_comments: 👍/👎 on answers and /feedback comments (app.feedback.ratings)
 
 Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-05 01:00:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0010'
 down_revision = '0009'

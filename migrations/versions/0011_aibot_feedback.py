@@ -1,4 +1,4 @@
-"""answer_ratings.reasons: the AI bot's 👎 reason codes (app.feedback, feedback_event)
+"""answer_ratings.reasons: the AI bot's 👎 reason codes (app.feedback.ratings, feedback_event)
 
 The AI bot's ratings share answer_ratings with the app channel's (channel ``aibot``); a
 withdrawn one is kept with rating 0, and the free text of a 👎 is a sealed feedback_comments
@@ -9,9 +9,8 @@ Revises: 0010
 Create Date: 2026-12-05 03:00:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0011'
 down_revision = '0010'

@@ -4,16 +4,15 @@ An answer's sources are recorded when it is stored, before it is sent: one row p
 passage, its number in the answer, the document and chunk ids, a keyed hash of (document,
 section) that the report groups by without decrypting, and "title › section" sealed (document
 titles are sealed everywhere else too). The dashboard's feedback area lists the worst-rated
-sources, so the documents behind bad answers get fixed (app.answer_sources).
+sources, so the documents behind bad answers get fixed (app.feedback.sources).
 
 Revision ID: 0013
 Revises: 0012
 Create Date: 2026-12-07 19:20:00
 """
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0013'
 down_revision = '0012'

@@ -14,18 +14,19 @@ import itsdangerous
 import pytest
 from werkzeug.routing import AnyConverter, IntegerConverter
 
-from app import create_app, migrate
-from app.admin.accounts import create_user
+from app import migrate
 from app.models import AdminRole, AdminUser
 from app.services import Services
-from tests.app.admin.conftest import PASSWORD
-from tests.app.admin.conftest import login as login_with_token
+from app.web.admin.accounts import create_user
+from app.web.factory import create_app
+from tests.app.web.admin.conftest import PASSWORD
+from tests.app.web.admin.conftest import login as login_with_token
 from tests.support.env import make_env, settings_from
 
 pytestmark = pytest.mark.faults
 
 # The callbacks are signed instead; health holds no data; /metrics answers loopback or its bearer
-# token only (tests/app/test_metrics_collectors.py), and this test client is loopback.
+# token only (tests/app/metrics/test_metrics_collectors.py), and this test client is loopback.
 PUBLIC = {"static", "health.healthz", "health.readyz", "metrics.metrics", "admin.static",
           "admin.login", "wecom.verify_url", "wecom.receive", "aibot.verify_url", "aibot.receive",
           # signing in with WeCom: anyone starts one; its callback checks state, verifier and code
@@ -45,7 +46,7 @@ def services(tmp_path):
 @pytest.fixture
 def app(services):
     flask_app = create_app(services=services)
-    # CSRF has its own tests (tests/app/admin/test_auth.py); here the role check must be what refuses.
+    # CSRF has its own tests (tests/app/web/admin/test_auth.py); here the role check must be what refuses.
     flask_app.config.update(TESTING=True, WTF_CSRF_ENABLED=False)
     with services.db.transaction() as session:
         for role in ROLES:

@@ -10,9 +10,9 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from app.admin.audit_export import verify_export
-from app.audit_signing import signing_key
+from app.audit.signing import signing_key
 from app.models import AuditEvent, Budget, UsageRecord
+from app.web.admin.audit_export import verify_export
 from tests.support.browser import sign_in
 
 pytestmark = pytest.mark.browser

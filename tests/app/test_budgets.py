@@ -288,7 +288,7 @@ def test_settle_charges_the_larger_of_reported_and_estimated_tokens(services, ac
 def test_audit_events_share_the_group_commit_with_settles_and_alerts(services, accounting):
     """Reply events written by the accounting writer land in the chain beside the batch's alert
     events, every one once, and the chain verifies."""
-    from app.audit import Event, EventType
+    from app.audit.chain import Event, EventType
 
     with services.db.transaction() as session:
         set_budget(session, "global", "", "day", "0.2", action="warn", thresholds="50,100")
@@ -316,7 +316,7 @@ def test_audit_events_share_the_group_commit_with_settles_and_alerts(services, a
 
 
 def test_record_audit_needs_an_audit_log(services):
-    from app.audit import Event, EventType
+    from app.audit.chain import Event, EventType
 
     with pytest.raises(RuntimeError, match="without an AuditLog"):
         Accounting(services.db, TZ).record_audit(Event(EventType.REPLY_SENT, actor="u1"))
@@ -355,8 +355,8 @@ def test_the_writer_copies_the_audit_head_out_after_a_batch_of_audit_events(serv
     the writer after its callers returned), and verify finds the copy current."""
     import time
 
-    from app.audit import Event, EventType
-    from app.audit_head import HeadFile
+    from app.audit.chain import Event, EventType
+    from app.audit.head import HeadFile
 
     services.audit.head_file = HeadFile(tmp_path / "audit-head.json")
     with ThreadPoolExecutor(8) as pool:

@@ -1,5 +1,5 @@
 """Who hears a department budget's alert (app/accounting/heads.py) and the AI bot's push queue
-(app/aibot_pushes.py), against the emulator's directory and real Redis."""
+(app/aibot/pushes.py), against the emulator's directory and real Redis."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from app.accounting import DepartmentHeads, RaisedAlert
 from app.accounting.heads import department_heads
-from app.aibot_pushes import Pushes
+from app.aibot.pushes import Pushes
 from app.wecom.client import WeComClient
 from emulator import EmulatorConfig, EmulatorServer
 from tests.support.env import make_env

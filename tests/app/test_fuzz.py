@@ -24,9 +24,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import create_app, migrate
-from app.api.keys import create_key
+from app import migrate
 from app.services import Services
+from app.web.api.keys import create_key
+from app.web.factory import create_app
 from app.wecom.crypto import WeComCrypto
 from app.wecom.exceptions import ValidateSignatureError, WeComCryptoError
 from app.wecom.messages import MessageParseError, parse_message
@@ -283,7 +284,7 @@ feedback_fields = st.fixed_dictionaries({}, optional={
 @PROFILE
 @given(st.one_of(feedback_fields, json_values), st.one_of(texts, json_values), st.one_of(texts, json_values))
 def test_signed_aibot_feedback_events_with_random_fields_never_500(aibot_client, aibot_env, event, msgid, user):
-    """The AI bot's feedback_event (app.feedback) with anything in its fields: refused, or 200
+    """The AI bot's feedback_event (app.feedback.ratings) with anything in its fields: refused, or 200
     (accepted into the outbox or dropped with a log line), never a 500."""
     counted()
     crypto = WeComCrypto(aibot_env["AIBOT_TOKEN"], aibot_env["AIBOT_ENCODING_AES_KEY"], "")
@@ -349,8 +350,8 @@ ids = st.one_of(st.integers(-10, 10**40).map(str), st.text(max_size=10))
 
 @pytest.fixture(scope="module")
 def admin(env):
-    from app.admin.accounts import create_user
-    from tests.app.admin.conftest import csrf_token, login
+    from app.web.admin.accounts import create_user
+    from tests.app.web.admin.conftest import csrf_token, login
 
     services = Services(settings_from(env, session_cookie_secure=False))
     app = create_app(services=services)
@@ -420,9 +421,9 @@ PROFILE_PG = settings(PROFILE, max_examples=max(PROFILE.max_examples // 4, 20))
 
 @pytest.fixture(scope="module")
 def pg_admin(env, tmp_path_factory):
-    from app.admin.accounts import create_user
     from app.knowledge.store import KnowledgeStore
-    from tests.app.admin.conftest import csrf_token, login
+    from app.web.admin.accounts import create_user
+    from tests.app.web.admin.conftest import csrf_token, login
     from tests.support.stack import TempDatabase
 
     database = TempDatabase("postgres", tmp_path_factory.mktemp("fuzz-pg"))

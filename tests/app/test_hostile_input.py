@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from app import create_app, migrate
-from app.api.keys import create_key
+from app import migrate
 from app.services import Services
+from app.web.api.keys import create_key
+from app.web.factory import create_app
 from app.wecom.crypto import WeComCrypto
 from scripts.dev_env import random_aes_key
 from tests.support.callbacks import CallbackForger

@@ -107,7 +107,7 @@ def test_logs_are_json_carry_the_request_id_and_no_secrets_or_text(obs):
     web = wait_for(lambda: [e for e in json_lines(obs.log("web")) if e.get("request_id") == "obs-rid-42"],
                    10, what="the web log line")
     assert {"ts", "level", "logger", "msg", "request_id"} <= set(web[0])
-    assert web[0]["logger"] == "app.callback" and "rejected" in web[0]["msg"]
+    assert web[0]["logger"] == "app.web.callback" and "rejected" in web[0]["msg"]
 
     # The accepted message's id (stored with it) follows it into the worker's log.
     obs.send(obs.sentinel_user, SENTINEL_TEXT + " again", wait=True)

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from app.broker.task_queue import HANDLE_MESSAGE, chat_queue, make_celery
 from app.config import Settings
 from app.outbox.publisher import TaskPublisher
-from app.task_queue import HANDLE_MESSAGE, chat_queue, make_celery
 from tests.support.env import redis_url
 from tests.support.faults import answered_once, wait_answered
 from tests.support.rabbitmq import rabbitmq_vhost, rabbitmqctl

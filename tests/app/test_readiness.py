@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import redis
 
-from app import create_app
+from app.web.factory import create_app
 from tests.support import postgres
 from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import ROOT, TempDatabase, free_port, wait_for

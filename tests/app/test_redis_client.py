@@ -166,7 +166,7 @@ def test_kombu_reads_the_sentinel_broker_url():
 def test_the_translated_sentinel_broker_wins_over_celerys_environment_variable(monkeypatch):
     """Celery reads CELERY_BROKER_URL from the environment before its own setting: the worker's
     connections must still get kombu's sentinel:// form, not the redis+sentinel:// one."""
-    from app.task_queue import make_celery
+    from app.broker.task_queue import make_celery
 
     url = "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/1"
     monkeypatch.setenv("CELERY_BROKER_URL", url)
@@ -178,13 +178,13 @@ def test_the_translated_sentinel_broker_wins_over_celerys_environment_variable(m
 
 
 def test_a_cluster_redis_url_without_a_broker_fails_at_start():
-    from app.task_queue import make_celery
+    from app.broker.task_queue import make_celery
 
     settings = settings_from(make_env(REDIS_URL="redis+cluster://127.0.0.1:7000/"))
     with pytest.raises(ConfigError, match="Celery cannot use a Redis Cluster"):
         make_celery(settings)
     with pytest.raises(ConfigError, match="Celery cannot use a Redis Cluster"):
-        from app import create_app
+        from app.web.factory import create_app
 
         create_app(settings)
     with pytest.raises(ConfigError, match="REDIS_URL a Redis Cluster has database 0 only"):

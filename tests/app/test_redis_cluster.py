@@ -17,10 +17,10 @@ import time
 import pytest
 
 from app import ratelimit, redis_client
-from app.aibot_connection import Lease, Pending
-from app.aibot_streams import StreamStore
+from app.aibot.streams import StreamStore
 from app.heartbeats import live_nodes
 from app.security import FieldCipher
+from app.web.aibot_connection import Lease, Pending
 from tests.support.env import settings_from
 from tests.support.faults import answered_once, wait_answered
 from tests.support.rabbitmq import rabbitmq_vhost

@@ -17,10 +17,10 @@ import subprocess
 import pytest
 import requests
 
-from app.admin.accounts import create_user
-from app.api.keys import create_key
 from app.db import Database
 from app.security import BlindIndex
+from app.web.admin.accounts import create_user
+from app.web.api.keys import create_key
 from tests.support.faults import KILL_DB
 from tests.support.stack import Stack, wait_for
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from app.api.gateway import Gateway
 from app.services import Services
+from app.web.api.gateway import Gateway
 from tests.support.env import make_env, settings_from
 from worker.runtime import build_processor
 

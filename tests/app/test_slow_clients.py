@@ -3,7 +3,7 @@ while ``/healthz`` keeps answering within 100 ms, against gunicorn as deployed (
 of 4 threads here: far fewer threads than slow clients) and with nginx in front (skipped only
 without an nginx binary). Past ``REQUEST_BODY_TIMEOUT_S`` a slow body gets 408, never a 500:
 from the worker's event loop for a ``Content-Length`` or chunked body, from the app's own read
-deadline (app/body_reader.py) for one too large to collect there, on the callback, on ``/v1``
+deadline (app/web/body_reader.py) for one too large to collect there, on the callback, on ``/v1``
 and on the admin area's login and document upload (whose CSRF check read the form with no
 deadline: 3 chunked logins and 3 uploads of 10 MB held their threads for as long as they liked).
 """

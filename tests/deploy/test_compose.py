@@ -93,7 +93,7 @@ def test_the_worker_and_web_call_the_model_server_and_load_no_model(services):
 
 def test_web_runs_gunicorn_with_its_config_behind_one_proxy(services, gunicorn_conf):
     web = services["web"]
-    assert web["command"] == ["gunicorn", "-c", "gunicorn.conf.py", "app:create_app()"]
+    assert web["command"] == ["gunicorn", "-c", "gunicorn.conf.py", "app.web.factory:create_app()"]
     assert web["environment"]["TRUSTED_PROXIES"] == "1"
     assert web["environment"]["WEB_BIND"] == "0.0.0.0:8080"
     assert web["build"]["dockerfile"] == "docker/Dockerfile.cpu"

@@ -142,7 +142,7 @@ def test_metrics_stay_inside_the_network(tls_server):
 
 
 def test_the_apps_streaming_routes_fall_under_the_streaming_locations():
-    from app import create_app
+    from app.web.factory import create_app
     from tests.support.env import make_env, settings_from
 
     app = create_app(settings_from(make_env()))

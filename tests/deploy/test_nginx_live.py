@@ -19,8 +19,8 @@ import requests
 from flask import Response, request
 from werkzeug.serving import make_server
 
-from app import create_app
-from app.admin import csrf
+from app.web.admin import csrf
+from app.web.factory import create_app
 from tests.support.env import make_env, redis_url, settings_from
 from tests.support.nginx import NGINX, Nginx
 

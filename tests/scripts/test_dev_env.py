@@ -43,7 +43,7 @@ def test_make_run_sets_the_ai_bot_up(tmp_path, monkeypatch):
     env = run_stack.stack_env()
     assert env["AIBOT_WS_URL"] == f"ws://127.0.0.1:{run_stack.AIBOT_WS_PORT}"
     programs = {p.name: p for p in run_stack.programs(env)}
-    assert programs["aibot-connection"].argv[1:] == ["-m", "app.aibot_connection"]
+    assert programs["aibot-connection"].argv[1:] == ["-m", "app.web.aibot_connection"]
     assert programs["aibot-connection"].restart
     assert "--aibot-callback-url" in programs["emulator"].argv
 

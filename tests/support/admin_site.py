@@ -1,5 +1,5 @@
 """The admin site as it runs, for the browser tests and scripts/screenshots.py: gunicorn serving
-``app:create_app()`` over a fresh SQLite file (or PostgreSQL database) seeded with demo data
+``app.web.factory:create_app()`` over a fresh SQLite file (or PostgreSQL database) seeded with demo data
 through the real code paths (``Accounting.settle``, ``AuditLog.append``), Redis DB 1."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import requests
 
 from app import migrate
 from app.accounting import Accounting, Usage, set_budget, set_price
-from app.admin.accounts import create_user
-from app.audit import EventType
+from app.audit.chain import EventType
 from app.db import utcnow
 from app.models import InboundMessage
 from app.outbox.rows import user_hash
 from app.services import Services
+from app.web.admin.accounts import create_user
 from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for
 
@@ -95,7 +95,7 @@ class AdminSite:
                          "WEB_THREADS": "4", "PYTHONUNBUFFERED": "1"})
         self.log_path = tmp / "gunicorn.log"
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(BIN / "gunicorn"), "app:create_app()"], cwd=ROOT,
+            self.proc = subprocess.Popen([str(BIN / "gunicorn"), "app.web.factory:create_app()"], cwd=ROOT,
                                          env={**os.environ, **self.env}, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self._ready, 60, what="gunicorn")

@@ -1,4 +1,4 @@
-"""The API as it runs, for tests and bench/api.py: gunicorn serving ``app:create_app()`` with
+"""The API as it runs, for tests and bench/api.py: gunicorn serving ``app.web.factory:create_app()`` with
 ``INFERENCE_BACKEND=openai`` pointed at the fake model server, a fresh SQLite file or PostgreSQL
 database, Redis DB 13."""
 
@@ -14,9 +14,9 @@ import redis
 import requests
 
 from app import migrate
-from app.api.keys import create_key
 from app.db import Database
 from app.security import BlindIndex
+from app.web.api.keys import create_key
 from tests.support.env import make_env, redis_url
 from tests.support.openai_server import FakeOpenAIServer
 from tests.support.stack import BIN, ROOT, TempDatabase, free_port, terminate_group, wait_for
@@ -46,7 +46,7 @@ class ApiServer:
         self.blind_index = BlindIndex(self.env["BLIND_INDEX_KEY"])
         self.log_path = tmp / "gunicorn.log"
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(BIN / "gunicorn"), "app:create_app()"], cwd=ROOT,
+            self.proc = subprocess.Popen([str(BIN / "gunicorn"), "app.web.factory:create_app()"], cwd=ROOT,
                                          env={**os.environ, **self.env}, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self._ready, 60, what="gunicorn")

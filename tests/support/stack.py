@@ -155,7 +155,7 @@ class Stack:
             # The fake model opens its own think part or sends it apart (GLM-4.5 behind vLLM):
             # its answers stream as they come ("auto" would hold a plain answer to its end).
             "OPENAI_REPLY_START": "answer",
-            # The 👍/👎 card after each answer (app.feedback) is a second message/send: off unless
+            # The 👍/👎 card after each answer (app.feedback.ratings) is a second message/send: off unless
             # a test asks for it (FEEDBACK_CARDS=true), as the fault tests count those calls.
             "FEEDBACK_CARDS": "false",
         })
@@ -197,7 +197,7 @@ class Stack:
         from app import migrate
 
         migrate.upgrade(self.db.url)
-        self.start_process("web", [str(BIN / "gunicorn"), "app:create_app()"])
+        self.start_process("web", [str(BIN / "gunicorn"), "app.web.factory:create_app()"])
         self.start_worker()
         self.start_process("beat", [str(BIN / "celery"), "-A", "worker.celery_app", "beat",
                                     "--loglevel", "WARNING", "-s", str(self.tmp / "beat-schedule")])
@@ -215,8 +215,8 @@ class Stack:
                                       "--without-gossip", "--without-mingle"])
 
     def start_connection(self, name: str = "aibot-ws") -> None:
-        """A replica of the AI bot's long-connection service (``python -m app.aibot_connection``)."""
-        self.start_process(name, [sys.executable, "-m", "app.aibot_connection"])
+        """A replica of the AI bot's long-connection service (``python -m app.web.aibot_connection``)."""
+        self.start_process(name, [sys.executable, "-m", "app.web.aibot_connection"])
 
     def start_process(self, name: str, argv: list[str]) -> None:
         log_path = self.tmp / f"{name}.log"
@@ -295,7 +295,7 @@ class Stack:
     def replies(self, user: str) -> list[str]:
         data = self.emu("GET", "messages", params={"touser": user})
         items = data["messages"] if isinstance(data, dict) else data
-        # the 👍/👎 card after a model answer (app.feedback) is not a reply's text
+        # the 👍/👎 card after a model answer (app.feedback.ratings) is not a reply's text
         return [_content(item) for item in items if item.get("msgtype") != "template_card"]
 
     def outbox_rows(self) -> list[dict]:

@@ -4,10 +4,11 @@ import pytest
 import redis
 import requests
 
-from app import create_app, migrate
+from app import migrate
 from app.llm import LLMError
 from app.models import MessageStatus
 from app.services import Services
+from app.web.factory import create_app
 from emulator import EmulatorConfig, EmulatorServer
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, redis_url, settings_from

@@ -18,13 +18,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import select
 
-from app import create_app
 from app.accounting import set_budget, set_price
-from app.audit import AuditLog
+from app.audit.chain import AuditLog
 from app.llm import Generation, LLMError
 from app.models import AuditEvent, InboundMessage, MessageStatus, UsageRecord
 from app.outbox.rows import user_hash
 from app.services import Services
+from app.web.factory import create_app
 from tests.support.env import settings_from
 from worker.conversation import ConversationStore
 from worker.processor import MessageProcessor
@@ -57,7 +57,7 @@ class FakeWeCom:
         self.sent.append((touser, kind, content))
         return {"errcode": 0}
 
-    def send_template_card(self, touser, card, **_):  # the 👍/👎 card (app.feedback)
+    def send_template_card(self, touser, card, **_):  # the 👍/👎 card (app.feedback.ratings)
         return {"errcode": 0, "response_code": "rc"}
 
     def get_user(self, userid):

@@ -15,10 +15,10 @@ import time
 import pytest
 from sqlalchemy import select
 
-from app import create_app
 from app.llm import OpenAIBackend
 from app.models import AuditEvent, InboundMessage, MessageStatus, UsageRecord
 from app.outbox import rows
+from app.web.factory import create_app
 from app.wecom.aibot import AibotMessage
 from tests.support.openai_server import THINKING, FakeOpenAIServer, written
 from tests.worker.test_processor_data import USER_ID, FakeWeCom, ids_of, post_message

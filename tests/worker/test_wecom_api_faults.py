@@ -13,10 +13,10 @@ from datetime import datetime
 
 import pytest
 
-from app import create_app
-from app.admin.accounts import create_user
 from app.services import Services
-from tests.app.admin.conftest import login
+from app.web.admin.accounts import create_user
+from app.web.factory import create_app
+from tests.app.web.admin.conftest import login
 from tests.support.env import settings_from
 from tests.support.stack import Stack, wait_for
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select, update
 
-from app import create_app
 from app.models import InboundMessage, MessageStatus
 from app.outbox import rows
 from app.outbox.rows import ClaimResult
 from app.outbox.statements import standalone
+from app.web.factory import create_app
 from tests.worker.test_processor_data import ids_of, post_message
 
 

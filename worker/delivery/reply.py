@@ -24,7 +24,7 @@ class Reply:
     answer's model and tokens, a media notice's failure reason); ``sends`` false when there is
     nothing to deliver, the row then finished with ``status`` and ``reason``. ``sources``: the
     passages (``app.knowledge.retrieval.Passage``) the answer cites, recorded with it for the
-    feedback report (``app.answer_sources``)."""
+    feedback report (``app.feedback.sources``)."""
 
     text: str = ""
     kind: str = "text"

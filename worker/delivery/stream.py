@@ -36,7 +36,7 @@ class StreamDelivery:
         self.writer.finish("")
 
     def delivered(self, row, user_id: str) -> None:
-        pass  # the AI bot's 👍/👎 rides on the stream's feedback id (app.aibot_callback)
+        pass  # the AI bot's 👍/👎 rides on the stream's feedback id (app.web.aibot_callback)
 
     def failed(self, row, notice: str | None) -> None:
         self.writer.finish(notice or "")  # WeCom stops polling either way

@@ -3,7 +3,7 @@
 WeCom polls the stream about once a second and gives up 6 minutes after it started, so the
 writer publishes the growing text (at most every ``throttle_s``, always the last piece) and says
 stop once ``deadline_s`` has passed: the processor then finishes the stream with what it has and
-a notice. Whoever finishes the stream first wins (see ``app.aibot_streams``); a writer that finds
+a notice. Whoever finishes the stream first wins (see ``app.aibot.streams``); a writer that finds
 it finished by someone else stops too.
 """
 
@@ -14,7 +14,7 @@ import time
 
 import redis
 
-from app.aibot_streams import StreamStore
+from app.aibot.streams import StreamStore
 from app.wecom.splitting import split_for_wecom
 
 log = logging.getLogger(__name__)

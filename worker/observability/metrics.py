@@ -3,7 +3,7 @@
 The worker is a separate process (often a separate container on the GPU host), so it serves
 its metrics itself on ``METRICS_PORT`` (0 = off) instead of sharing gunicorn's multiprocess
 directory: Prometheus scrapes both targets and sums them. With the threads pool the worker is
-one process, so the default registry is complete: the message counters of ``app.metrics``
+one process, so the default registry is complete: the message counters of ``app.metrics.counters``
 (finished messages, latency, tokens, rate limits) plus the engine's state, read at scrape time:
 
 - ``wecom_bot_kv_cache_blocks{pool, state}``: the paged KV cache's blocks used and free (pool

@@ -8,7 +8,7 @@ import logging
 
 from prometheus_client import Counter, Histogram
 
-from app.audit import EventType
+from app.audit.chain import EventType
 
 log = logging.getLogger(__name__)
 AUDITED_RESULT_CHARS = 4000

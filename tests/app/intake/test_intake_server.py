@@ -1,4 +1,4 @@
-"""The intake server (app/intake/server.py) and its client (app/intake/client.py), on SQLite and
+"""The intake server (app/web/intake_server.py) and its client (app/intake/client.py), on SQLite and
 PostgreSQL: every web thread's message is written once, with its audit event, in batches that
 hold several connections' messages; bad requests are refused one by one; clients fall back to
 writing in-process when the server is away, reconnect after a restart, and give up in time on a
@@ -15,13 +15,13 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from app import metrics
 from app.intake.client import RemoteIntake
 from app.intake.protocol import IntakeUnavailable
-from app.intake.server import IntakeServer
 from app.intake.wire import HEADER, MAX_FRAME, encode
+from app.metrics import counters as metrics
 from app.models import AuditEvent, InboundMessage
 from app.outbox.rows import Arrival, prepare
+from app.web.intake_server import IntakeServer
 from app.wecom.messages import parse_message
 from tests.support.callbacks import text_message_xml
 

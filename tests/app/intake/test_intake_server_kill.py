@@ -1,4 +1,4 @@
-"""The intake server (app/intake/server.py) SIGKILLed while employees are sending.
+"""The intake server (app/web/intake_server.py) SIGKILLed while employees are sending.
 
 gunicorn runs the server as its dirty worker and starts a new one; meanwhile the web processes
 write in-process (app/intake/client.py), so no callback is refused for it, and a message whose

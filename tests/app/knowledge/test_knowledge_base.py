@@ -9,13 +9,13 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from app import create_app
 from app.knowledge.parsing import UploadError
 from app.knowledge.prompt import is_small_talk, not_found_reply
 from app.knowledge.retrieval import EVERYTHING, Retriever, is_follow_up
 from app.knowledge.store import KnowledgeStore
 from app.llm import Generation
 from app.models import AuditEvent, KnowledgeChunk, KnowledgeDocument, KnowledgePosting
+from app.web.factory import create_app
 from tests.worker.test_processor_data import all_text, ids_of, post_message
 from worker.conversation import ConversationStore
 from worker.processor import MessageProcessor

@@ -133,7 +133,7 @@ def test_contacts_are_kept_sealed_with_the_document_and_survive_a_reindex(servic
 def test_a_decline_names_the_team_that_owns_the_topic(services, store, monkeypatch):
     """Questions the documents do not answer: an HR one names HR, an expenses one Finance, a
     canteen one Admin (its contact line), one near no section the deployment's contact."""
-    from app import create_app
+    from app.web.factory import create_app
 
     monkeypatch.setattr(services.settings, "kb_fallback_contact", "总机 / switchboard 8888")
     monkeypatch.setattr(services.settings, "kb_min_score", 0.9)  # nothing is an answer here
@@ -153,7 +153,7 @@ def test_a_decline_names_the_team_that_owns_the_topic(services, store, monkeypat
 
 
 def test_the_models_own_decline_names_the_topics_team_too(services, store, monkeypatch):
-    from app import create_app
+    from app.web.factory import create_app
 
     store.add(COMPANY.encode(), "公司手册", filename="company.md")
     llm = PromptLLM("Sorry, I could not find this in the knowledge base.")

@@ -7,11 +7,12 @@ import pytest
 import redis
 from sqlalchemy import select, update
 
-from app import create_app, migrate
+from app import migrate
 from app.db import utcnow
 from app.models import InboundMessage, MessageStatus
 from app.outbox.rows import ClaimResult, claim
 from app.services import Services
+from app.web.factory import create_app
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, redis_url, settings_from
 from tests.support.stack import TempDatabase

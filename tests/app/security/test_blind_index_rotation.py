@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import select
 
 from app.accounting import Accounting, Usage, applicable_budgets, set_budget, set_price
-from app.api.keys import authenticate, create_key, key_hash
 from app.config import ConfigError
 from app.db import utcnow
 from app.models import ApiKey, InboundMessage, UsageDaily, UsageRecord
@@ -21,6 +20,7 @@ from app.outbox.rows import Arrival, accept_many, prepare, user_hash
 from app.security import BlindIndex
 from app.security.index_rotation import rotate_index
 from app.services import Services
+from app.web.api.keys import authenticate, create_key, key_hash
 from app.wecom.messages import parse_message
 from tests.support.callbacks import text_message_xml
 from tests.support.env import settings_from
@@ -140,7 +140,7 @@ def test_the_cli_re_keys_an_api_key_made_by_the_cli(env):
     import subprocess
     import sys
 
-    from app import create_app
+    from app.web.factory import create_app
 
     app = create_app(settings_from(env, blind_index_key=OLD))
     created = app.test_cli_runner().invoke(args=["apikeys", "create", "crm"])
@@ -177,11 +177,11 @@ def test_a_budget_set_under_the_old_key_still_blocks_before_rotate_index(env):
 def test_the_audit_search_by_user_id_finds_events_under_every_key(env):
     from flask import request
 
-    from app import create_app
-    from app.admin.audit_export import ExportQuery
-    from app.admin.audit_views import AuditFilterForm, _query
-    from app.audit import EventType
+    from app.audit.chain import EventType
     from app.models import AuditEvent
+    from app.web.admin.audit_export import ExportQuery
+    from app.web.admin.audit_views import AuditFilterForm, _query
+    from app.web.factory import create_app
 
     old = services_with(env, OLD)
     with old.db.transaction() as session:

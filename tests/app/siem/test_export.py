@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from app.accounting import Usage
-from app.audit import EventType
+from app.audit.chain import EventType
 from app.services import Services
 from app.siem import Exporter, build_sinks
 from app.siem import cursors as siem_cursors
@@ -247,7 +247,7 @@ def test_events_purged_before_a_sink_took_them_are_reported_and_skipped(
 
 
 def test_the_beat_runs_the_export_only_when_a_sink_is_set(pki):
-    from app.task_queue import SIEM_EXPORT, make_celery
+    from app.broker.task_queue import SIEM_EXPORT, make_celery
 
     off = make_celery(settings_from(make_env()))
     assert SIEM_EXPORT not in {e["task"] for e in off.conf.beat_schedule.values()}

@@ -68,7 +68,7 @@ def test_the_cli_sets_lists_and_removes_and_audits(database_url, db):
 
 
 def test_a_wecom_account_name_and_its_hash_open_nothing_by_password(db):
-    from app.admin.accounts import authenticate
+    from app.web.admin.accounts import authenticate
 
     with db.transaction() as session:
         session.add(AdminUser(name=account_name("zhangwei"), role="admin", password_hash=UNUSABLE_HASH,

@@ -60,7 +60,7 @@ def test_keys_rotate_reseals_a_servers_secrets(env, db, redis_client):
     import base64
     import os
 
-    from app.audit import EventType
+    from app.audit.chain import EventType
     from app.security.rotation import rotate_keys
 
     services = Services(settings_from(env), db)

@@ -1,5 +1,5 @@
 """The long connection's frames, heartbeat, backoff and lease (app/wecom/aibot_ws.py,
-app/aibot_connection.py's Lease on a real Redis, DB 13)."""
+app/web/aibot_connection.py's Lease on a real Redis, DB 13)."""
 
 import json
 import random
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from app.aibot_connection import Lease
+from app.web.aibot_connection import Lease
 from app.wecom import aibot_ws as ws
 from tests.support.env import TEST_REDIS, redis_url
 
@@ -125,16 +125,16 @@ class FakeWS:
 def session_for(client, ws_, monkeypatch, texts):
     """A Session over a fake socket whose streams say what ``texts`` (stream id -> list of
     (content, finish)) says, one refresh at a time."""
-    from app import aibot_callback
-    from app.aibot_connection import Pending, Session
+    from app.web import aibot_callback
+    from app.web.aibot_connection import Pending, Session
 
     def refresh(stream_id, services):
         content, finish = texts[stream_id][0] if len(texts[stream_id]) == 1 else texts[stream_id].pop(0)
         return {"msgtype": "stream", "stream": {"id": stream_id, "content": content, "finish": finish}}
 
     monkeypatch.setattr(aibot_callback, "refresh", refresh)
-    from app.aibot_pushes import Pushes
-    from app.aibot_uploads import MediaPushes
+    from app.aibot.pushes import Pushes
+    from app.aibot.uploads import MediaPushes
 
     holder = SimpleNamespace(pending=Pending(client), pushes=Pushes(client), media=MediaPushes(client),
                              settings=SimpleNamespace(aibot_stream_ttl_s=60), services=None)
@@ -187,7 +187,7 @@ def test_a_new_session_sends_an_owed_streams_current_text_again(client, monkeypa
 
 
 def test_heartbeat_death_and_a_refused_subscription_end_the_session(client, monkeypatch):
-    from app.aibot_connection import ConnectionClosed
+    from app.web.aibot_connection import ConnectionClosed
 
     refusing = FakeWS()
     session = session_for(client, refusing, monkeypatch, {})
@@ -221,7 +221,7 @@ def test_a_blank_first_piece_of_a_stream_is_empty_not_an_error():
 
 
 def test_a_lease_not_renewed_in_time_closes_the_connection(client, monkeypatch):
-    from app.aibot_connection import ConnectionClosed, Lease
+    from app.web.aibot_connection import ConnectionClosed, Lease
 
     now = [0.0]
     lease = Lease(client, 5.0, clock=lambda: now[0])
@@ -290,8 +290,8 @@ def _media_frame(kind: str, req_id: str, **content) -> ws.Frame:
 def test_media_messages_go_the_callbacks_way_and_are_answered_once(client, monkeypatch, kind, content, expect):
     """Each kind the callback asks is asked over the connection too (``askable`` and ``submit``,
     the aeskeys carried to the worker), never the text-only notice; its stream is answered once."""
-    from app import aibot_callback
     from app.outbox import rows
+    from app.web import aibot_callback
 
     fake = FakeWS()
     texts = {}
@@ -317,7 +317,7 @@ def test_media_messages_go_the_callbacks_way_and_are_answered_once(client, monke
 
 
 def test_a_mixed_message_with_nothing_in_it_gets_the_notice_once(client, monkeypatch):
-    from app import aibot_callback
+    from app.web import aibot_callback
 
     fake = FakeWS()
     session = session_for(client, fake, monkeypatch, {})
@@ -373,11 +373,12 @@ def test_the_emulator_sends_every_kind_over_the_connection_each_image_and_file_w
                            ("mixed", "有什么不同 [image] [image]")]
 
 
-# -- the AI bot's 👍/👎 (app.feedback) over the connection -----------------------------------------
+# -- the AI bot's 👍/👎 (app.feedback.ratings) over the connection -----------------------------------------
 def test_a_questions_first_frame_carries_the_feedback_id_and_a_rating_goes_to_the_outbox(client, monkeypatch):
-    from app import aibot_callback, feedback
+    from app.feedback import ratings as feedback
     from app.outbox import rows
     from app.security.blind_index import BlindIndex
+    from app.web import aibot_callback
 
     fake = FakeWS()
     texts = {}

@@ -1,4 +1,4 @@
-"""Hostile XML and bodies the gunicorn tests (tests/app/test_callback_rejections.py) do not
+"""Hostile XML and bodies the gunicorn tests (tests/app/web/test_callback_rejections.py) do not
 send: entity tricks in the *signed* inner message and in the envelope, external DTDs, a quadratic
 blow-up, and an oversized body without a Content-Length. All refused with a 4xx, nothing stored.
 """
@@ -8,9 +8,10 @@ import io
 import pytest
 from sqlalchemy import func, select
 
-from app import create_app, migrate
+from app import migrate
 from app.models import InboundMessage
 from app.services import Services
+from app.web.factory import create_app
 from tests.support.callbacks import CallbackForger
 from tests.support.env import make_env, settings_from
 

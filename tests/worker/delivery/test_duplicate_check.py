@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app import create_app
+from app.web.factory import create_app
 from tests.worker.test_processor_data import (
     SENTINEL_REPLY,
     USER_ID,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from app import create_app
 from app.knowledge import prompt
 from app.knowledge.store import KnowledgeStore
 from app.llm import OpenAIBackend
+from app.web.factory import create_app
 from tests.app.knowledge.test_knowledge_base import HANDBOOK, ask, processor_with
 from tests.support.openai_server import FakeOpenAIServer
 from worker.media.file_questions import consider, kb_question, refers_to_file

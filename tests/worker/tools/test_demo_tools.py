@@ -12,10 +12,10 @@ import time
 import pytest
 from sqlalchemy import select
 
-from app import create_app
 from app.models import AuditEvent, InboundMessage
 from app.services import Services
 from app.tools import identity, mcp_calls, registry
+from app.web.factory import create_app
 from tests.support import mcp_servers
 from tests.support.env import settings_from
 from tests.worker.test_processor_data import FakeWeCom, post_message, post_xml
