@@ -10,8 +10,9 @@
 - ``exporter``: one run (the beat's ``worker.tasks.siem_export``, or ``app.cli siem export``).
 """
 
+from app.siem.configured import build_sinks
 from app.siem.exporter import Exporter, RunResult, export_once
 from app.siem.records import Record
-from app.siem.sinks import SinkError, build_sinks
+from app.siem.sinks import SinkError
 
 __all__ = ["Exporter", "Record", "RunResult", "SinkError", "build_sinks", "export_once"]

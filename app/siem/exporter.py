@@ -172,6 +172,6 @@ class Exporter:
 
 def export_once(services) -> RunResult:
     """One run with the sinks the settings name (none: nothing to do)."""
-    from app.siem.sinks import build_sinks
+    from app.siem.configured import build_sinks
 
     return Exporter(services, build_sinks(services.settings)).run()

@@ -1,9 +1,9 @@
-"""What the two sinks share: the error that means "not received", the TLS context, and building
-the sinks the settings name."""
+"""What the two sinks share: the error that means "not received" and the TLS context (the sinks
+the settings name are built in ``app.siem.configured``, which imports both sinks: this module
+imports neither)."""
 
 from __future__ import annotations
 
-import socket
 import ssl
 
 
@@ -29,25 +29,3 @@ def tls_context(ca_file: str | None, cert_file: str | None, key_file: str | None
     if cert_file:
         context.load_cert_chain(cert_file, key_file)
     return context
-
-
-def build_sinks(settings) -> list:
-    """The sinks ``settings`` turn on (none when neither URL is set)."""
-    from app.siem.otlp import OtlpSink
-    from app.siem.syslog import SyslogFormat, SyslogSink
-
-    s = settings
-    sinks: list = []
-    if s.siem_syslog_url:
-        form = SyslogFormat(s.siem_syslog_facility, s.siem_syslog_enterprise_id, socket.gethostname(),
-                            s.siem_app_name, s.siem_syslog_max_bytes)
-        sinks.append(SyslogSink(s.siem_syslog_url, form, s.siem_timeout_s, s.siem_syslog_ca_file,
-                                s.siem_syslog_client_cert_file, s.siem_syslog_client_key_file))
-    if s.siem_otlp_url:
-        from app.config.siem import parse_headers
-
-        headers = parse_headers(s.siem_otlp_headers.get_secret_value() if s.siem_otlp_headers else "")
-        sinks.append(OtlpSink(s.siem_otlp_url, s.siem_app_name, s.siem_timeout_s, headers,
-                              s.siem_otlp_ca_file, s.siem_otlp_client_cert_file,
-                              s.siem_otlp_client_key_file))
-    return sinks
