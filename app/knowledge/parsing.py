@@ -369,9 +369,12 @@ def parse(data: bytes, filename: str | None = None, max_bytes: int = MAX_UPLOAD_
                           f"{max_bytes / 1048576:.1f} MB")
     kind = detect(data, filename)
     if kind in SANDBOXED:
-        from app.knowledge import sandbox
+        from app.knowledge import sandbox  # here: the sandbox's child loads this file by path
 
-        blocks = sandbox.extract(data, kind)
+        try:
+            blocks = [Block(text, level) for text, level in sandbox.extract(data, kind)]
+        except sandbox.Unreadable as exc:
+            raise UploadError(str(exc)) from None
     else:
         blocks = extract_blocks(data, kind)
     if not any(b.level == 0 for b in blocks):

@@ -32,12 +32,17 @@ HERE = Path(__file__).resolve()
 PARSING = HERE.with_name("parsing.py")
 
 
-def extract(data: bytes, kind: str, cpu_s: int | None = None, memory_bytes: int | None = None):
-    """The blocks of ``data`` (a ``kind`` of ``parsing.SANDBOXED``), read in a limited child
-    process (``CPU_S``, ``MEMORY_BYTES`` unless given); ``UploadError`` with the reason when it
-    cannot be read within the limits."""
-    from app.knowledge.parsing import Block, UploadError
+class Unreadable(ValueError):
+    """The document could not be read within the limits; the message says why, for the uploader
+    (``parsing.parse`` hands it on as its ``UploadError``: this module imports nothing of
+    ``parsing``, which imports it)."""
 
+
+def extract(data: bytes, kind: str, cpu_s: int | None = None,
+            memory_bytes: int | None = None) -> list[tuple[str, int]]:
+    """The blocks of ``data`` (a ``kind`` of ``parsing.SANDBOXED``) as (text, level), read in a
+    limited child process (``CPU_S``, ``MEMORY_BYTES`` unless given); ``Unreadable`` with the
+    reason when it cannot be read within the limits."""
     cpu_s, memory_bytes = cpu_s or CPU_S, memory_bytes or MEMORY_BYTES
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
@@ -45,10 +50,10 @@ def extract(data: bytes, kind: str, cpu_s: int | None = None, memory_bytes: int 
         done = subprocess.run([sys.executable, "-I", str(HERE), kind, str(cpu_s), str(memory_bytes)],
                               input=data, capture_output=True, env=env, timeout=wall_s(cpu_s))
     except subprocess.TimeoutExpired:
-        raise UploadError(f"reading the {kind.upper()} took too long; save it again (e.g. print "
+        raise Unreadable(f"reading the {kind.upper()} took too long; save it again (e.g. print "
                           "to a new PDF) or split it, and upload that") from None
     if done.returncode == -signal.SIGXCPU or done.returncode == -signal.SIGKILL:
-        raise UploadError(f"the {kind.upper()} is too costly to read (more than {cpu_s} s of "
+        raise Unreadable(f"the {kind.upper()} is too costly to read (more than {cpu_s} s of "
                           "processing): save it again as a simpler file (print to a new PDF, "
                           "or export a DOCX) or split it, and upload that")
     try:
@@ -56,15 +61,15 @@ def extract(data: bytes, kind: str, cpu_s: int | None = None, memory_bytes: int 
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        raise UploadError(f"the {kind.upper()} could not be read (the reader stopped: "
+        raise Unreadable(f"the {kind.upper()} could not be read (the reader stopped: "
                           f"{_reason(done)}); save it again and upload")
     if "error" in answer:
-        raise UploadError(str(answer["error"]))
+        raise Unreadable(str(answer["error"]))
     try:
-        return [Block(str(text), int(level)) for text, level in answer["blocks"]
+        return [(str(text), int(level)) for text, level in answer["blocks"]
                 if isinstance(text, str) and 0 <= int(level) <= 6]
     except (KeyError, TypeError, ValueError):
-        raise UploadError(f"the {kind.upper()} could not be read; save it again and upload") from None
+        raise Unreadable(f"the {kind.upper()} could not be read; save it again and upload") from None
 
 
 def wall_s(cpu_s: int) -> int:

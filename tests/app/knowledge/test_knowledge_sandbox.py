@@ -83,7 +83,7 @@ def test_the_child_holds_no_secret_and_refuses_what_it_cannot_read(monkeypatch):
     with pytest.raises(UploadError, match="damaged"):
         parse(b"%PDF-1.4\n" + os.urandom(2000), "broken.pdf")
     assert set(seen["env"]) == {"PATH", "LANG", "LC_ALL"} and "-I" in seen["argv"]
-    with pytest.raises(UploadError, match="needs more than 8 MB|could not be read"):
+    with pytest.raises(sandbox.Unreadable, match="needs more than 8 MB|could not be read"):
         sandbox.extract(hostile_pdf(1), "pdf", memory_bytes=8 * 1024 * 1024)  # 3 MB to inflate
 
 
