@@ -128,9 +128,9 @@ def scratch_knowledge_base(handbooks: Sequence[tuple[Path, str]], model_dir: str
     thresholds its training chose unless ``overrides`` gives them."""
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         if embeddings:
-            from inference.server.embeddings import served_settings  # noqa: PLC0415 - only with embeddings
+            from app.llm.served_embeddings import served_embeddings
 
-            overrides = {**stack.enter_context(served_settings(embeddings)), **overrides}
+            overrides = {**stack.enter_context(served_embeddings(embeddings)), **overrides}
         url = f"sqlite:///{Path(scratch) / 'kb.sqlite3'}"
         migrate.upgrade(url)
         db = Database(url)
