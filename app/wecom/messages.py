@@ -17,6 +17,10 @@ forgets the member's cached departments (``worker.scope.directory``). Anything e
 or event this module does not model, such as the approval events) comes back as ``UnknownMessage``/``UnknownEvent`` with all
 of its fields in ``raw``: new WeCom features must never break the callback.
 
+Which class reads a callback is a table, ``MESSAGE_TYPES`` (MsgType) and ``EVENT_TYPES``
+(Event), filled by the classes' decorators (``@message_type("text")``, ``@event_type("click")``),
+wechatpy's way: a new type is one class, its decorator and its ``read`` (the fields it takes).
+
 Parsing (``xmlparse``) refuses any DTD before a declaration in it is read, which refuses
 billion-laughs bombs and XXE before any expansion happens.
 """
@@ -36,6 +40,32 @@ logger = logging.getLogger(__name__)
 MAX_XML_BYTES = 256 * 1024
 KF_EVENT = "kf_msg_or_event"
 
+#: MsgType -> its class, and (MsgType ``event``) Event -> its class: the one place a type is
+#: added (wechatpy's registry). A class reads its own fields from the callback (``read``).
+MESSAGE_TYPES: dict[str, type[Message]] = {}
+EVENT_TYPES: dict[str, type[Message]] = {}
+
+
+def _register(table: dict[str, type], keys: tuple[str, ...]):
+    def register(cls):
+        for key in keys:
+            if key in table and table[key] is not cls:
+                raise ValueError(f"{key!r} is already read as {table[key].__name__}")
+            table[key] = cls
+        return cls
+
+    return register
+
+
+def message_type(*msg_types: str):
+    """Class decorator: callbacks with one of these MsgTypes are read as this class."""
+    return _register(MESSAGE_TYPES, msg_types)
+
+
+def event_type(*events: str):
+    """Class decorator: events (MsgType ``event``) with one of these Events are read as this class."""
+    return _register(EVENT_TYPES, events)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
@@ -48,6 +78,11 @@ class Message:
     agent_id: int | None
     msg_id: str | None = None
     event: str | None = None
+
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        """This type's own fields from the callback's (the common ones are read before)."""
+        return {}
 
     @property
     def is_event(self) -> bool:
@@ -63,35 +98,66 @@ class Message:
 # --- messages ------------------------------------------------------------------------------
 
 
+@message_type("text")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TextMessage(Message):
     content: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        # Kept verbatim (indentation of pasted code matters); blank is odd but not malformed.
+        content = f.get("Content")
+        if not isinstance(content, str):
+            raise MessageParseError("missing Content")
+        return {"content": content}
 
+
+@message_type("image")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ImageMessage(Message):
     pic_url: str
     media_id: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"pic_url": _optional(f, "PicUrl"), "media_id": _required(f, "MediaId")}
 
+
+@message_type("voice")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VoiceMessage(Message):
     media_id: str
     format: str  # amr or speex
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"media_id": _required(f, "MediaId"), "format": _optional(f, "Format")}
 
+
+@message_type("file")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FileMessage(Message):
     media_id: str
     file_name: str = ""  # when the callback names it; media/get's Content-Disposition does too
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"media_id": _required(f, "MediaId"),
+                "file_name": _optional(f, "FileName") or _optional(f, "Title")}
 
+
+@message_type("video")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VideoMessage(Message):
     media_id: str
     thumb_media_id: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"media_id": _required(f, "MediaId"), "thumb_media_id": _optional(f, "ThumbMediaId")}
 
+
+@message_type("location")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LocationMessage(Message):
     location_x: float  # latitude
@@ -99,13 +165,24 @@ class LocationMessage(Message):
     scale: int
     label: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"location_x": _number(f, "Location_X", float), "location_y": _number(f, "Location_Y", float),
+                "scale": _number(f, "Scale", int), "label": _optional(f, "Label")}
 
+
+@message_type("link")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkMessage(Message):
     title: str
     description: str
     url: str
     pic_url: str
+
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"title": _optional(f, "Title"), "description": _optional(f, "Description"),
+                "url": _required(f, "Url"), "pic_url": _optional(f, "PicUrl")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,37 +193,55 @@ class UnknownMessage(Message):
 # --- events --------------------------------------------------------------------------------
 
 
+@event_type("subscribe")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SubscribeEvent(Message):
     """A member started following the app (成员关注)."""
 
 
+@event_type("unsubscribe")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnsubscribeEvent(Message):
     """A member stopped following the app (成员取消关注)."""
 
 
+@event_type("enter_agent")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EnterAgentEvent(Message):
     """A member opened the app (进入应用); EventKey is documented as empty."""
 
     event_key: str = ""
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"event_key": _optional(f, "EventKey")}
 
+
+@event_type("click")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClickEvent(Message):
     """A member tapped a menu item that pulls a message; ``event_key`` is the item's key."""
 
     event_key: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"event_key": _optional(f, "EventKey")}
 
+
+@event_type("view")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ViewEvent(Message):
     """A member tapped a menu link; ``event_key`` is the URL."""
 
     event_key: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"event_key": _optional(f, "EventKey")}
 
+
+@event_type("location")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LocationEvent(Message):
     """Location report (上报地理位置), sent when the app has location reporting switched on."""
@@ -155,7 +250,13 @@ class LocationEvent(Message):
     longitude: float
     precision: float
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"latitude": _number(f, "Latitude", float), "longitude": _number(f, "Longitude", float),
+                "precision": _number(f, "Precision", float)}
 
+
+@event_type("scancode_push", "scancode_waitmsg")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScanCodeEvent(Message):
     """Menu scan events ``scancode_push`` and ``scancode_waitmsg``."""
@@ -164,7 +265,15 @@ class ScanCodeEvent(Message):
     scan_type: str
     scan_result: str
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        info = f.get("ScanCodeInfo")
+        info = info if isinstance(info, dict) else {}
+        return {"event_key": _optional(f, "EventKey"), "scan_type": _optional(info, "ScanType"),
+                "scan_result": _optional(info, "ScanResult")}
 
+
+@event_type("template_card_event")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TemplateCardEvent(Message):
     """A member clicked a button of a template card the app sent (template_card_event)."""
@@ -182,7 +291,14 @@ class TemplateCardEvent(Message):
         WeCom's retries of one click repeat its TaskId too."""
         return f"evt:{self.from_user}:{self.create_time}:{self.event}:{self.task_id}"
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"event_key": _optional(f, "EventKey"), "task_id": _optional(f, "TaskId"),
+                "card_type": _optional(f, "CardType"), "response_code": _optional(f, "ResponseCode"),
+                "selected": _selected_items(f.get("SelectedItems"))}
 
+
+@event_type("change_contact")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContactChangeEvent(Message):
     """The address book changed (通讯录变更, ``change_contact``; FromUserName is ``sys``, no
@@ -202,7 +318,13 @@ class ContactChangeEvent(Message):
         return (f"evt:{self.from_user}:{self.create_time}:{self.event}:{self.change_type}:"
                 f"{self.user_id}:{self.new_user_id}:{self.departments}")
 
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"change_type": _optional(f, "ChangeType"), "user_id": _optional(f, "UserID"),
+                "new_user_id": _optional(f, "NewUserID"), "departments": _optional(f, "Department")}
 
+
+@event_type(KF_EVENT)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KfEvent(Message):
     """微信客服: customer messages are waiting (kf_msg_or_event). It names no sender: the kf
@@ -215,6 +337,10 @@ class KfEvent(Message):
     @property
     def dedup_key(self) -> str:
         return f"evt:kf:{self.open_kfid}:{self.create_time}:{self.token}"
+
+    @staticmethod
+    def read(f: dict[str, Any]) -> dict[str, Any]:
+        return {"token": _required(f, "Token"), "open_kfid": _required(f, "OpenKfId")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,43 +420,12 @@ def _common_fields(fields: dict[str, Any]) -> dict[str, Any]:
 
 def _parse_user_message(f: dict[str, Any], common: dict[str, Any]) -> Message:
     common["msg_id"] = _required(f, "MsgId")
-    msg_type = common["msg_type"]
-    if msg_type == "text":
-        # Kept verbatim (indentation of pasted code matters); blank is odd but not malformed.
-        content = f.get("Content")
-        if not isinstance(content, str):
-            raise MessageParseError("missing Content")
-        return TextMessage(**common, content=content)
-    if msg_type == "image":
-        return ImageMessage(**common, pic_url=_optional(f, "PicUrl"), media_id=_required(f, "MediaId"))
-    if msg_type == "voice":
-        return VoiceMessage(**common, media_id=_required(f, "MediaId"), format=_optional(f, "Format"))
-    if msg_type == "file":
-        return FileMessage(**common, media_id=_required(f, "MediaId"),
-                           file_name=_optional(f, "FileName") or _optional(f, "Title"))
-    if msg_type == "video":
-        return VideoMessage(
-            **common, media_id=_required(f, "MediaId"), thumb_media_id=_optional(f, "ThumbMediaId")
-        )
-    if msg_type == "location":
-        return LocationMessage(
-            **common,
-            location_x=_number(f, "Location_X", float),
-            location_y=_number(f, "Location_Y", float),
-            scale=_number(f, "Scale", int),
-            label=_optional(f, "Label"),
-        )
-    if msg_type == "link":
-        return LinkMessage(
-            **common,
-            title=_optional(f, "Title"),
-            description=_optional(f, "Description"),
-            url=_required(f, "Url"),
-            pic_url=_optional(f, "PicUrl"),
-        )
-    # Type only: the content and the user id stay out of the logs.
-    logger.info("unknown WeCom message type %r kept as UnknownMessage", msg_type[:32])
-    return UnknownMessage(**common, raw=f)
+    kind = MESSAGE_TYPES.get(common["msg_type"])
+    if kind is None:
+        # Type only: the content and the user id stay out of the logs.
+        logger.info("unknown WeCom message type %r kept as UnknownMessage", common["msg_type"][:32])
+        return UnknownMessage(**common, raw=f)
+    return kind(**common, **kind.read(f))
 
 
 def _as_list(value) -> list:
@@ -355,50 +450,8 @@ def _selected_items(items) -> dict[str, list[str]]:
 def _parse_event(f: dict[str, Any], common: dict[str, Any]) -> Message:
     event = _required(f, "Event").lower()
     common["event"] = event
-    if event == "subscribe":
-        return SubscribeEvent(**common)
-    if event == "unsubscribe":
-        return UnsubscribeEvent(**common)
-    if event == "enter_agent":
-        return EnterAgentEvent(**common, event_key=_optional(f, "EventKey"))
-    if event == "click":
-        return ClickEvent(**common, event_key=_optional(f, "EventKey"))
-    if event == "view":
-        return ViewEvent(**common, event_key=_optional(f, "EventKey"))
-    if event == "location":
-        return LocationEvent(
-            **common,
-            latitude=_number(f, "Latitude", float),
-            longitude=_number(f, "Longitude", float),
-            precision=_number(f, "Precision", float),
-        )
-    if event in ("scancode_push", "scancode_waitmsg"):
-        info = f.get("ScanCodeInfo")
-        info = info if isinstance(info, dict) else {}
-        return ScanCodeEvent(
-            **common,
-            event_key=_optional(f, "EventKey"),
-            scan_type=_optional(info, "ScanType"),
-            scan_result=_optional(info, "ScanResult"),
-        )
-    if event == "template_card_event":
-        return TemplateCardEvent(
-            **common,
-            event_key=_optional(f, "EventKey"),
-            task_id=_optional(f, "TaskId"),
-            card_type=_optional(f, "CardType"),
-            response_code=_optional(f, "ResponseCode"),
-            selected=_selected_items(f.get("SelectedItems")),
-        )
-    if event == KF_EVENT:
-        return KfEvent(**common, token=_required(f, "Token"), open_kfid=_required(f, "OpenKfId"))
-    if event == "change_contact":
-        return ContactChangeEvent(
-            **common,
-            change_type=_optional(f, "ChangeType"),
-            user_id=_optional(f, "UserID"),
-            new_user_id=_optional(f, "NewUserID"),
-            departments=_optional(f, "Department"),
-        )
-    logger.info("unknown WeCom event %r kept as UnknownEvent", event[:32])
-    return UnknownEvent(**common, raw=f)
+    kind = EVENT_TYPES.get(event)
+    if kind is None:
+        logger.info("unknown WeCom event %r kept as UnknownEvent", event[:32])
+        return UnknownEvent(**common, raw=f)
+    return kind(**common, **kind.read(f))
