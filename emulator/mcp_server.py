@@ -18,15 +18,15 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from app.tools.identity import (
-    IDENTITY_META_KEY,
-    Asker,
-    IdentityError,
-    bearer_of,
-    public_key_from_text,
-    verify,
-)
 from emulator.directory import Directory
+from emulator.tool_identity import (
+    IDENTITY_META_KEY,
+    Caller,
+    Refused,
+    bearer,
+    caller_of,
+    load_public_key,
+)
 
 ROOMS = ("A101", "A102", "B201")
 
@@ -59,18 +59,18 @@ class HrData:
 
 def build_server(public_key_text: str, *, audience: str = "demo", issuer: str = "wecom-bot",
                  data: HrData | None = None) -> MCPServer:
-    public_key = public_key_from_text(public_key_text)
+    public_key = load_public_key(public_key_text)
     data = data or HrData()
     mcp = MCPServer("demo-hr", instructions="Leave, expenses and meeting rooms for the employee the "
                                             "identity token names.")
 
-    def asker(ctx: Context) -> Asker:
-        token = bearer_of((ctx.headers or {}).get("authorization"))
+    def asker(ctx: Context) -> Caller:
+        token = bearer((ctx.headers or {}).get("authorization"))
         if not token:
             token = str((ctx.request_context.meta or {}).get(IDENTITY_META_KEY) or "")
         try:
-            return verify(token, public_key, issuer=issuer, audience=audience)
-        except IdentityError as exc:
+            return caller_of(token, public_key, issuer=issuer, audience=audience)
+        except Refused as exc:
             raise ToolError(f"unauthorized: {exc}") from None
 
     read_only = ToolAnnotations(read_only_hint=True)

@@ -59,3 +59,21 @@ def test_tools_on_without_a_key_stops_start_up():
         settings_from(make_env(), tools_enabled="true", tools_signing_key="")  # dev_env sets one
     with pytest.raises(ConfigError, match="TOOLS_SIGNING_KEY"):
         settings_from(make_env(), tools_enabled="true", tools_signing_key="too-short")
+
+
+def test_a_tool_server_written_apart_reads_the_bots_tokens():
+    """The demo server checks tokens with its own code (emulator/tool_identity.py), as a company's
+    server would: what the bot issues, it accepts; another server's token or key, it refuses."""
+    from emulator import tool_identity
+
+    key = Ed25519PrivateKey.generate()
+    public = tool_identity.load_public_key(identity.public_pem(key))
+    token = identity.issue(key, issuer="wecom-bot", audience="demo", user_id="zhangwei", departments=[7])
+    assert tool_identity.caller_of(token, public, issuer="wecom-bot", audience="demo") == \
+        tool_identity.Caller("zhangwei", (7,))
+    assert tool_identity.IDENTITY_META_KEY == identity.IDENTITY_META_KEY
+    with pytest.raises(tool_identity.Refused, match="another server"):
+        tool_identity.caller_of(token, public, issuer="wecom-bot", audience="payroll")
+    other = tool_identity.load_public_key(identity.public_pem(Ed25519PrivateKey.generate()))
+    with pytest.raises(tool_identity.Refused, match="InvalidSignature"):
+        tool_identity.caller_of(token, other, issuer="wecom-bot", audience="demo")
