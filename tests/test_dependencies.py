@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.import_graph import find_cycle
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "worker", "inference", "emulator", "demo")
 WEB_ONLY = ("flask", "werkzeug", "gunicorn", "flask_wtf", "jinja2")
@@ -118,28 +120,6 @@ def wrong_arrows(edges) -> list[str]:
                 wrong.append(f"{MODULES[source].relative_to(ROOT)}:{line} ({tier(source)}) "
                              f"imports {target} ({tier(target)})")
     return wrong
-
-
-def find_cycle(edges: dict[str, dict[str, int]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
-
-    for start in sorted(edges):
-        if start not in state and (cycle := visit(start)):
-            return cycle
-    return None
 
 
 def describe(cycle: list[str], edges) -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.import_graph import find_cycle
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "worker"
 MAX_TOP_LEVEL = 15
@@ -50,28 +52,6 @@ def graph() -> dict[str, set[str]]:
                 if step != name and step in MODULES:
                     edges[name].add(step)
     return edges
-
-
-def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        path.pop()
-        state[node] = 2
-        return None
-
-    for start in sorted(edges):
-        if start not in state and (cycle := visit(start)):
-            return cycle
-    return None
 
 
 def test_at_most_15_modules_at_the_top_of_the_worker():
