@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from flask import flash, jsonify, render_template, request
 
+from app.tools import registry
 from app.web.admin import COST_VIEWERS, bp, reports, roles_required, services
 from app.web.admin.feedback_views import feedback_context
+from app.web.admin.tools import tool_stats
 
 
 def _filters():
@@ -53,6 +55,8 @@ def dashboard():
             "currency": svc.settings.currency,
         }
     context.update(feedback_context(svc, filters))  # ratings of answers (app.feedback.ratings)
+    # the tool calls' own latency and failures; their model turns are in the spend above
+    context["tools"] = sorted(tool_stats(svc).items()) if registry.servers(svc) else []
     return render_template("admin/dashboard.html", **context)
 
 

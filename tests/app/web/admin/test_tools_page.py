@@ -62,3 +62,17 @@ def test_register_allow_stats_revoke_remove(as_role, services):
 def test_only_admins(as_role):
     for role in ("finance", "auditor"):
         assert as_role(role).get(PAGE).status_code == 403
+
+
+def test_the_cost_dashboard_shows_each_tools_calls_failures_and_latency(as_role, services):
+    client = as_role("admin")
+    assert 'id="tool-calls"' not in client.get("/admin/dashboard").get_data(as_text=True)  # no server yet
+    assert post(client, "/servers", {"name": "hr", "transport": "http",
+                                     "target": "http://127.0.0.1:9/mcp"}).status_code == 302
+    row = SimpleNamespace(id=1, user_hash="u" * 64, request_id=None)
+    for outcome, seconds in (("ok", 0.2), ("error", 0.4)):
+        record.tool_call(services, row, server="hr", tool="expense_claim_status", arguments={},
+                         outcome=outcome, latency_s=seconds)
+    page = as_role("finance").get("/admin/dashboard").get_data(as_text=True)
+    assert ('<td>hr</td><td>expense_claim_status</td><td class="num">2</td><td class="num">1</td>'
+            '<td class="num">300</td>') in page
