@@ -16,7 +16,7 @@ class KfSettings(SettingsGroup):
         default=None, description="the member a customer is handed to (kf/service_state/trans, "
                                   "state 3); unset: the customer goes to the kf account's queue (state 2)")
     kf_sync_limit: int = Field(default=1000, ge=1, le=1000, description="kf/sync_msg's page size")
-    kf_token_budget: int = Field(default=0, ge=0, description="tokens the kf channel may use a "
+    kf_budget_tokens: int = Field(default=0, ge=0, description="tokens the kf channel may use a "
                                  "KF_BUDGET_PERIOD (0 = unlimited); over it a customer is handed to a human")
     kf_budget_period: str = Field(default="day", pattern="^(day|week|month)$")
     kf_handover_words: str = Field(default="转人工,人工客服,人工服务,找人工,真人客服,human agent,talk to a human,real person",

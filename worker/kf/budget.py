@@ -1,4 +1,4 @@
-"""The kf channel's token budget: KF_TOKEN_BUDGET tokens a KF_BUDGET_PERIOD for all customers.
+"""The kf channel's token budget: KF_BUDGET_TOKENS tokens a KF_BUDGET_PERIOD for all customers.
 
 Customers are not employees: no department or user budget is theirs. Their calls are recorded
 in the usage ledger under the department ``kf`` (no WeCom department id is a word), so the
@@ -38,7 +38,7 @@ class KfBudget:
 
     def spent(self) -> bool:
         """Whether the channel's budget for this period is used up (never, with none set)."""
-        limit = self.settings.kf_token_budget
+        limit = self.settings.kf_budget_tokens
         if not limit:
             return False
         used = self.used()

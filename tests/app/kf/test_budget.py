@@ -17,7 +17,7 @@ def add_usage(services, department: str, prompt_tokens: int, day) -> None:
 
 def test_only_the_channels_tokens_of_this_period_count(services, monkeypatch):
     budget = KfBudget(services)
-    monkeypatch.setattr(services.settings, "kf_token_budget", 1000)
+    monkeypatch.setattr(services.settings, "kf_budget_tokens", 1000)
     monkeypatch.setattr(services.settings, "kf_budget_period", "day")
     today = datetime.now(services.settings.timezone).date()  # the company's day
     add_usage(services, "7", 5000, today)  # an employee department's spend is not the channel's
@@ -28,5 +28,5 @@ def test_only_the_channels_tokens_of_this_period_count(services, monkeypatch):
     with services.db.transaction() as session:
         session.get(UsageDaily, (today, KF_DEPARTMENT, USER, "m")).prompt_tokens += 100
     assert budget.used() == 1000 and budget.spent()
-    monkeypatch.setattr(services.settings, "kf_token_budget", 0)
+    monkeypatch.setattr(services.settings, "kf_budget_tokens", 0)
     assert not budget.spent()  # 0: no budget
