@@ -406,6 +406,20 @@ def chunking(rng: random.Random, length: int) -> list[int]:
     return [b - a for a, b in zip([0, *cuts], [*cuts, length], strict=True)]
 
 
-def atol_for(reference: torch.Tensor) -> float:
-    """fp32 logits of a tiny random model, summed in other orders: 1e-4, more for large logits."""
-    return 1e-4 * max(1.0, float(reference.abs().max()) / 10) if math.isfinite(float(reference.abs().max())) else 1e-4
+# glm5_next's KDA layers carry a delta-rule state from position to position, summed by chunks of
+# other sizes here and step by step in the reference: on an Intel Xeon (AVX-512) 1.1e-4 apart from
+# the reference at 40 positions and 1.9e-4 between two chunkings of the engine's own, where a wrong
+# state or gate is 1e-2 and more off (tests/inference/test_glm5_next.py allows 5e-4 the same way)
+FAMILY_NOISE = {"glm5_next": 3.0}
+CHUNKS_ATOL = {"glm5_next": 5e-4}  # a cache filled in chunks against one full forward; else 5e-5
+
+
+def chunks_atol(family: str) -> float:
+    return CHUNKS_ATOL.get(family, 5e-5)
+
+
+def atol_for(reference: torch.Tensor, family: str = "") -> float:
+    """fp32 logits of a tiny random model, summed in other orders: 1e-4, more for large logits
+    and for a family whose recurrent state adds its own rounding (``FAMILY_NOISE``)."""
+    top = float(reference.abs().max())
+    return 1e-4 * FAMILY_NOISE.get(family, 1.0) * (max(1.0, top / 10) if math.isfinite(top) else 1.0)
