@@ -14,10 +14,16 @@ from zoneinfo import ZoneInfo
 
 _DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
            "九": 9, "十": 10}
+# (tool, what it is about, how a question asks for the asker's own data): both must appear, so a
+# policy question ("How many days of childcare leave do I get?", "报销流程是什么") stays with the
+# knowledge base and only "我还有几天年假" / "where is my claim EX-1234" reaches a tool
 _INTENTS = (
-    ("leave_balance", re.compile(r"年假|假期|休假|调休|leave", re.I)),
-    ("expense_claim_status", re.compile(r"报销|expense|claim", re.I)),
-    ("book_meeting_room", re.compile(r"(订|预订|预定|约|book).{0,12}(会议室|meeting room)", re.I)),
+    ("leave_balance", re.compile(r"年假|假期|休假|调休|病假|假|leave", re.I),
+     re.compile(r"还剩|剩下|剩余|余额|还有(几|多少)|还能休(几|多少)|\b(balance|left|remaining)\b", re.I)),
+    ("expense_claim_status", re.compile(r"报销|expense|claim", re.I),
+     re.compile(r"到哪|进度|状态|审批到|批了(吗|没)|到账了?(吗|没)|\bstatus\b|\bwhere\b.{0,20}\bmy\b"
+                r"|\b[A-Z]{2}-?\d{3,8}\b", re.I)),
+    ("book_meeting_room", re.compile(r"(订|预订|预定|约|book).{0,12}(会议室|meeting room)", re.I), None),
 )
 
 
@@ -59,8 +65,8 @@ def route(text: str, offered, timezone="Asia/Shanghai", now: datetime | None = N
     by_tool = {tool.tool: tool for tool in offered}
     zone = ZoneInfo(timezone) if isinstance(timezone, str) else timezone
     now = now or datetime.now(zone)
-    for name, pattern in _INTENTS:
-        if name not in by_tool or not pattern.search(text):
+    for name, topic, asks_own in _INTENTS:
+        if name not in by_tool or not topic.search(text) or (asks_own and not asks_own.search(text)):
             continue
         if name == "book_meeting_room":
             start = when(text, now)

@@ -48,3 +48,18 @@ def test_a_tool_the_model_interface_would_refuse_is_left_out():
     assert [t.tool for t in kept] == ["x" * 70, "leave_balance"]
     assert len(check_tools([t.openai() for t in kept])) == 2  # what the loop then offers the model
     assert len(usable(offered(*(f"t{i}" for i in range(200))))) == 128
+
+
+def test_a_policy_question_stays_with_the_knowledge_base():
+    """Only a question about the asker's own balance or claim reaches a tool: found chatting in
+    make run, "How many days of childcare leave do I get?" was answered with the leave balance."""
+    tools = offered("leave_balance", "book_meeting_room", "expense_claim_status")
+    for question in ("How many days of childcare leave do I get?", "我第一年能休几天假", "产假有多少天",
+                     "How do I claim my travel expenses?", "报销流程是什么", "病假需要什么证明"):
+        assert route(question, tools, now=NOW) is None, question
+    for question in ("How many days of annual leave do I have left?", "我的年假余额是多少",
+                     "我还能休几天假", "what's my leave balance"):
+        assert route(question, tools, now=NOW)[0].tool == "leave_balance", question
+    for question in ("我的报销到哪一步了", "what's the status of my expense claim?",
+                     "where is my claim EX-20261201?"):
+        assert route(question, tools, now=NOW)[0].tool == "expense_claim_status", question
