@@ -218,7 +218,7 @@ class ToolLoop:
     def _propose(self, row, user_id: str, tool: OfferedTool, arguments: dict, channel_name: str,
                  usage: dict | None = None) -> Reply:
         summary = f"{(tool.description or tool.tool).splitlines()[0][:60]}（{tool.tool}）：" \
-                  f"{json.dumps(arguments, ensure_ascii=False)[:200]}"
+                  f"{readable(arguments)[:200]}"
         pending = self.confirmations.propose(row.user_hash, tool.server.name, tool.tool, arguments,
                                              summary, row.id)
         record.tool_call(self.services, row, server=tool.server.name, tool=tool.tool, arguments=arguments,
@@ -295,3 +295,13 @@ def _arguments(call) -> dict | None:
     except (ValueError, LLMError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def readable(arguments: dict) -> str:
+    """The arguments as an employee reads them on the card ("start 2026-12-09 14:00，
+    duration_minutes 60"), not as JSON; nested values stay compact JSON."""
+    def value(v) -> str:
+        if isinstance(v, str):
+            return v.replace("T", " ", 1)[:16] if len(v) >= 16 and v[4:5] == "-" and v[10:11] == "T" else v
+        return json.dumps(v, ensure_ascii=False)
+    return "，".join(f"{k} {value(v)}" for k, v in arguments.items()) or "（无参数）"

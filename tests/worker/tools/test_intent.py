@@ -63,3 +63,12 @@ def test_a_policy_question_stays_with_the_knowledge_base():
     for question in ("我的报销到哪一步了", "what's the status of my expense claim?",
                      "where is my claim EX-20261201?"):
         assert route(question, tools, now=NOW)[0].tool == "expense_claim_status", question
+
+
+def test_a_confirmation_reads_as_words_not_json():
+    from worker.tools.loop import readable
+
+    assert readable({"start": "2026-12-09T14:00+08:00", "duration_minutes": 60, "room": "A101"}) == \
+        "start 2026-12-09 14:00，duration_minutes 60，room A101"
+    assert readable({"attendees": ["lina", "zhangwei"]}) == 'attendees ["lina", "zhangwei"]'
+    assert readable({}) == "（无参数）"
