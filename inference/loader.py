@@ -168,6 +168,11 @@ def dequantize_fp8(weight: torch.Tensor, factors: torch.Tensor | None, block: tu
         return values if factors is None else values * factors.float().reshape(())
     factors = factors.float()
     out, cols = weight.shape
+    # with the config's block size, a grid one tile wide (a weight of at most one block's columns)
+    # is blocks, not one factor per row
+    tiles = None if block is None else (-(-out // block[0]), -(-cols // block[1]))
+    if factors.dim() == 2 and factors.shape == tiles:
+        return values * factors.repeat_interleave(block[0], 0)[:out].repeat_interleave(block[1], 1)[:, :cols]
     if factors.dim() == 1 or factors.shape[1] == 1:
         if factors.shape[0] != out:
             raise CheckpointError(f"fp8 row factors {tuple(factors.shape)} for a weight {tuple(weight.shape)}")
