@@ -216,6 +216,20 @@ def fp8_blocks(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Te
     return (weight / expanded).to(torch.float8_e4m3fn), grid
 
 
+def dequantized(fp8_state: dict, block: int) -> dict:
+    """An FP8 state back in fp32, each tile times its own factor (what the loader must give)."""
+    out = {}
+    for name, tensor in fp8_state.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if tensor.dtype == torch.float8_e4m3fn:
+            grid = fp8_state[name + "_scale_inv"]
+            rows, cols = tensor.shape
+            tensor = tensor.float() * grid.repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)[:, :cols]
+        out[name] = tensor
+    return out
+
+
 def test_fp8_checkpoint_loads_within_fp8_error(checkpoint, model, tmp_path):
     _, path = checkpoint
     state = load_file(path / "model.safetensors")
@@ -236,17 +250,8 @@ def test_fp8_checkpoint_loads_within_fp8_error(checkpoint, model, tmp_path):
     assert (loaded - weight).abs().max() <= weight.abs().max() / 16  # e4m3: 3 mantissa bits
     assert not torch.equal(loaded, weight)
     # the model is exactly the one of the dequantized weights, each tile times its own factor
-    dequantized = {}
-    for name, tensor in fp8_state.items():
-        if name.endswith("_scale_inv"):
-            continue
-        if tensor.dtype == torch.float8_e4m3fn:
-            grid = fp8_state[name + "_scale_inv"]
-            rows, cols = tensor.shape
-            tensor = tensor.float() * grid.repeat_interleave(16, 0)[:rows].repeat_interleave(16, 1)[:, :cols]
-        dequantized[name] = tensor
     (tmp_path / "plain").mkdir()
-    save_file(dequantized, str(tmp_path / "plain" / "model.safetensors"))
+    save_file(dequantized(fp8_state, 16), str(tmp_path / "plain" / "model.safetensors"))
     (tmp_path / "plain" / "config.json").write_text((path / "config.json").read_text())
     plain = load_model(tmp_path / "plain", ModelConfig.from_pretrained(tmp_path / "plain"), "cpu")
     ids = torch.randint(3, VOCAB, (24,))

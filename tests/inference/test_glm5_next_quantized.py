@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from inference.config import ModelConfig
 from inference.loader import load_model
-from tests.inference.test_glm4_moe import fp8_blocks
+from tests.inference.test_glm4_moe import dequantized, fp8_blocks
 from tests.inference.test_glm5_next import VOCAB, checkpoint, logits_of  # noqa: F401 - a fixture
 
 
@@ -32,17 +32,8 @@ def test_an_fp8_checkpoint_is_the_model_of_its_dequantized_weights(checkpoint, t
     save_file(fp8_state, str(tmp_path / "fp8" / "model.safetensors"))
     (tmp_path / "fp8" / "config.json").write_text(json.dumps(config))
     fp8 = load_model(tmp_path / "fp8", ModelConfig.from_pretrained(tmp_path / "fp8"), "cpu")
-    dequantized = {}
-    for name, tensor in fp8_state.items():
-        if name.endswith("_scale_inv"):
-            continue
-        if tensor.dtype == torch.float8_e4m3fn:
-            grid = fp8_state[name + "_scale_inv"]
-            rows, cols = tensor.shape
-            tensor = tensor.float() * grid.repeat_interleave(16, 0)[:rows].repeat_interleave(16, 1)[:, :cols]
-        dequantized[name] = tensor
     (tmp_path / "plain").mkdir()
-    save_file(dequantized, str(tmp_path / "plain" / "model.safetensors"))
+    save_file(dequantized(fp8_state, 16), str(tmp_path / "plain" / "model.safetensors"))
     (tmp_path / "plain" / "config.json").write_text((path / "config.json").read_text())
     plain = load_model(tmp_path / "plain", ModelConfig.from_pretrained(tmp_path / "plain"), "cpu")
     ids = torch.randint(3, VOCAB, (24,))
