@@ -167,6 +167,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quoting", action=argparse.BooleanOptionalAction, default=None,
                         help="with --questions: KB_ANSWER_BY_QUOTING (default: the demo model's, as make run; "
                              "--no-quoting: the model writes its reply freely)")
+    parser.add_argument("--quote-unit", choices=("passage", "sentence"), default=None,
+                        help="with --questions: KB_QUOTE_UNIT (default: the demo model's, as make run)")
+    parser.add_argument("--table-headers", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --questions: KB_TABLE_HEADERS (default: the demo model's, as make run)")
     parser.add_argument("--choice-scoring", choices=("tokens", "likelihood"), default=None,
                         help="with --questions: KB_CHOICE_SCORING (default: the setting's, as make run)")
     parser.add_argument("--embeddings", default=DEMO_EMBEDDER if Path(DEMO_EMBEDDER).is_dir() else None,
@@ -260,7 +264,8 @@ def knowledge_eval(args) -> None:
                "kb_min_similarity": args.min_similarity, "kb_answer_by_quoting": args.quoting,
                "kb_decline_bias": args.decline_bias, "kb_choice_scoring": args.choice_scoring,
                "rerank_base_url": args.rerank_url, "rerank_model": args.rerank_model or None,
-               "kb_min_relevance": args.min_relevance}
+               "kb_min_relevance": args.min_relevance, "kb_quote_unit": args.quote_unit,
+               "kb_table_headers": args.table_headers}
     reading.update({name: value for name, value in options.items() if value is not None})
     runs = {"fresh": 0, **({f"conversations of {args.conversation}": args.conversation}
                            if args.conversation else {})}

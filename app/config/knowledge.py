@@ -32,6 +32,10 @@ class KnowledgeSettings(SettingsGroup):
         default=False, description="the model's reply must be one passage quoted whole with its number, or "
                                    "'not found' (an extractive model such as the bundled demo; the model "
                                    "server must support guided_choice)")
+    kb_quote_unit: Literal["passage", "sentence"] = Field(
+        default="passage", description="with KB_ANSWER_BY_QUOTING, what the model quotes: a whole 'passage', "
+                                       "or one 'sentence' of one (a line: a bullet, a table row, cut after "
+                                       "each sentence), so the answer is the fact asked, not its section")
     kb_choice_scoring: Literal["tokens", "likelihood"] = Field(
         default="likelihood", description="with KB_ANSWER_BY_QUOTING, how the reply is chosen: 'likelihood' "
                                           "(each passage read whole, the likeliest quoted: the bundled engine "

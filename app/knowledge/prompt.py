@@ -84,10 +84,69 @@ def quote_reply(passage: Passage, number: int) -> str:
     return f"{passage.text.strip()} [{number}]"
 
 
-def quote_choices(passages: list[Passage]) -> tuple[str, ...]:
+def quote_choices(passages: list[Passage], unit: str = "passage") -> tuple[str, ...]:
     """Every reply an extractive model may give over these passages (KB_ANSWER_BY_QUOTING):
-    one of them quoted, or "not found" in either language."""
-    return (*(quote_reply(p, n) for n, p in enumerate(passages, 1)), NOT_FOUND_ZH, NOT_FOUND_EN)
+    one of them quoted (whole, or one of its sentences: ``unit``), or "not found" in either
+    language."""
+    if unit == "sentence":
+        quotes = [f"{sentence} [{n}]" for n, p in enumerate(passages, 1) for sentence in sentences(p.text)]
+        quotes = list(dict.fromkeys(quotes)) or [quote_reply(p, n) for n, p in enumerate(passages, 1)]
+    else:
+        quotes = [quote_reply(p, n) for n, p in enumerate(passages, 1)]
+    return (*quotes, NOT_FOUND_ZH, NOT_FOUND_EN)
+
+
+_BULLET = re.compile(r"^(?:[-*+•]|\d{1,2}[.)、])\s+")
+_TABLE_RULE = re.compile(r"^\|?\s*:?-{2,}")
+# after a Chinese full stop, or a Latin one followed by a space and a capital (not "ext. 8100")
+_SENTENCE_END = re.compile(r"(?<=[。！？])|(?<![Ee]xt\.)(?<!\b[ei]\.[ge]\.)(?<=[a-z0-9)*][.!?])\s+(?=[A-Z\"“(「\u4e00-\u9fff]|\*\*[A-Z])")
+_INLINE_BULLET = re.compile(r"(?<=[.。:：;；)）*!?！？])\s+[-*•]\s+")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def sentences(text: str) -> list[str]:
+    """A passage as an extractive model quotes it, sentence by sentence: each line without its
+    list marker (a bullet, a table row as "first cell: the others"), cut after each sentence;
+    headings, table rules and a table's header row are context, not answers."""
+    found: list[str] = []
+    lines = logical_lines(text)
+    for index, line in enumerate(lines):
+        if not line or line.startswith(("#", ">")) or _TABLE_RULE.match(line):
+            continue
+        if line.startswith("|"):
+            if index + 1 < len(lines) and _TABLE_RULE.match(lines[index + 1]):
+                continue  # the header row
+            line = table_row(line)
+        for item in _INLINE_BULLET.split(_BULLET.sub("", line)):  # bullets a chunk ran together
+            found += [part.strip() for part in _SENTENCE_END.split(item) if len(part.strip()) > 1]
+    return found
+
+
+def logical_lines(text: str) -> list[str]:
+    """The text's lines with Markdown's wrapped lines joined back to the bullet or paragraph they
+    continue (a line that opens no bullet, row, heading or quote after a non-blank one)."""
+    lines: list[str] = []
+    previous_blank = True
+    for raw in text.splitlines():
+        line = raw.strip()
+        opens = not line or previous_blank or line.startswith(("|", "#", ">")) or _BULLET.match(line)
+        if opens or not lines or lines[-1].startswith(("|", "#")):
+            lines.append(line)
+        else:
+            joint = "" if _CJK.match(line[:1]) and _CJK.match(lines[-1][-1:]) else " "
+            lines[-1] = f"{lines[-1]}{joint}{line}"
+        previous_blank = not line
+    return lines
+
+
+def table_row(line: str) -> str:
+    """``| Spills | call ext. 6119 |`` -> ``Spills: call ext. 6119`` (Chinese: a full-width colon)."""
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    cells = [cell for cell in cells if cell]
+    if len(cells) < 2:
+        return cells[0] if cells else ""
+    colon = "：" if _CJK.search(cells[0]) and not cells[0].isascii() else ": "
+    return f"{cells[0]}{colon}{'; '.join(cells[1:])}"
 
 
 def answers_by_quoting(settings) -> bool:
@@ -99,7 +158,7 @@ def reply_choices(settings, passages: list[Passage]) -> tuple[str, ...]:
     """The replies the model is held to under these settings: ``quote_choices`` when it answers
     by quoting the passages of its prompt, else none (it writes freely)."""
     if answers_by_quoting(settings) and passages:
-        return quote_choices(passages)
+        return quote_choices(passages, getattr(settings, "kb_quote_unit", "passage"))
     return ()
 
 
