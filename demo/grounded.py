@@ -52,6 +52,9 @@ DEMO_MIN_SIMILARITY = 0.62
 # engine writes the quote exactly (each scored whole, inference/engine/choice_scoring.py, or token
 # by token, choices.py): left free, its copy of a passage drifts into bullets it memorised
 DEMO_ANSWER_BY_QUOTING = True
+# KB_QUOTE_UNIT: what it quotes, a passage whole (a model trained with `--quote-unit sentence`
+# quotes one sentence of one: the fact asked, not its section)
+DEMO_QUOTE_UNIT = "passage"
 # KB_DECLINE_BIAS: scored whole (KB_CHOICE_SCORING=likelihood, the default), the demo model's
 # quotes outscore its "not found" even where it should decline; this prior evens it (chosen with
 # DEMO_MIN_SCORE on the development set, models/demo/README.md)
@@ -68,6 +71,7 @@ def demo_reading(dense: bool = True) -> dict[str, object]:
     reading: dict[str, object] = {
         "kb_chunk_tokens": DEMO_CHUNK_TOKENS, "kb_top_k": DEMO_TOP_K, "kb_min_score": DEMO_MIN_SCORE,
         "kb_answer_by_quoting": DEMO_ANSWER_BY_QUOTING, "kb_decline_bias": DEMO_DECLINE_BIAS,
+        "kb_quote_unit": DEMO_QUOTE_UNIT,
         # the bundled model was trained on table rows without their header (before tables kept
         # it): with it, it declines them (4 of the development set); a retrained model reads both
         "kb_table_headers": False}
@@ -139,7 +143,8 @@ def decline_for(question: str) -> str:
 class Builder:
     """Builds the samples from one scratch knowledge base."""
 
-    def __init__(self, services, system_prompt: str, rng: random.Random):
+    def __init__(self, services, system_prompt: str, rng: random.Random, quote_unit: str = DEMO_QUOTE_UNIT):
+        self.quote_unit = quote_unit
         self.retriever = Retriever(services)
         self.system_prompt = system_prompt
         self.rng = rng
@@ -186,7 +191,7 @@ class Builder:
         if not held:  # retrieval missed: the honest answer from these passages is "not found"
             reply = decline_for(question)
             return [Sample(self.conversation(passages, [*ask, _assistant(reply)]), "decline")]
-        reply = prompt.quote_reply(passages[held[0]], held[0] + 1)
+        reply = quote(passages[held[0]], held[0] + 1, answer, self.quote_unit)
         samples = [Sample(self.conversation(passages, [*ask, _assistant(reply)]), "answer")]
         rest = [p for i, p in enumerate(passages) if i not in held]
         if rest and self.rng.random() < OWN_NEGATIVE_SHARE:
@@ -208,11 +213,22 @@ class Builder:
         return [Sample(self.conversation(passages, turns), "decline")]
 
 
+def quote(passage: Passage, number: int, answer: str, unit: str = DEMO_QUOTE_UNIT) -> str:
+    """The reply that quotes ``passage`` as KB_QUOTE_UNIT ``unit`` lets it: whole, or the sentence
+    that holds most of the answer's distinctive pieces (the first such), with its number."""
+    if unit != "sentence":
+        return prompt.quote_reply(passage, number)
+    wanted = pieces(answer)
+    options = prompt.sentences(passage.text) or [passage.text.strip()]
+    best = max(options, key=lambda sentence: len(wanted & pieces(sentence)))
+    return f"{best} [{number}]"
+
+
 def _assistant(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
-def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
+def grounded_samples(system_prompt: str, seed: int, quote_unit: str = DEMO_QUOTE_UNIT) -> list[Sample]:
     """Every grounded training conversation: qa.jsonl's questions and paraphrases (held-out ones
     excluded), the dialogues' follow-ups, and the unanswerable questions."""
     rng = random.Random(seed)
@@ -226,7 +242,7 @@ def grounded_samples(system_prompt: str, seed: int) -> list[Sample]:
     # (6 Dec 2026) quoted unrelated passages where it should say "not found" (models/demo/README.md)
     with scratch_knowledge_base(HANDBOOKS, kb_chunk_tokens=DEMO_CHUNK_TOKENS,
                                 kb_top_k=DEMO_TOP_K) as services:
-        builder = Builder(services, system_prompt, rng)
+        builder = Builder(services, system_prompt, rng, quote_unit)
         for item in items:
             others = [q for topic, qs in by_topic.items() if topic != item["topic"] for q in qs]
             for question in [item["question"], *item["paraphrases"]]:

@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from app.knowledge import prompt
 from demo.corpus import HANDBOOKS, load_dialogues, load_unanswerable, training_pairs
-from demo.grounded import CONTACTS, grounded_samples
+from demo.grounded import CONTACTS, DEMO_QUOTE_UNIT, grounded_samples
+from demo.reading import lesson, sample_texts
 from inference.config import ModelConfig
 from inference.layers.activation import silu_and_mul
 from inference.loader import checkpoint_state_dict
@@ -43,6 +44,9 @@ VOCAB_SIZE = 4096
 SYSTEM_PROMPT = "你是企业微信里的公司助手，回答简洁、准确、礼貌。"
 END_OF_TURN = "<|user|>"  # GLM ends a reply by opening the next user turn (an eos id)
 MTP_WEIGHT = 0.5  # per depth; high, because drafts that match the model are the point
+# Made-up documents an epoch, each read once (demo.reading), with --reading: 0 for the shipped
+# model (two runs with 1,500 and 3,500 did not learn to read: models/demo/README.md)
+READING_LESSONS = 0
 
 
 def demo_config(vocab_size: int, eos_ids: list[int]) -> dict:
@@ -74,7 +78,7 @@ def demo_config(vocab_size: int, eos_ids: list[int]) -> dict:
 # ---------------------------------------------------------------- data
 
 
-def tokenizer_texts() -> list[str]:
+def tokenizer_texts(reading: bool = False) -> list[str]:
     """Everything the model may see in training (held-out questions excluded)."""
     texts = [path.read_text(encoding="utf-8") for path, _ in HANDBOOKS] + [SYSTEM_PROMPT]
     texts += [prompt.system_message(SYSTEM_PROMPT, [], contact) for contact in CONTACTS]
@@ -83,7 +87,23 @@ def tokenizer_texts() -> list[str]:
     for dialogue in load_dialogues():
         texts += [m["content"] for m in dialogue["messages"]]
     texts += [row["question"] for row in load_unanswerable()]
+    if reading:  # made-up companies' words (demo.reading)
+        texts += sample_texts(random.Random(SEED), 400)
     return texts
+
+
+def reading_lessons(tok: ChatTokenizer, count: int, rng: random.Random, first: int,
+                    most_others: int = 2) -> list:
+    """``count`` fresh reading lessons (``demo.reading``), rendered as grounded conversations,
+    each over at most ``most_others`` passages besides the one that answers."""
+    rendered = []
+    for serial in range(first, first + count):
+        question, passages, reply = lesson(rng, serial, most_others=most_others)
+        system = prompt.system_message(SYSTEM_PROMPT, passages, rng.choice(CONTACTS))
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question},
+                    {"role": "assistant", "content": reply}]
+        rendered.append(render(tok, messages, False, last_only=True))
+    return rendered
 
 
 def conversations() -> list[list[dict]]:
@@ -236,7 +256,8 @@ def init_weights(model: Glm5SparseForCausalLM) -> None:
         torch.nn.init.normal_(p, std=std)
 
 
-def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
+def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float, reading: int,
+          max_steps: int = 0, quote_unit: str = "passage") -> None:
     started = time.time()
     random.seed(SEED)
     torch.manual_seed(SEED)
@@ -246,7 +267,7 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("generation_config.json",):  # written fresh below
         (out_dir / stale).unlink(missing_ok=True)
-    tokenizer = build_glm_tokenizer(tokenizer_texts(), VOCAB_SIZE)
+    tokenizer = build_glm_tokenizer(tokenizer_texts(reading > 0), VOCAB_SIZE)
     save_glm_tokenizer(tokenizer, out_dir)
     tok = ChatTokenizer.from_pretrained(out_dir)
     raw = demo_config(tok.vocab_size, tok.eos_token_ids)
@@ -256,7 +277,7 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
     rendered = [(render(tok, c, False), render(tok, c, True)) for c in conversations()]
     plain = len(rendered)
     grounded = [render(tok, s.messages, False, last_only=True)
-                for s in grounded_samples(SYSTEM_PROMPT, SEED)]
+                for s in grounded_samples(SYSTEM_PROMPT, SEED, quote_unit)]
     fitting = [r for r in grounded if len(r[0]) < config.sliding_window]
     rendered += [(r, r) for r in fitting]
     longest = max(len(pair[1][0]) for pair in rendered)
@@ -279,17 +300,25 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
     )
     rng = random.Random(SEED)
 
-    def epoch_samples() -> list[tuple[list[int], list[int]]]:
-        return [pair[rng.random() < 0.5] for pair in rendered]
+    lessons = random.Random(SEED + 1)
+
+    def epoch_samples(epoch: int) -> list[tuple[list[int], list[int]]]:
+        """The handbook's conversations (half with the system prompt) and fresh reading lessons,
+        the first epoch's over the answering passage alone (finding the sentence is learnt before
+        finding the passage), one more passage beside it each epoch after."""
+        return [pair[rng.random() < 0.5] for pair in rendered] + reading_lessons(
+            tok, reading, lessons, first=epoch * reading, most_others=min(2, epoch))
 
     # The cosine schedule is laid out over an upper bound of the steps (every sample with the
     # system prompt); the epochs really take about 18 % fewer, so the lr ends near 0.2 x peak.
+    # Reading lessons are counted as they come (each epoch's are fresh).
     steps_per_epoch = sum(
         1 for _ in batches([p[1] for p in rendered], tokens_per_batch, random.Random(0))
     )
-    total = epochs * steps_per_epoch
     # every epoch's batches up front (the same draws of `rng`, in the same order), for the bar
-    plan = [list(batches(epoch_samples(), tokens_per_batch, rng)) for _ in range(epochs)]
+    plan = [list(batches(epoch_samples(epoch), tokens_per_batch, rng)) for epoch in range(epochs)]
+    total = epochs * steps_per_epoch if not reading else sum(len(epoch) for epoch in plan)
+    print(f"{reading} reading lessons an epoch, {sum(len(epoch) for epoch in plan)} steps")
     warmup = max(1, total // 30)
 
     def schedule(step: int) -> float:
@@ -311,6 +340,8 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float) -> None:
             optimizer.step()
             scheduler.step()
             bar.update(1)
+            if max_steps and bar.n >= max_steps:
+                break
             bar.set_postfix(
                 epoch=epoch,
                 main=f"{parts[0].item():.3f}",
@@ -333,8 +364,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=7)
     parser.add_argument("--tokens-per-batch", type=int, default=3072)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--reading", type=int, default=READING_LESSONS,
+                        help="fresh reading lessons an epoch (demo.reading; with --quote-unit sentence)")
+    parser.add_argument("--quote-unit", choices=("passage", "sentence"), default=DEMO_QUOTE_UNIT,
+                        help="what a grounded answer quotes (KB_QUOTE_UNIT the model is made for)")
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (a trial)")
     args = parser.parse_args(argv)
-    train(args.out, args.epochs, args.tokens_per_batch, args.lr)
+    train(args.out, args.epochs, args.tokens_per_batch, args.lr, args.reading, args.max_steps,
+          args.quote_unit)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ DERIVED = ("aibot_enabled", "aibot_ws_enabled", "alert_recipients", "blind_index
 
 
 def test_the_settings_read_exactly_the_environment_names_deployments_use():
-    assert len(ENVIRONMENT_NAMES) == 179  # 129, issue 50's three (docs/security.md), issue 56's 20
+    assert len(ENVIRONMENT_NAMES) == 180  # 129, issue 50's three (docs/security.md), issue 56's 20, KB_QUOTE_UNIT
     # (docs/siem.md), 6 (docs/kf.md) and 6 (docs/wecom-signin.md), KB_DENSE_WEIGHT,
     # KB_TABLE_HEADERS (docs/retrieval.md), issue 53's 13 (docs/tools.md)
     read = {name.upper() for name in Settings.model_fields}

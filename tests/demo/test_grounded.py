@@ -10,7 +10,7 @@ from app.knowledge import prompt
 from app.knowledge.retrieval import Passage
 from demo import eval_sets
 from demo.corpus import heldout_pairs
-from demo.grounded import grounded_samples, holding, pieces
+from demo.grounded import grounded_samples, holding, pieces, quote
 from demo.train import SYSTEM_PROMPT
 
 
@@ -53,3 +53,13 @@ def test_no_held_out_or_evaluation_question_is_trained_on(samples):
     held_out = {q for q, _ in heldout_pairs()}
     evaluation = eval_sets.questions()
     assert asked and not asked & held_out and not asked & evaluation
+
+
+def test_a_sentence_quote_is_the_sentence_that_holds_the_answer():
+    """KB_QUOTE_UNIT=sentence (`demo.train --quote-unit sentence`): the passage's sentence with
+    most of the answer's pieces, not the passage."""
+    hotels = passage("5. Travel", "- Tier 1 (Beijing): **600 RMB**\n- Tier 2 (Hangzhou): **450 RMB** a night.")
+    answer = "In Hangzhou (Tier 2) the hotel limit is 450 RMB a night."
+    assert quote(hotels, 2, answer, "sentence") == "Tier 2 (Hangzhou): **450 RMB** a night. [2]"
+    assert quote(hotels, 2, answer, "passage") == prompt.quote_reply(hotels, 2)
+    assert quote(hotels, 2, answer, "sentence") in prompt.quote_choices([hotels, hotels], "sentence")
