@@ -57,6 +57,7 @@ EVERYTHING = None  # departments=EVERYTHING: no visibility filter (an admin's te
 FOLLOW_UP = re.compile(r"^\s*(那|那么|那如果|还有|另外|and\b|what about\b|how about\b|and in\b|what if\b)",
                        re.I)
 SHORT_QUESTION_WORDS = 3
+RANKED_FOR_OWN_WORDS = 20  # a follow-up's own ranking, checked for the passage found with the previous question
 SKIPPED_WHAT = {"embeddings": "dense retrieval", "rerank": "reranking"}  # "... skipped" in the log
 
 
@@ -101,6 +102,11 @@ def relevance_rule(settings, result: SearchResult) -> str:
 def is_follow_up(question: str) -> bool:
     """Opens like a follow-up ("那…呢", "and in…", "what about…")."""
     return bool(FOLLOW_UP.match(question))
+
+
+def names_a_topic(question: str) -> bool:
+    """Has words enough of its own (two) to be searched alone, whatever it opens with."""
+    return len([t for t in terms(question) if not t.startswith("~")]) >= 2
 
 
 def is_short(question: str) -> bool:
@@ -209,16 +215,28 @@ class Retriever:
         combined = f"{previous}\n{question}" if previous else question
         if previous and is_follow_up(question):
             result = self._search(combined, departments, top_k, threshold)
-            if result.found:
-                return result
             # a follow-up that names a topic of its own ("那班车呢？多久一班？" after the lockers):
             # the previous question's words only dilute it; alone, it may be found
             alone = self._search(question, departments, top_k, threshold)
-            return alone if alone.found else result
+            if not result.found:
+                return alone if alone.found else result
+            if alone.found and names_a_topic(question) and not self._holds_own_words(
+                    question, result.passages[0], departments):
+                # "那个密码锁定多久？" after the housing fund: together, the housing fund's passage
+                # wins on the previous question's words; it holds none of this one's ("那晚饭呢？"
+                # names too little to tell: the canteen's passage says "dinner")
+                return alone
+            return result
         result = self._search(question, departments, top_k, threshold)
         if previous and not result.found and is_short(question) and not result.unknown:
             return self._search(combined, departments, top_k, threshold)
         return result
+
+    def _holds_own_words(self, question: str, passage: Passage, departments) -> bool:
+        """Whether ``passage`` holds any of ``question``'s own words (among the passages the
+        question alone ranks), not only the previous question's."""
+        ranked = self._search(question, departments, RANKED_FOR_OWN_WORDS, 0.0).candidates
+        return any(p.chunk_id == passage.chunk_id and p.coverage > 0 for p in ranked)
 
     def _search(self, query: str, departments, top_k: int, threshold: float) -> SearchResult:
         counts = Counter(terms(query))

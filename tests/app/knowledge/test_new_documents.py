@@ -81,6 +81,20 @@ def test_the_new_document_is_found_beside_a_follow_up_in_a_conversation(grounder
     assert any(p.title == "Office move 2027" and "20" in p.text for p in grounding.passages)
 
 
+@pytest.mark.parametrize(("previous", "question", "fact"), [
+    ("公积金公司交多少比例", "那个密码锁定多久？", "15"),  # a topic of its own, opened like a follow-up
+    ("How much is the locker key deposit?", "那班车呢？多久一班？", "20"),
+    ("上海出差住宿标准多少", "那北京呢？", "600"),  # a real follow-up keeps the previous question
+])
+def test_a_follow_up_is_answered_on_its_own_topic(grounder, previous, question, fact):
+    """Searched with the previous question, "那个密码锁定多久？" found the housing fund's
+    passage (the previous question's words) and was answered with it in make run's chat: a
+    passage that holds none of the follow-up's own words gives way to what it finds alone."""
+    history = [{"role": "user", "content": previous}, {"role": "assistant", "content": "…"}]
+    grounding = grounder.ground("hash", "user", question, history, audience=Audience.member([]))
+    assert grounding.passages and fact in grounding.passages[0].text, [p.text[:60] for p in grounding.passages]
+
+
 def test_the_cli_refuses_to_add_a_document_without_the_vectors_the_others_have(grounder, monkeypatch):
     """``kb add`` run without the stack's embeddings settings (var/dev.env alone) would store a
     document dense retrieval never ranks: refused with what to load, unless asked for."""
