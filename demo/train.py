@@ -257,7 +257,7 @@ def init_weights(model: Glm5SparseForCausalLM) -> None:
 
 
 def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float, reading: int,
-          max_steps: int = 0, quote_unit: str = "passage") -> None:
+          max_steps: int = 0, quote_unit: str = "passage", reading_only: bool = False) -> None:
     started = time.time()
     random.seed(SEED)
     torch.manual_seed(SEED)
@@ -285,6 +285,8 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float, reading:
     print(f"{plain} plain and {len(fitting)} grounded conversations "
           f"({len(grounded) - len(fitting)} longer than the window left out), longest {longest} tokens, "
           f"{sum(len(p[1][0]) for p in rendered)} tokens an epoch")
+    if reading_only:  # whether the lessons alone teach it to read (no handbook to recite)
+        rendered = []
 
     model = Glm5SparseForCausalLM(config)
     init_weights(model)
@@ -314,7 +316,7 @@ def train(out_dir: Path, epochs: int, tokens_per_batch: int, lr: float, reading:
     # Reading lessons are counted as they come (each epoch's are fresh).
     steps_per_epoch = sum(
         1 for _ in batches([p[1] for p in rendered], tokens_per_batch, random.Random(0))
-    )
+    ) if rendered else 0
     # every epoch's batches up front (the same draws of `rng`, in the same order), for the bar
     plan = [list(batches(epoch_samples(epoch), tokens_per_batch, rng)) for epoch in range(epochs)]
     total = epochs * steps_per_epoch if not reading else sum(len(epoch) for epoch in plan)
@@ -369,9 +371,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quote-unit", choices=("passage", "sentence"), default=DEMO_QUOTE_UNIT,
                         help="what a grounded answer quotes (KB_QUOTE_UNIT the model is made for)")
     parser.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (a trial)")
+    parser.add_argument("--reading-only", action="store_true",
+                        help="the reading lessons alone, no handbook (does it learn to read at all?)")
     args = parser.parse_args(argv)
     train(args.out, args.epochs, args.tokens_per_batch, args.lr, args.reading, args.max_steps,
-          args.quote_unit)
+          args.quote_unit, args.reading_only)
 
 
 if __name__ == "__main__":
