@@ -17,12 +17,13 @@ same at any context length (`KDAState`, per sequence and layer, fp32).
 Prefill runs the chunked (chunk-parallel) form, `CHUNK` positions at a time: within a chunk the
 delta rule's corrections are one triangular solve, across chunks the state carries (FLA's
 `chunk_kda`, transformers' torch reference of it); a single new position runs the recurrent step.
-Both are the same recurrence summed in another order. The decay between two positions of a chunk
-is summed over the gates between them (`segment_sums`), not taken as the difference of two running
-sums as the reference does: those reach -100 and below in a chunk of 64 (gates down to -5), and
-their difference kept their rounding. Against a float64 recurrence (4 heads of 8, 70 positions,
-3 seeds) the chunked form's outputs and state are now 8e-8 off with the bounded gate and 2e-7
-with the softplus one (1.4e-6 and 1.0e-6 with the differences), the fp32 recurrent step 6e-8
+Both are the same recurrence summed in another order. The decay between two positions of a
+chunk is the difference of two running sums of the gates (down to -100 and below after 64
+positions with gates down to -5); summed in fp32 as the reference does, their rounding stayed in
+every difference. Here they are summed in float64 and kept as two fp32 parts (`running_sums`),
+whose differences are as exact as fp32 gets. Against a float64 recurrence (4 heads of 8, 70
+positions, 3 seeds) the chunked form's outputs and state are 8e-8 off with the bounded gate and
+2e-7 with the softplus one (1.4e-6 and 1.0e-6 before), the fp32 recurrent step 6e-8
 (tests/inference/test_glm5_next_kda.py).
 """
 
@@ -88,13 +89,13 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return (state * q[..., None]).sum(dim=-2)
 
 
-def segment_sums(g: torch.Tensor) -> torch.Tensor:
-    """`[H, n, n, D]` for the gates `g [H, n, D]` of a chunk: at (i, j) the sum of the gates of
-    positions j + 1 .. i (0 where j >= i), each summed from j + 1 on, as the recurrence
-    multiplies the decays."""
-    n = g.shape[1]
-    after = torch.tril(torch.ones(n, n, dtype=torch.bool, device=g.device), diagonal=-1)  # t > j
-    return g[:, :, None].masked_fill(~after[None, :, :, None], 0).cumsum_(dim=1)
+def running_sums(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running sums of a chunk's gates `g [H, n, D]` along the positions, summed in float64
+    and returned as two fp32 parts, `hi + lo`: the difference of two of them, taken part by part,
+    keeps no rounding of the sums (a float64 difference would cost a float64 `[H, n, n, D]`)."""
+    exact = g.double().cumsum(dim=1)
+    hi = exact.float()
+    return hi, (exact - hi.double()).float()
 
 
 def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -108,12 +109,13 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         b = min(a + CHUNK, length)
         n = b - a
         qc, kc, vc, bc = q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b, None]
-        gc = g[:, a:b].cumsum(dim=1)  # [H, n, D]
+        gc, low = running_sums(g[:, a:b])  # [H, n, D]
         k_beta, v_beta = kc * bc, vc * bc
-        between = segment_sums(g[:, a:b])
         # the decay from j to i for j <= i (later j masked to exp(-inf) = 0)
+        between = gc[:, :, None] - gc[:, None]
+        between += low[:, :, None] - low[:, None]
         later = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device), diagonal=1)
-        decay = between.masked_fill(later[None, :, :, None], float("-inf")).exp_()
+        decay = between.masked_fill_(later[None, :, :, None], float("-inf")).exp_()
         # the delta rule's corrections within the chunk: (I - A)^-1, A strictly lower
         not_below = torch.triu(torch.ones(n, n, dtype=torch.bool, device=q.device))
         lower = -(k_beta[:, :, None] * kc[:, None] * decay).sum(dim=-1).masked_fill(not_below, 0)
@@ -125,7 +127,7 @@ def chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         intra = (qc[:, :, None] * kc[:, None] * decay).sum(dim=-1)  # diagonal kept, later ones exp(-inf) = 0
         fresh = values - k_cumdecay @ state
         out[:, a:b] = inter + intra @ fresh
-        to_end = between[:, -1].exp()  # [H, n, D]: the decay from each position to the chunk's last
+        to_end = ((gc[:, -1:] - gc) + (low[:, -1:] - low)).exp()  # [H, n, D]: to the chunk's last position
         state.mul_(gc[:, -1:].transpose(1, 2).exp()).add_((kc * to_end).transpose(1, 2) @ fresh)
     return out
 

@@ -155,9 +155,9 @@ def test_logits_match_transformers_with_topk_far_below_the_length(overrides, tmp
     got = logits_of(model, ids)
     # fp32 noise differs by CPU and by the fp32 matmul kernel `Fp32Matmul` times as fastest: on an
     # Intel Xeon (AVX-512) ours was 6.9e-5 from float64 where transformers' was 2.8e-5 (before the
-    # KDA decays were summed between positions); on a 2-core AMD EPYC ours is 5.1-5.7e-5 and
-    # 2.5-2.8e-5 on the two configs, transformers' 6.8e-5 and 5.0e-5, ours from theirs at most
-    # 4.1e-5; a wrong state, pool or position is 0.1 and more off
+    # KDA's running sums of the gates were summed in float64); on a 2-core AMD EPYC ours is
+    # 5.1-5.7e-5 and 2.6-3.1e-5 on the two configs, transformers' 6.8e-5 and 5.0e-5, ours from
+    # theirs at most 4.2e-5; a wrong state, pool or position is 0.1 and more off
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=0)
     exact = copy.deepcopy(hf).double()
     for module in exact.modules():  # the grouped-mm experts take no float64
@@ -204,9 +204,8 @@ def test_chunked_prefill_and_decode_equal_one_forward(model):
         for t in range(a, len(ids)):
             outs.append(model.compute_logits(model(ids[t : t + 1], torch.tensor([t]), cache)))
     # the delta rule summed by chunks of other sizes and by steps: the model's own fp32 noise,
-    # 1.1-3.5e-5 on a 2-core AMD EPYC whichever fp32 matmul kernel (1.5-3.3e-4 while the KDA
-    # chunk took its decays as differences of running sums); a wrong state, pool or position is
-    # 0.1 and more off
+    # 1.1-3.6e-5 on a 2-core AMD EPYC whichever fp32 matmul kernel (1.5-3.3e-4 while the KDA
+    # chunk summed its gates in fp32); a wrong state, pool or position is 0.1 and more off
     torch.testing.assert_close(torch.cat(outs), full, atol=1e-4, rtol=0)
 
 
