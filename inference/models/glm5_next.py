@@ -121,6 +121,11 @@ class Glm5NextForCausalLM(nn.Module):
     # kept fp32 whatever the dtype, as transformers' `_keep_in_fp32_modules_strict`
     fp32_suffixes = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "_conv1d.weight", "dt_bias", "A_log",
                      "hc_attn_base", "hc_attn_scale", "hc_ffn_base", "hc_ffn_scale")
+    # 2-D tensors a W8A16 checkpoint keeps (inference/quantize.py): the hyper-connections' mixing
+    # weights and the indexer's pool weights are plain parameters, never int8 at load time (an int8
+    # copy of them moved logits 0.08 off the load-time model); the vision tower is not ours to change
+    int8_dense_suffixes = ("hc_attn_fn", "hc_ffn_fn", "index_kpool_compress_ape", "index_kpool_compress_gate")
+    int8_dense_prefixes = ("model.visual.",)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
