@@ -215,13 +215,15 @@ class Retriever:
         combined = f"{previous}\n{question}" if previous else question
         if previous and is_follow_up(question):
             result = self._search(combined, departments, top_k, threshold)
-            # a follow-up that names a topic of its own ("那班车呢？多久一班？" after the lockers):
-            # the previous question's words only dilute it; alone, it may be found
-            alone = self._search(question, departments, top_k, threshold)
             if not result.found:
+                # a follow-up that names a topic of its own ("那班车呢？多久一班？" after the
+                # lockers): the previous question's words only dilute it; alone, it may be found
+                alone = self._search(question, departments, top_k, threshold)
                 return alone if alone.found else result
-            if alone.found and names_a_topic(question) and not self._holds_own_words(
-                    question, result.passages[0], departments):
+            if not names_a_topic(question) or self._holds_own_words(question, result.passages[0], departments):
+                return result
+            alone = self._search(question, departments, top_k, threshold)
+            if alone.found:
                 # "那个密码锁定多久？" after the housing fund: together, the housing fund's passage
                 # wins on the previous question's words; it holds none of this one's ("那晚饭呢？"
                 # names too little to tell: the canteen's passage says "dinner")
